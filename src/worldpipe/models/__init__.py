@@ -1,1 +1,5 @@
-"""worldpipe.models"""
+"""World models."""
+
+from worldpipe.models.rssm import RSSM, RSSMConfig
+
+__all__ = ["RSSM", "RSSMConfig"]

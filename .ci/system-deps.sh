@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite drives for real. Skips what is already there; needs root.
+set -euo pipefail
+needed=()
+command -v strace >/dev/null || needed+=(strace)
+command -v fiu-run >/dev/null || needed+=(fiu-utils)
+if [ ${#needed[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "system-deps: missing ${needed[*]} and not root; the tests that need them will skip" >&2
+    exit 0
+fi
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${needed[@]}" >/dev/null

@@ -1,0 +1,29 @@
+# worldpipe: simulate -> shard (zarr + manifest) -> train (torchrun, Hydra) -> evaluate -> report.
+# This file only wires; rules live in workflow/rules/, their code in src/worldpipe/ and workflow/scripts/.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "conf/pipeline/default.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+
+
+rule all:
+    input:
+        expand(
+            "results/runs/{experiment}/eval/{product}",
+            experiment=config["experiments"],
+            product=["metrics.json", "error_vs_horizon.png", "loss_curve.png"],
+        ),

@@ -1,0 +1,1 @@
+"""Sub-command groups of the `worldpipe` CLI; each module exposes `register(subparsers)`."""

@@ -1,0 +1,66 @@
+"""Start training under torchrun: compose and validate the config first, then one process per rank.
+
+On a workstation this is `torchrun --standalone`; inside a SLURM allocation spanning several nodes it is one
+torchrun per node with c10d rendezvous at the allocation's first host (see workflow/scripts/).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from worldpipe.config import validate_config
+from worldpipe.train import CONF_DIR, EXIT_PREEMPTED, PREEMPTED_RECORD
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The resolved training config for these Hydra overrides (raises on unknown groups or keys)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
+                     rdzv_id: str = "worldpipe") -> list[str]:
+    """The torchrun command line for this config (standalone for one node, c10d rendezvous for several)."""
+    nproc, nnodes = int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
+    return cmd + ["-m", "worldpipe.train", *overrides, f"hydra.run.dir={cfg.run_dir}"]
+
+
+def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> int:
+    """Validate, run torchrun, forward preemption signals; EXIT_PREEMPTED when the run stopped on one."""
+    cfg = compose_config(overrides)
+    world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
+    validate_config(cfg, world_size)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(torchrun_command(cfg, overrides, rdzv_endpoint))
+
+    def forward(signum, _frame):
+        # torchrun turns SIGTERM into SIGTERM for every worker; the workers finish their step and checkpoint.
+        proc.send_signal(signal.SIGTERM if signum == signal.SIGUSR1 else signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code != 0 and (run_dir / PREEMPTED_RECORD).exists():
+        return EXIT_PREEMPTED
+    return code
+
+
+def main_env_endpoint() -> str | None:
+    """Rendezvous endpoint from WORLDPIPE_RDZV_ENDPOINT (set by the SLURM launch script)."""
+    return os.environ.get("WORLDPIPE_RDZV_ENDPOINT") or None

@@ -1,0 +1,149 @@
+"""A Dreamer-style recurrent state-space model (RSSM) small enough for two CPU cores.
+
+State at time t is (h_t, z_t): h_t is the deterministic GRU state, z_t a Gaussian stochastic latent drawn by
+reparameterization. Shapes use B = windows in the batch, T = window length, O/A = observation/action size,
+D = deterministic size, S = stochastic size.
+
+    h_0 = 0                                   h_t = GRU(h_{t-1}, [z_{t-1}, a_{t-1}])   (t >= 1)
+    prior     p(z_t | h_t)                    posterior q(z_t | h_t, enc(o_t))
+    decoder   o_t ~ N(dec(h_t, z_t), 1)        reward    r_{t-1} ~ N(rew(h_t, z_t), 1)
+
+The sampling noise is an input, not drawn inside the module: the trainer derives it from the global sample
+index, so a resume on another world size draws exactly the same latents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RSSMConfig:
+    """Sizes and loss weights of the RSSM (mirrors `conf/model/rssm.yaml`)."""
+
+    embed: int = 64
+    deter: int = 64
+    stoch: int = 16
+    hidden: int = 128
+    min_std: float = 0.1
+    kl_scale: float = 1.0
+    free_nats: float = 0.5
+    reward_scale: float = 1.0
+
+
+def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inp, hidden), nn.ELU(), nn.Linear(hidden, hidden), nn.ELU(), nn.Linear(hidden, out))
+
+
+class RSSM(nn.Module):
+    """Recurrent state-space world model over vector observations."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: RSSMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.encoder = _mlp(obs_dim, cfg.hidden, cfg.embed)
+        self.cell_input = nn.Sequential(nn.Linear(cfg.stoch + act_dim, cfg.hidden), nn.ELU())
+        self.cell = nn.GRUCell(cfg.hidden, cfg.deter)
+        self.prior_head = _mlp(cfg.deter, cfg.hidden, 2 * cfg.stoch)
+        self.posterior_head = _mlp(cfg.deter + cfg.embed, cfg.hidden, 2 * cfg.stoch)
+        self.decoder = _mlp(cfg.deter + cfg.stoch, cfg.hidden, obs_dim)
+        self.reward_head = _mlp(cfg.deter + cfg.stoch, cfg.hidden, 1)
+        # Normalization statistics of the training data travel with the weights, so evaluation and
+        # imagination never need the dataset to interpret the model's outputs.
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_std", torch.ones(obs_dim))
+
+    def set_normalization(self, obs_mean, obs_std) -> None:
+        """Record the observation statistics the model is trained in."""
+        self.obs_mean.copy_(torch.as_tensor(obs_mean, dtype=self.obs_mean.dtype))
+        self.obs_std.copy_(torch.as_tensor(obs_std, dtype=self.obs_std.dtype))
+
+    def _gaussian(self, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw_std = stats.chunk(2, dim=-1)
+        return mean, F.softplus(raw_std) + self.cfg.min_std
+
+    def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero (h, z) for a batch: ([B, D], [B, S])."""
+        weight = self.cell.weight_hh
+        return weight.new_zeros(batch, self.cfg.deter), weight.new_zeros(batch, self.cfg.stoch)
+
+    def transition(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """h_{t+1} from (h_t [B,D], z_t [B,S], a_t [B,A])."""
+        return self.cell(self.cell_input(torch.cat([z, action], dim=-1)), h)
+
+    def observe(self, obs: torch.Tensor, action: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Filter a window with the posterior.
+
+        obs [B,T,O], action [B,T,A], noise [B,T,S] standard normal. Returns h, z [B,T,D|S] and the prior and
+        posterior Gaussians (mean, std) [B,T,S].
+        """
+        batch, steps, _ = obs.shape
+        embed = self.encoder(obs)  # [B,T,E]
+        h, z = self.initial_state(batch)
+        out: dict[str, list[torch.Tensor]] = {k: [] for k in ("h", "z", "prior_mean", "prior_std", "post_mean", "post_std")}
+        for t in range(steps):
+            if t > 0:
+                h = self.transition(h, z, action[:, t - 1])
+            prior_mean, prior_std = self._gaussian(self.prior_head(h))
+            post_mean, post_std = self._gaussian(self.posterior_head(torch.cat([h, embed[:, t]], dim=-1)))
+            z = post_mean + post_std * noise[:, t]
+            for key, value in zip(out, (h, z, prior_mean, prior_std, post_mean, post_std), strict=True):
+                out[key].append(value)
+        return {key: torch.stack(values, dim=1) for key, values in out.items()}
+
+    def decode(self, h: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted observation [...,O] and reward [...] from the latent state."""
+        feat = torch.cat([h, z], dim=-1)
+        return self.decoder(feat), self.reward_head(feat).squeeze(-1)
+
+    def forward(self, obs, action, reward, mask, noise) -> dict[str, torch.Tensor]:
+        """Per-term loss *sums* over valid steps of this rank's windows (scalars).
+
+        The trainer divides by the number of valid steps of the whole global batch, so ranks holding unequal
+        slices still produce the global-mean gradient. obs [B,T,O], action [B,T,A], reward/mask [B,T].
+        """
+        states = self.observe(obs, action, noise)
+        obs_pred, reward_pred = self.decode(states["h"], states["z"])
+        recon = 0.5 * (obs_pred - obs).pow(2).sum(-1)  # [B,T]
+        # reward r_{t-1} is the consequence of a_{t-1}, so it is predicted from the state at t.
+        reward_err = 0.5 * (reward_pred[:, 1:] - reward[:, :-1]).pow(2)  # [B,T-1]
+        kl = _gaussian_kl(states["post_mean"], states["post_std"], states["prior_mean"], states["prior_std"])  # [B,T]
+        kl_loss = torch.clamp(kl, min=self.cfg.free_nats)
+        sums = {
+            "recon": (recon * mask).sum(),
+            "reward": (reward_err * mask[:, 1:]).sum(),
+            "kl": (kl * mask).sum(),
+        }
+        sums["total"] = (
+            sums["recon"] + self.cfg.reward_scale * sums["reward"] + self.cfg.kl_scale * (kl_loss * mask).sum()
+        )
+        return sums
+
+    @torch.no_grad()
+    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int) -> torch.Tensor:
+        """Filter `context` observed steps, then imagine the rest with prior means (no sampling).
+
+        obs [B,T,O], action [B,T,A]; returns predicted observations for steps context..T-1: [B,T-context,O].
+        """
+        batch = obs.shape[0]
+        noise = obs.new_zeros(batch, context, self.cfg.stoch)  # posterior means
+        states = self.observe(obs[:, :context], action[:, :context], noise)
+        h, z = states["h"][:, -1], states["z"][:, -1]
+        predictions = []
+        for t in range(context, obs.shape[1]):
+            h = self.transition(h, z, action[:, t - 1])
+            z, _ = self._gaussian(self.prior_head(h))
+            predictions.append(self.decode(h, z)[0])
+        return torch.stack(predictions, dim=1)
+
+
+def _gaussian_kl(mean_q, std_q, mean_p, std_p) -> torch.Tensor:
+    """KL(q || p) of diagonal Gaussians, summed over the last dim."""
+    var_ratio = (std_q / std_p).pow(2)
+    mean_term = ((mean_q - mean_p) / std_p).pow(2)
+    return 0.5 * (var_ratio + mean_term - 1.0 - var_ratio.log()).sum(-1)

@@ -1,0 +1,331 @@
+"""Train a world model: `train(cfg)` is a plain function, `main()` the thin Hydra entry point.
+
+Launched under torchrun (one process per rank) by `worldpipe train` or the Snakemake rule `train_model`.
+The loop, top to bottom: validate → join the process group → open data → build model/optimizer → resume from
+the newest intact checkpoint → step until done or preempted → publish the final checkpoint → record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from worldpipe import identity as ident
+from worldpipe.atomic import write_text_atomic
+from worldpipe.checkpoint import CheckpointManager, capture_rng, restore_rng, state_digest
+from worldpipe.config import (
+    ConfigError,
+    config_diff,
+    config_hash,
+    flatten,
+    identity_config,
+    to_container,
+    validate_config,
+)
+from worldpipe.data.loader import WindowLoader
+from worldpipe.data.manifest import load_manifest
+from worldpipe.data.sampler import GlobalWindowSampler
+from worldpipe.data.store import TrajectoryStore
+from worldpipe.models import RSSM, RSSMConfig
+from worldpipe.parallel.runtime import (
+    Runtime,
+    all_reduce_sum,
+    any_rank,
+    gather_objects,
+    init_runtime,
+    shutdown_runtime,
+    world_size_from_env,
+)
+from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, wrap_model
+from worldpipe.tracking.recorder import RunRecorder
+
+log = logging.getLogger("worldpipe.train")
+
+CONF_DIR = ident.PROJECT_ROOT / "conf"
+# Exit status of a run that stopped on SIGTERM/SIGUSR1 after publishing a checkpoint (EX_TEMPFAIL):
+# a scheduler or Snakemake retry should start it again, and it resumes.
+EXIT_PREEMPTED = 75
+COMPLETION_RECORD = "train_done.json"
+PREEMPTED_RECORD = "PREEMPTED"
+LOSS_TERMS = ("total", "recon", "reward", "kl")
+
+
+class ResumeRefused(RuntimeError):
+    """The checkpoint on disk belongs to a different run (config or dataset changed)."""
+
+
+class PreemptionFlag:
+    """Set by SIGTERM/SIGUSR1; the loop finishes its step, checkpoints and exits with EXIT_PREEMPTED."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.signal = signum
+
+    @property
+    def raised(self) -> bool:
+        return self.signal is not None
+
+
+def latent_noise(seed: int, sample_index: torch.Tensor, steps: int, stoch: int, gen: torch.Generator) -> torch.Tensor:
+    """Standard-normal noise [b, T, S] that depends only on (seed, global sample index).
+
+    Randomness keyed by *what* is sampled, not by *who* samples it: any world size, and any resume point,
+    draws the same latents for the same window, while different windows draw independent noise.
+    """
+    rows = []
+    for index in sample_index.tolist():
+        gen.manual_seed(int(np.random.SeedSequence([seed, 0x6E6F697365, index]).generate_state(1, np.uint64)[0]))
+        rows.append(torch.randn(steps, stoch, generator=gen))
+    return torch.stack(rows)
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up, then cosine decay to `min_ratio` of the base learning rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def seed_rank_generators(seed: int, rank: int) -> None:
+    """Seed the global generators: identical torch init on every rank, independent per-rank python/numpy."""
+    torch.manual_seed(seed)
+    random.seed(seed * 1000 + rank)
+    np.random.seed((seed * 1000 + rank) % 2**32)
+
+
+def build_identity(cfg: DictConfig, dataset_hash: str, runtime: Runtime, run_id: str | None) -> dict:
+    """Everything that says which run a checkpoint belongs to."""
+    return {
+        "config": to_container(cfg),
+        "config_hash": config_hash(cfg),
+        "dataset_hash": dataset_hash,
+        "code_version": ident.code_version(),
+        "versions": ident.package_versions(),
+        "lock_hash": ident.lock_hash(),
+        "world_size": runtime.world_size,
+        "parallel_layout": {"strategy": cfg.parallel.strategy, "world_size": runtime.world_size},
+        "mlflow_run_id": run_id,
+    }
+
+
+def check_resume_identity(saved: dict, cfg: DictConfig, dataset_hash: str, step: int) -> None:
+    """Refuse to resume a checkpoint written by a different config (beyond safe keys) or dataset."""
+    if saved["dataset_hash"] != dataset_hash:
+        raise ResumeRefused(
+            f"checkpoint step {step} was trained on dataset {saved['dataset_hash'][:16]}…, "
+            f"but data.manifest now has {dataset_hash[:16]}…; use a new run_dir or the original data"
+        )
+    old = identity_config(saved["config"])
+    new = identity_config(cfg)
+    diff = config_diff(old, new)
+    if diff and not cfg.checkpoint.allow_config_change:
+        raise ResumeRefused(
+            f"checkpoint step {step} was written with a different config:\n"
+            + "\n".join(diff)
+            + "\nresume with the original values, or pass checkpoint.allow_config_change=true to accept them"
+        )
+    if diff:
+        log.warning("resuming step %d with changed config (allowed):\n%s", step, "\n".join(diff))
+
+
+def train(cfg: DictConfig) -> dict:
+    """Train (or resume) the run described by `cfg`; returns the completion record."""
+    validate_config(cfg, world_size_from_env())
+    runtime = init_runtime(cfg.parallel.backend)
+    try:
+        return _train(cfg, runtime)
+    finally:
+        shutdown_runtime()
+
+
+def _train(cfg: DictConfig, rt: Runtime) -> dict:
+    t_cfg, d_cfg = cfg.trainer, cfg.data
+    run_dir = Path(cfg.run_dir)
+    torch.set_num_threads(t_cfg.threads_per_rank)
+    torch.use_deterministic_algorithms(t_cfg.deterministic)
+    seed_rank_generators(cfg.seed, rt.rank)
+    preemption = PreemptionFlag()
+
+    # ---- data: verified store, world-size-invariant global order, this rank's slice ----
+    manifest = load_manifest(d_cfg.manifest)
+    dataset_hash = manifest["dataset_hash"]
+    store = TrajectoryStore.open(d_cfg.store, manifest=manifest)
+    stats = store.obs_stats()
+    sampler = GlobalWindowSampler(store.lengths, d_cfg.window, d_cfg.stride, t_cfg.batch_size, cfg.seed)
+    loader = WindowLoader(store, sampler, rt.rank, rt.world_size, obs_stats=stats,
+                          cache_bytes=d_cfg.cache_mb << 20, prefetch=d_cfg.prefetch)
+
+    # ---- model, optimizer, schedule (identical init on every rank: same torch seed) ----
+    model_cfg = RSSMConfig(**{k: v for k, v in to_container(cfg.model).items() if k != "name"})
+    model = RSSM(store.obs_dim, store.act_dim, model_cfg).to(rt.device)
+    model.set_normalization(stats["obs_mean"], stats["obs_std"])
+    model = wrap_model(model, cfg.parallel.strategy, rt)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, t_cfg.warmup_steps, t_cfg.steps, t_cfg.min_lr_ratio)
+    )
+    noise_gen = torch.Generator()
+    torch_generators = {"latent_noise": noise_gen}
+
+    # ---- resume from the newest intact checkpoint ----
+    ckpt = CheckpointManager(cfg.checkpoint.dir, keep_last=cfg.checkpoint.keep_last,
+                             keep_every=cfg.checkpoint.keep_every, async_save=cfg.checkpoint.async_save,
+                             verify=cfg.checkpoint.verify)
+    progress = {"step": 0, "epoch": 0, "samples_seen": 0, "tokens_seen": 0}
+    run_id = None
+    start_step = ckpt.latest_intact()
+    if start_step is not None:
+        state = ckpt.load(start_step)
+        check_resume_identity(state["identity"], cfg, dataset_hash, start_step)
+        load_full_state(model, optimizer, state["model"], state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        loader.load_state_dict(state["sampler"])
+        rank_rng = state["rng"][rt.rank] if rt.rank < len(state["rng"]) else None
+        if rank_rng is not None and len(state["rng"]) == rt.world_size:
+            restore_rng(rank_rng, {}, torch_generators)
+        progress = dict(state["progress"])
+        run_id = state["identity"].get("mlflow_run_id")
+        if rt.is_main:
+            log.info("resumed from %s step %d (written by %d ranks, now %d)", cfg.checkpoint.dir, start_step,
+                     state["identity"]["world_size"], rt.world_size)
+        del state
+
+    # ---- records (rank 0 only) ----
+    recorder = RunRecorder(cfg.tracking.enabled and rt.is_main, cfg.tracking.uri, cfg.tracking.experiment)
+    identity = build_identity(cfg, dataset_hash, rt, run_id)
+    run_id = recorder.start(run_id, cfg.tracking.run_name, tags=_run_tags(identity))
+    run_id = gather_objects(rt, run_id)[0]
+    identity["mlflow_run_id"] = run_id
+    if rt.is_main:
+        recorder.log_params(flatten(identity["config"]))
+        recorder.log_dict(identity, "identity.json")
+        recorder.log_dict(manifest, "dataset_manifest.json")
+
+    def save(step: int) -> str | None:
+        """Gather full state to rank 0 and publish it; flush metrics that are now durable."""
+        model_state = full_model_state(model)
+        optim_state = full_optimizer_state(model, optimizer)
+        rng = gather_objects(rt, capture_rng({}, torch_generators))
+        if not rt.is_main:
+            return None
+        state = {
+            "model": model_state, "optimizer": optim_state, "scheduler": scheduler.state_dict(),
+            "scaler": None, "ema": None, "progress": dict(progress), "sampler": loader.state_dict(),
+            "rng": rng, "identity": identity,
+        }
+        ckpt.save(step, state)
+        ckpt.wait()
+        recorder.flush(step)
+        return state_digest(state)
+
+    # ---- the loop ----
+    bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
+               desc="train", dynamic_ncols=True, file=sys.stderr)
+    digest = None
+    window_start = time.perf_counter()
+    while progress["step"] < t_cfg.steps:
+        step = progress["step"]
+        t0 = time.perf_counter()
+        batch = loader.next_batch()
+        t_data = time.perf_counter() - t0
+        obs, action = batch["obs"].to(rt.device), batch["action"].to(rt.device)  # [b,T,O], [b,T,A]
+        reward, mask = batch["reward"].to(rt.device), batch["mask"].to(rt.device)  # [b,T]
+        noise = latent_noise(cfg.seed, batch["sample_index"], obs.shape[1], model_cfg.stoch, noise_gen).to(rt.device)
+
+        sums = model(obs, action, reward, mask, noise)  # forward = per-term loss sums over valid steps
+        # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
+        loss = sums["total"] * (rt.world_size / batch["global_valid"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+
+        progress["step"] = step + 1
+        progress["samples_seen"] += batch["global_batch_size"]
+        progress["tokens_seen"] += batch["global_valid"]
+        progress["epoch"] = loader.state_dict()["epoch"]
+
+        if progress["step"] % t_cfg.log_every == 0 or progress["step"] == t_cfg.steps:
+            totals = all_reduce_sum(rt, torch.stack([sums[k].detach() for k in LOSS_TERMS]).cpu())
+            elapsed = time.perf_counter() - window_start
+            window_start = time.perf_counter()
+            metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(LOSS_TERMS, totals, strict=True)}
+            metrics.update({
+                "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
+                "samples_per_s": t_cfg.log_every * t_cfg.batch_size / elapsed,
+                "step_time_s": time.perf_counter() - t0, "data_wait_s": t_data,
+            })
+            recorder.add_metrics(progress["step"], metrics, int(time.time() * 1000))
+            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}")
+        bar.update(1)
+
+        preempted = any_rank(rt, preemption.raised)
+        if progress["step"] % cfg.checkpoint.every == 0 or progress["step"] == t_cfg.steps or preempted:
+            digest = save(progress["step"])
+        if preempted:
+            break
+    bar.close()
+    loader.close()
+    ckpt.close()
+
+    record = {"final_step": progress["step"], "target_steps": t_cfg.steps, "digest": digest,
+              "mlflow_run_id": run_id, "dataset_hash": dataset_hash, "world_size": rt.world_size,
+              "checkpoint_dir": str(cfg.checkpoint.dir)}
+    if preempted:
+        if rt.is_main:
+            write_text_atomic(run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
+            recorder.end("KILLED")
+            log.warning("preempted by signal %s: checkpoint at step %d published", preemption.signal, progress["step"])
+        raise SystemExit(EXIT_PREEMPTED)
+    if rt.is_main:
+        (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+        write_text_atomic(run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
+        recorder.end("FINISHED")
+    return record
+
+
+def _run_tags(identity: dict) -> dict[str, str]:
+    code = identity["code_version"]
+    return {
+        "worldpipe.version": str(code["worldpipe"]),
+        "worldpipe.git_sha": str(code["git_sha"]),
+        "worldpipe.git_dirty": str(code["git_dirty"]),
+        "worldpipe.dataset_hash": identity["dataset_hash"],
+        "worldpipe.config_hash": identity["config_hash"],
+        "worldpipe.world_size": str(identity["world_size"]),
+        "worldpipe.strategy": identity["parallel_layout"]["strategy"],
+        "worldpipe.host": ident.host(),
+    }
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point (`python -m worldpipe.train key=value ...`, usually under torchrun)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    try:
+        train(cfg)
+    except (ConfigError, ResumeRefused) as err:
+        log.error("%s", err)
+        raise SystemExit(2) from err
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Config composition and validation: every experiment composes; bad values fail early, naming the key."""
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+from worldpipe.config import ConfigError, config_diff, config_hash, flatten, identity_config, validate_config
+from worldpipe.launch import compose_config, torchrun_command
+from worldpipe.train import CONF_DIR
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment):
+    cfg = compose_config([f"experiment={experiment}"])
+    assert cfg.experiment_name == experiment
+    validate_config(cfg, world_size=cfg.parallel.nproc_per_node)
+
+
+def test_experiments_exist():
+    assert {"pendulum_rssm", "smoke", "cartpole_rssm", "pendulum_fsdp2"} <= set(EXPERIMENTS)
+
+
+def test_unknown_group_option_is_rejected():
+    with pytest.raises(ConfigCompositionException, match="model"):
+        compose_config(["model=transformerx"])
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError, ConfigAttributeError), match="lr_typo"):
+        compose_config(["trainer.lr_typo=0.1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.lr=0", "trainer.lr"),
+        ("trainer.lr=-1e-3", "trainer.lr"),
+        ("trainer.batch_size=0", "trainer.batch_size"),
+        ("trainer.batch_size=-4", "trainer.batch_size"),
+        ("trainer.batch_size=15", "trainer.batch_size"),  # not divisible by 2 ranks
+        ("trainer.steps=0", "trainer.steps"),
+        ("checkpoint.keep_last=1", "checkpoint.keep_last"),
+        ("parallel.strategy=zero9", "parallel.strategy"),
+        ("data.window=1", "data.window"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    cfg = compose_config([override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(cfg, world_size=2)
+
+
+def test_uneven_batches_allowed_when_asked():
+    cfg = compose_config(["trainer.batch_size=15", "parallel.even_batches=false"])
+    validate_config(cfg, world_size=2)
+
+
+def test_hash_ignores_resume_safe_keys_only():
+    base = compose_config([])
+    assert config_hash(base) == config_hash(compose_config(["trainer.steps=99", "checkpoint.every=7"]))
+    assert config_hash(base) != config_hash(compose_config(["trainer.lr=0.5"]))
+    diff = config_diff(identity_config(base), identity_config(compose_config(["trainer.lr=0.5"])))
+    assert diff == ["  trainer.lr: 0.001 -> 0.5"]
+
+
+def test_flatten_is_dotted_and_complete():
+    flat = flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None})
+    assert flat == {"a.b": 1, "a.c.d": [1, 2], "e": None}
+
+
+def test_torchrun_command_uses_explicit_run_dir():
+    cfg = compose_config(["experiment=smoke", "run_dir=/tmp/x"])
+    cmd = torchrun_command(cfg, ["experiment=smoke", "run_dir=/tmp/x"])
+    assert "--standalone" in cmd and "--nproc_per_node=2" in cmd
+    assert cmd[-1] == "hydra.run.dir=/tmp/x"
+
+
+def test_cli_rejects_bad_config_before_work(tmp_path: Path, capsys):
+    from worldpipe.cli import main
+
+    code = main(["train", "trainer.lr=-1", f"run_dir={tmp_path / 'run'}"])
+    assert code == 2
+    assert "trainer.lr" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,47 @@
+# Helpers shared by the rules: dataset specs, shard partitions, paths. No rules here.
+import json
+import math
+import os
+
+
+def dataset_spec(dataset):
+    """Generation spec of a dataset wildcard: the configured dataset or its held-out sibling."""
+    spec = dict(config["dataset"])
+    if dataset == spec["name"]:
+        return spec
+    if dataset == f"{spec['name']}-heldout":
+        spec.update(name=dataset, episodes=config["heldout"]["episodes"], seed=config["heldout"]["seed"])
+        return spec
+    raise ValueError(f"unknown dataset {dataset!r}: expected {spec['name']!r} or its -heldout")
+
+
+def spec_json(wildcards):
+    return json.dumps(dataset_spec(wildcards.dataset), sort_keys=True)
+
+
+def shard_parts(dataset):
+    """Shard ranges [start, stop) simulated by separate jobs; the bytes do not depend on this split."""
+    spec = dataset_spec(dataset)
+    shards = math.ceil(spec["episodes"] / spec["episodes_per_shard"])
+    parts = min(config["simulate_jobs"], shards)
+    return [(p * shards // parts, (p + 1) * shards // parts) for p in range(parts)]
+
+
+def part_records(wildcards):
+    count = len(shard_parts(wildcards.dataset))
+    return [f"results/data/{wildcards.dataset}/parts/part-{p:03d}.json" for p in range(count)]
+
+
+def shard_range(wildcards):
+    start, stop = shard_parts(wildcards.dataset)[int(wildcards.part)]
+    return f"{start}:{stop}"
+
+
+def tracking_uri():
+    uri = config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
+    return uri or f"sqlite:///{os.path.abspath('results/mlflow.db')}"
+
+
+LAUNCH_TRAINING = os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh")
+TRAIN_DATASET = config["dataset"]["name"]
+HELDOUT_DATASET = f"{TRAIN_DATASET}-heldout"

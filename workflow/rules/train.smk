@@ -1,0 +1,28 @@
+# Training under torchrun. Only the completion record is a declared output: the checkpoint directory beside
+# it survives a failed or preempted job, and the next invocation resumes from it.
+
+
+rule train_model:
+    input:
+        manifest=f"results/data/{TRAIN_DATASET}/manifest.json",
+    output:
+        done="results/runs/{experiment}/train_done.json",
+    params:
+        store=f"results/data/{TRAIN_DATASET}/store.zarr",
+        run_dir="results/runs/{experiment}",
+        nproc=config["train"]["nproc_per_node"],
+        nnodes=config["train"].get("nnodes", 1),
+        tracking=tracking_uri(),
+        overrides=" ".join(config["train"].get("overrides", [])),
+        launcher=LAUNCH_TRAINING,
+    threads: config["train"]["nproc_per_node"]
+    log:
+        "logs/train_model/{experiment}.log",
+    benchmark:
+        "benchmarks/rules/train_model/{experiment}.tsv"
+    shell:
+        "WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment}"
+        " bash {params.launcher}"
+        " experiment={wildcards.experiment} run_dir={params.run_dir} data.store={params.store}"
+        " data.manifest={input.manifest} parallel.nproc_per_node={params.nproc} parallel.nnodes={params.nnodes}"
+        " tracking.uri={params.tracking:q} trainer.progress_bar=false {params.overrides} >> {log} 2>&1"

@@ -1,0 +1,20 @@
+"""Snakemake script: plot the training loss terms recorded in the run's MLflow record."""
+
+import json
+import sys
+
+from mlflow.tracking import MlflowClient
+
+from worldpipe.evaluate import plot_loss_curve
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
+sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 - the log must stay open for the whole script
+
+record = json.loads(open(snakemake.input.done).read())
+client = MlflowClient(tracking_uri=snakemake.params.tracking)
+history = {}
+if record.get("mlflow_run_id"):
+    for key in ("loss/total", "loss/recon", "loss/reward", "loss/kl"):
+        points = client.get_metric_history(record["mlflow_run_id"], key)
+        history[key] = sorted((m.step, m.value) for m in points)
+plot_loss_curve(history, snakemake.output.plot)
