@@ -26,3 +26,11 @@ def env_with_venv() -> dict[str, str]:
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
     env["SDL_VIDEODRIVER"] = "dummy"
     return env
+
+
+@pytest.fixture(scope="session")
+def smoke_dataset(tmp_path_factory, env_with_venv) -> tuple[Path, Path]:
+    """A real 24-episode Pendulum store + manifest, built once per session through the CLI."""
+    from datasets import build_dataset
+
+    return build_dataset(tmp_path_factory.mktemp("smoke_data"), env_with_venv)

@@ -7,6 +7,7 @@ the newest intact checkpoint → step until done or preempted → publish the fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -48,7 +49,7 @@ from worldpipe.parallel.runtime import (
     shutdown_runtime,
     world_size_from_env,
 )
-from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, wrap_model
+from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, unwrap, wrap_model
 from worldpipe.tracking.recorder import RunRecorder
 
 log = logging.getLogger("worldpipe.train")
@@ -286,7 +287,9 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     loader.close()
     ckpt.close()
 
-    record = {"final_step": progress["step"], "target_steps": t_cfg.steps, "digest": digest,
+    # Replicas must agree bit for bit; recorded so a test (or a user) can check it after the fact.
+    replica_digests = gather_objects(rt, _replica_digest(model, cfg.parallel.strategy))
+    record = {"final_step": progress["step"], "replica_digests": replica_digests, "target_steps": t_cfg.steps, "digest": digest,
               "mlflow_run_id": run_id, "dataset_hash": dataset_hash, "world_size": rt.world_size,
               "checkpoint_dir": str(cfg.checkpoint.dir)}
     if preempted:
@@ -300,6 +303,17 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         write_text_atomic(run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
         recorder.end("FINISHED")
     return record
+
+
+def _replica_digest(model: torch.nn.Module, strategy: str) -> str | None:
+    """SHA-256 of this rank's replica of the parameters (None when parameters are sharded)."""
+    if strategy == "fsdp2":
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _run_tags(identity: dict) -> dict[str, str]:

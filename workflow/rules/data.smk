@@ -7,6 +7,8 @@ rule init_store:
     params:
         spec=spec_json,
         store="results/data/{dataset}/store.zarr",
+    conda:
+        "../envs/worldpipe.yaml"
     log:
         "logs/init_store/{dataset}.log",
     benchmark:
@@ -25,6 +27,8 @@ rule simulate_episodes:
         spec=spec_json,
         store="results/data/{dataset}/store.zarr",
         shards=shard_range,
+    conda:
+        "../envs/worldpipe.yaml"
     log:
         "logs/simulate_episodes/{dataset}-{part}.log",
     benchmark:
@@ -41,6 +45,8 @@ rule seal_dataset:
         manifest="results/data/{dataset}/manifest.json",
     params:
         store="results/data/{dataset}/store.zarr",
+    conda:
+        "../envs/worldpipe.yaml"
     log:
         "logs/seal_dataset/{dataset}.log",
     benchmark:

@@ -17,6 +17,8 @@ rule evaluate_model:
         checkpoints="results/runs/{experiment}/checkpoints",
         context=config["evaluate"]["context"],
         horizon=config["evaluate"]["horizon"],
+    conda:
+        "../envs/worldpipe.yaml"
     log:
         "logs/evaluate_model/{experiment}.log",
     benchmark:
@@ -38,6 +40,8 @@ rule plot_loss_curve:
         ),
     params:
         tracking=tracking_uri(),
+    conda:
+        "../envs/worldpipe.yaml"
     log:
         "logs/plot_loss_curve/{experiment}.log",
     benchmark:

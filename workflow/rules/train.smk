@@ -9,13 +9,15 @@ rule train_model:
         done="results/runs/{experiment}/train_done.json",
     params:
         store=f"results/data/{TRAIN_DATASET}/store.zarr",
-        run_dir="results/runs/{experiment}",
+        run_dir=lambda wildcards, output: os.path.dirname(output.done),
         nproc=config["train"]["nproc_per_node"],
         nnodes=config["train"].get("nnodes", 1),
         tracking=tracking_uri(),
         overrides=" ".join(config["train"].get("overrides", [])),
         launcher=LAUNCH_TRAINING,
     threads: config["train"]["nproc_per_node"]
+    conda:
+        "../envs/worldpipe.yaml"
     log:
         "logs/train_model/{experiment}.log",
     benchmark:
