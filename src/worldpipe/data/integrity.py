@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 class CorruptShardError(RuntimeError):
     """A store file's bytes do not match the manifest (or it is missing). ``path`` names the file."""
 
-    def __init__(self, path: str, reason: str = "sha256 mismatch") -> None:
+    def __init__(self, path: str, reason: str = "sha256 mismatch", key: str | None = None) -> None:
         super().__init__(f"corrupt dataset file {path!r}: {reason}")
         self.path = path
+        self.key = key if key is not None else path
         self.reason = reason
 
 
@@ -38,15 +39,20 @@ class VerifyingStore(WrapperStore[Store]):
     the index + chunk reads of one selection.
     """
 
-    def __init__(self, store: Store, expected: dict[str, dict] | None = None, keep: int = 16) -> None:
+    def __init__(self, store: Store, expected: dict[str, dict], location: str = "", keep: int = 16) -> None:
         super().__init__(store)
-        self._expected = expected or {}
+        self._expected = expected
+        self._location = location.rstrip("/")
         self._keep = keep
         self._verified: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
 
     def _with_store(self, store: Store) -> VerifyingStore:
-        return type(self)(store, self._expected, self._keep)
+        return type(self)(store, self._expected, self._location, self._keep)
+
+    def _error(self, key: str, reason: str) -> CorruptShardError:
+        path = f"{self._location}/{key}" if self._location else key
+        return CorruptShardError(path, reason, key=key)
 
     async def _verified_bytes(self, key: str, prototype: BufferPrototype) -> bytes:
         with self._lock:
@@ -56,13 +62,13 @@ class VerifyingStore(WrapperStore[Store]):
                 return cached
         buf = await self._store.get(key, prototype)
         if buf is None:
-            raise CorruptShardError(key, "file listed in the manifest is missing")
+            raise self._error(key, "file listed in the manifest is missing")
         data = buf.to_bytes()
         entry = self._expected[key]
         if len(data) != entry["size"]:
-            raise CorruptShardError(key, f"size {len(data)} != manifest size {entry['size']}")
+            raise self._error(key, f"size {len(data)} != manifest size {entry['size']}")
         if sha256_bytes(data) != entry["sha256"]:
-            raise CorruptShardError(key, "sha256 does not match the manifest")
+            raise self._error(key, "sha256 does not match the manifest")
         with self._lock:
             self._verified[key] = data
             while len(self._verified) > self._keep:
@@ -74,7 +80,9 @@ class VerifyingStore(WrapperStore[Store]):
     ) -> Buffer | None:
         """Like ``Store.get`` but verified against the manifest for listed keys."""
         if key not in self._expected:
-            return await self._store.get(key, prototype, byte_range)
+            # Not part of the sealed dataset (e.g. zarr v2 metadata probes): it did not exist then, so
+            # whatever exists now must not leak into reads.
+            return None
         data = await self._verified_bytes(key, prototype)
         if byte_range is None:
             view = data
@@ -91,3 +99,12 @@ class VerifyingStore(WrapperStore[Store]):
     async def get_partial_values(self, prototype, key_ranges):  # type: ignore[no-untyped-def]
         """Route partial reads through the verified ``get``."""
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    async def _get_many(self, requests):  # type: ignore[no-untyped-def]
+        """Route batched reads through the verified ``get`` (the base wrapper would bypass it)."""
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
+
+    async def exists(self, key: str) -> bool:
+        """A key exists for readers iff the manifest lists it."""
+        return key in self._expected

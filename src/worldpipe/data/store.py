@@ -236,7 +236,7 @@ class TrajectoryStore:
         store = open_zarr_store(url, read_only=True, storage_options=storage_options)
         if manifest is not None:
             expected = {f["path"]: f for f in manifest["files"]}
-            store = VerifyingStore(store, expected)
+            store = VerifyingStore(store, expected, location=url)
         group = zarr.open_group(store, mode="r", zarr_format=3)
         return cls(url, group, manifest)
 

@@ -1,0 +1,192 @@
+"""Per-rank window loader with deterministic background prefetch and exact, world-size-free resume."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from worldpipe.data.episode_slab import make_slab
+from worldpipe.data.sampler import GlobalWindowSampler
+from worldpipe.data.store import TrajectoryStore
+
+_PUT_POLL_S = 0.05
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+class WindowLoader:
+    """Turns the sampler's global batches into this rank's tensors.
+
+    Prefetching runs a private copy of the sampler in a thread. The batches it produces depend only on
+    the sampler position, never on timing; each carries the sampler state *after* it, and
+    ``state_dict`` reports the state after the last batch actually returned, so unconsumed prefetched
+    batches are never counted as seen. The caller's ``sampler`` is kept at that same position.
+    """
+
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        sampler: GlobalWindowSampler,
+        rank: int,
+        world_size: int,
+        obs_stats: dict | None = None,
+        cache_bytes: int = 256 << 20,
+        prefetch: int = 2,
+    ) -> None:
+        GlobalWindowSampler.rank_slice(0, rank, world_size)  # validates rank / world_size
+        if len(sampler.windows) and int(sampler.windows[:, 0].max()) >= store.num_episodes:
+            raise ValueError("sampler windows refer to episodes beyond the store")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.store = store
+        self.sampler = sampler
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.prefetch = int(prefetch)
+        self.window = sampler.window
+        self._lengths = store.lengths.astype(np.int64)
+        self._steps = np.arange(self.window, dtype=np.int64)
+        self._keys = store.data_keys
+        self._slab = make_slab(store, self._keys, cache_bytes)
+        self._stats = None
+        if obs_stats is not None:
+            self._stats = {
+                k: np.asarray(obs_stats[k], dtype=np.float32)
+                for k in ("obs_mean", "obs_std", "reward_mean", "reward_std")
+            }
+        self._producer = sampler.copy()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(self.prefetch, 1))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._start()
+
+    # ---- production (runs in the prefetch thread, or inline when prefetch == 0) ----
+
+    def _produce(self) -> tuple[dict, dict]:
+        sampler = self._producer
+        batch_index, epoch = sampler.batch_index, sampler.epoch
+        rows = sampler.next_global_batch()
+        state_after = sampler.state_dict()
+
+        valid_all = np.clip(self._lengths[rows[:, 1]] - rows[:, 2], 0, self.window)
+        mine = rows[GlobalWindowSampler.rank_slice(len(rows), self.rank, self.world_size)]
+        episodes, starts = mine[:, 1], mine[:, 2]
+        t_idx = starts[:, None] + self._steps[None, :]
+        mask = t_idx < self._lengths[episodes][:, None]
+        # Steps past the stored horizon are padding either way; clip so indexing stays in bounds.
+        data = self._slab.gather(episodes, np.minimum(t_idx, self.store.max_steps - 1))
+
+        obs, reward = data["obs"], data["reward"]
+        if self._stats is not None:
+            obs = (obs - self._stats["obs_mean"]) / self._stats["obs_std"]
+            reward = (reward - self._stats["reward_mean"]) / self._stats["reward_std"]
+        maskf = mask.astype(np.float32)
+        batch = {
+            "obs": torch.from_numpy(np.ascontiguousarray(obs * maskf[:, :, None], dtype=np.float32)),
+            "action": torch.from_numpy(np.ascontiguousarray(data["action"] * maskf[:, :, None])),
+            "reward": torch.from_numpy(np.ascontiguousarray(reward * maskf, dtype=np.float32)),
+            "terminated": torch.from_numpy((data["terminated"] & mask).astype(np.float32)),
+            "mask": torch.from_numpy(maskf),
+            "sample_index": torch.from_numpy(np.ascontiguousarray(mine[:, 0])),
+            "global_valid": int(valid_all.sum()),
+            "global_batch_size": len(rows),
+            "batch_index": int(batch_index),
+            "epoch": int(epoch),
+        }
+        if "pixels" in data:
+            batch["pixels"] = torch.from_numpy(data["pixels"] * mask[:, :, None, None, None].astype(np.uint8))
+        return batch, state_after
+
+    @staticmethod
+    def _run(ref: weakref.ref, stop: threading.Event, out: queue.Queue) -> None:
+        # Holds the loader only weakly between batches, so an unclosed, dropped loader is still collected
+        # (its finalizer sets ``stop``) instead of being kept alive by its own thread.
+        while not stop.is_set():
+            loader = ref()
+            if loader is None:
+                return
+            try:
+                item: tuple[dict, dict] | _Failure = loader._produce()
+            except BaseException as exc:  # surfaced to the consumer, never swallowed
+                item = _Failure(exc)
+            del loader
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=_PUT_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, _Failure):
+                return
+
+    def _start(self) -> None:
+        if self.prefetch > 0:
+            # A fresh event per thread: a stale thread can never be revived by clearing a shared one.
+            self._stop = threading.Event()
+            self._finalizer = weakref.finalize(self, self._stop.set)
+            self._thread = threading.Thread(
+                target=self._run,
+                args=(weakref.ref(self), self._stop, self._queue),
+                name=f"WindowLoader-r{self.rank}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def _halt(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+
+    # ---- public API ----
+
+    def next_batch(self) -> dict:
+        """This rank's slice of the next global batch (see module docs for keys)."""
+        if self._closed:
+            raise RuntimeError("WindowLoader is closed")
+        if self.prefetch == 0:
+            batch, state = self._produce()
+        else:
+            item = self._queue.get()
+            if isinstance(item, _Failure):
+                raise item.error
+            batch, state = item
+        self.sampler.load_state_dict(state)
+        return batch
+
+    def state_dict(self) -> dict:
+        """Sampler state after the last returned batch (prefetched batches excluded)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume so the next batch is the first one not returned before ``state`` was saved."""
+        self._halt()
+        self.sampler.load_state_dict(state)
+        self._producer = self.sampler.copy()
+        if not self._closed:
+            self._start()
+
+    def close(self) -> None:
+        """Stop the prefetch thread. Idempotent."""
+        self._closed = True
+        self._halt()
+
+    def __enter__(self) -> WindowLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
