@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -28,12 +29,18 @@ def build_dataset(
     Returns ``{"shards": [per-shard records], "manifest": manifest or None}``. The bytes written do not
     depend on ``jobs``.
     """
-    init_store(url, spec, storage_options=storage_options)
     groups = partition_shards(spec.num_shards, jobs)
+    if len(groups) > 1 and url.startswith("memory://"):
+        raise ValueError("memory:// stores live in one process; use jobs=1")
+    init_store(url, spec, storage_options=storage_options)
     if len(groups) == 1:
         records = write_shards(url, spec, groups[0], progress=progress, storage_options=storage_options)
     else:
-        with ProcessPoolExecutor(max_workers=len(groups)) as pool:
+        # spawn, not fork: the parent may hold event-loop / OpenMP threads that a forked child inherits
+        # in a broken state.
+        with ProcessPoolExecutor(
+            max_workers=len(groups), mp_context=multiprocessing.get_context("spawn")
+        ) as pool:
             futures = [
                 pool.submit(write_shards, url, spec, g, progress=False, storage_options=storage_options)
                 for g in groups

@@ -21,7 +21,9 @@ STEP_KEYS = ("obs", "action", "reward", "terminated", "pixels")
 def decoded_nbytes(store: TrajectoryStore) -> int:
     """Size of the whole dataset once decoded (per-step arrays only)."""
     return sum(
-        int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in array_layout(store.spec) if a.name in STEP_KEYS
+        int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+        for a in array_layout(store.spec)
+        if a.name in STEP_KEYS
     )
 
 

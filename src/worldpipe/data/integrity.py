@@ -108,3 +108,25 @@ class VerifyingStore(WrapperStore[Store]):
     async def exists(self, key: str) -> bool:
         """A key exists for readers iff the manifest lists it."""
         return key in self._expected
+
+    async def list(self):  # type: ignore[no-untyped-def]
+        """Keys of the sealed dataset (not whatever else is in the directory now)."""
+        for key in sorted(self._expected):
+            yield key
+
+    async def list_prefix(self, prefix: str):  # type: ignore[no-untyped-def]
+        """Sealed keys starting with ``prefix``."""
+        for key in sorted(self._expected):
+            if key.startswith(prefix):
+                yield key
+
+    async def list_dir(self, prefix: str):  # type: ignore[no-untyped-def]
+        """Immediate children of ``prefix`` among the sealed keys."""
+        base = prefix.rstrip("/") + "/" if prefix else ""
+        seen = set()
+        for key in sorted(self._expected):
+            if key.startswith(base):
+                child = key[len(base) :].split("/", 1)[0]
+                if child not in seen:
+                    seen.add(child)
+                    yield child

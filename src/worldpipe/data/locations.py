@@ -34,7 +34,9 @@ def open_zarr_store(url: str, *, read_only: bool, storage_options: dict[str, Any
     return FsspecStore.from_url(url, storage_options=dict(storage_options or {}), read_only=read_only)
 
 
-def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+def open_filesystem(
+    url: str, storage_options: dict[str, Any] | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
     """A synchronous fsspec filesystem and the root path inside it for ``url``."""
     path = local_path(url)
     if path is not None:

@@ -69,7 +69,8 @@ def build_manifest(url: str, storage_options: dict[str, Any] | None = None) -> d
         "steps": int(store.lengths.sum()),
         "arrays": arrays,
         "files": [
-            {"path": rel, "size": size, "sha256": _file_sha256(fs, f"{root}/{rel}")} for rel, size in files.items()
+            {"path": rel, "size": size, "sha256": _file_sha256(fs, f"{root}/{rel}")}
+            for rel, size in files.items()
         ],
     }
     manifest["dataset_hash"] = dataset_hash(manifest)
@@ -136,10 +137,14 @@ def verify_dataset(url: str, manifest_path: str, storage_options: dict[str, Any]
             record.update(status="size", size=actual[rel])
         else:
             digest = _file_sha256(fs, f"{root}/{rel}")
-            record.update(status="ok" if digest == entry["sha256"] else "mismatch", size=actual[rel], sha256=digest)
+            record.update(
+                status="ok" if digest == entry["sha256"] else "mismatch", size=actual[rel], sha256=digest
+            )
         results.append(record)
     listed = {e["path"] for e in manifest["files"]}
-    results.extend({"path": rel, "status": "extra", "size": size} for rel, size in actual.items() if rel not in listed)
+    results.extend(
+        {"path": rel, "status": "extra", "size": size} for rel, size in actual.items() if rel not in listed
+    )
     return sorted(results, key=lambda r: r["path"])
 
 

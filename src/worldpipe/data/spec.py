@@ -30,7 +30,9 @@ def _check_int(key: str, value: Any, minimum: int) -> int:
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"dataset spec key {key!r} has unsupported value {value!r}; expected one of {list(choices)}")
+        raise ValueError(
+            f"dataset spec key {key!r} has unsupported value {value!r}; expected one of {list(choices)}"
+        )
     return value
 
 

@@ -190,7 +190,12 @@ def write_shards(
                 _remove_stale_shard(store, url, a.shard_key(s))
                 arrays[a.name][start:stop] = buffers[a.name]
             records.append(
-                {"index": s, "episodes": stop - start, "steps": int(buffers["length"].sum()), "first_episode": start}
+                {
+                    "index": s,
+                    "episodes": stop - start,
+                    "steps": int(buffers["length"].sum()),
+                    "first_episode": start,
+                }
             )
     return records
 
@@ -219,7 +224,9 @@ class TrajectoryStore:
         self.url = url
         self.manifest = manifest
         self.spec = _stored_spec(group, url)
-        self._arrays = {name: group[name] for name in group.array_keys()}
+        # Open the arrays the spec implies by name: no directory listing (slow on object stores, and it
+        # would trip over unrelated files).
+        self._arrays = {a.name: group[a.name] for a in array_layout(self.spec)}
         self.lengths = np.asarray(self._arrays["length"][:], dtype=np.int32)
         self.obs_dim = int(self._arrays["obs"].shape[2])
         self.act_dim = int(self._arrays["action"].shape[2])
@@ -299,5 +306,6 @@ class TrajectoryStore:
     def array_info(self) -> dict[str, dict]:
         """Shape and dtype of every array."""
         return {
-            name: {"shape": list(arr.shape), "dtype": str(arr.dtype)} for name, arr in sorted(self._arrays.items())
+            name: {"shape": list(arr.shape), "dtype": str(arr.dtype)}
+            for name, arr in sorted(self._arrays.items())
         }
