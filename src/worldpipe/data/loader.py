@@ -67,6 +67,7 @@ class WindowLoader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._failure: _Failure | None = None
         self._start()
 
     # ---- production (runs in the prefetch thread, or inline when prefetch == 0) ----
@@ -141,16 +142,21 @@ class WindowLoader:
             )
             self._thread.start()
 
-    def _halt(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
+    def _drain(self) -> None:
         while True:
             try:
                 self._queue.get_nowait()
             except queue.Empty:
-                break
+                return
+
+    def _halt(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            # Emptying the queue wakes a producer blocked in put(); it then sees the stop flag at once.
+            self._drain()
+            self._thread.join()
+            self._thread = None
+        self._drain()
 
     # ---- public API ----
 
@@ -161,8 +167,12 @@ class WindowLoader:
         if self.prefetch == 0:
             batch, state = self._produce()
         else:
+            if self._failure is not None:
+                raise self._failure.error
             item = self._queue.get()
             if isinstance(item, _Failure):
+                # The producer has stopped; keep failing loudly instead of blocking on an empty queue.
+                self._failure = item
                 raise item.error
             batch, state = item
         self.sampler.load_state_dict(state)
@@ -177,6 +187,7 @@ class WindowLoader:
         self._halt()
         self.sampler.load_state_dict(state)
         self._producer = self.sampler.copy()
+        self._failure = None
         if not self._closed:
             self._start()
 
