@@ -1,84 +1,85 @@
-"""Decoded episodes held in memory for fast window gathering.
+"""Prepared episodes held in memory for fast window gathering.
+
+Shards are loaded through a ``load(shard_index)`` callable that returns per-episode arrays of shape
+``[n, T + 1, ...]``, already normalised, zero beyond each episode's length, and with one extra all-zero
+step at ``T``: a window step past the stored horizon is gathered from that step, so a batch needs no
+per-element masking arithmetic, only one fancy index per array.
 
 Two strategies behind one interface:
-- ``DenseSlab``: the whole decoded dataset fits in the cache budget, so shards are decoded into their
-  slots of full-size arrays on first use and a batch is one fancy-index per array (as fast as numpy
-  gathering from memory-mapped raw arrays);
-- ``LruSlab``: otherwise, an LRU of decoded shards bounded by the budget, gathered shard by shard.
+- ``DenseSlab``: the prepared dataset fits in the cache budget, so shards are placed in their slots of
+  full-size arrays on first use and a batch is one gather per array;
+- ``LruSlab``: otherwise, an LRU of prepared shards bounded by the budget, gathered shard by shard.
 Both return identical values; only speed and memory differ.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from worldpipe.data.shard_cache import ShardCache
-from worldpipe.data.store import TrajectoryStore, array_layout
 
-STEP_KEYS = ("obs", "action", "reward", "terminated", "pixels")
+Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # key -> (per-episode shape incl. T + 1, dtype)
+Loader = Callable[[int], dict[str, np.ndarray]]
 
 
-def decoded_nbytes(store: TrajectoryStore) -> int:
-    """Size of the whole dataset once decoded (per-step arrays only)."""
+def prepared_nbytes(num_episodes: int, shapes: Shapes) -> int:
+    """Bytes of the whole prepared dataset."""
     return sum(
-        int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
-        for a in array_layout(store.spec)
-        if a.name in STEP_KEYS
+        num_episodes * int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values()
     )
 
 
 class DenseSlab:
     """Full-size arrays filled shard by shard on demand."""
 
-    def __init__(self, store: TrajectoryStore, keys: tuple[str, ...]) -> None:
-        self._store = store
-        self._keys = keys
-        shapes = {a.name: (a.shape, a.dtype) for a in array_layout(store.spec)}
-        # np.zeros maps untouched pages lazily: memory grows only with the shards actually read.
-        self._arrays = {k: np.zeros(*shapes[k]) for k in keys}
-        self._loaded = np.zeros(store.num_shards, dtype=bool)
-        self._per_shard = store.spec.episodes_per_shard
+    def __init__(self, num_episodes: int, episodes_per_shard: int, load: Loader, shapes: Shapes) -> None:
+        self._load = load
+        self._per_shard = episodes_per_shard
+        # np.zeros maps untouched pages lazily: memory grows only with the shards actually loaded.
+        self._arrays = {k: np.zeros((num_episodes, *shape), dtype) for k, (shape, dtype) in shapes.items()}
+        self._loaded = np.zeros(-(-num_episodes // episodes_per_shard), dtype=bool)
 
     def gather(self, episodes: np.ndarray, steps: np.ndarray) -> dict[str, np.ndarray]:
-        """``{key: array[episodes[:, None], steps]}`` for every key (steps already clipped)."""
+        """``{key: array[episodes[:, None], steps]}`` for every key."""
         shards = episodes // self._per_shard
         if not self._loaded[shards].all():
-            for s in np.unique(shards[~self._loaded[shards]]):
-                start, stop = self._store.spec.shard_range(int(s))
-                data = self._store.read_shard(int(s))
-                for k in self._keys:
-                    self._arrays[k][start:stop] = data[k]
+            for s in np.unique(shards[~self._loaded[shards]]).tolist():
+                start = s * self._per_shard
+                for k, v in self._load(s).items():
+                    self._arrays[k][start : start + len(v)] = v
                 self._loaded[s] = True
         rows = episodes[:, None]
-        return {k: self._arrays[k][rows, steps] for k in self._keys}
+        return {k: a[rows, steps] for k, a in self._arrays.items()}
 
 
 class LruSlab:
-    """Decoded shards in a byte-bounded LRU; gathers each shard's windows separately."""
+    """Prepared shards in a byte-bounded LRU; gathers each shard's windows separately."""
 
-    def __init__(self, store: TrajectoryStore, keys: tuple[str, ...], cache_bytes: int) -> None:
-        self._store = store
-        self._keys = keys
-        self._per_shard = store.spec.episodes_per_shard
-        self.cache = ShardCache(store.read_shard, cache_bytes)
-        self._shapes = {a.name: (a.shape[2:], a.dtype) for a in array_layout(store.spec)}
+    def __init__(self, episodes_per_shard: int, load: Loader, shapes: Shapes, cache_bytes: int) -> None:
+        self._per_shard = episodes_per_shard
+        self._shapes = shapes
+        self.cache = ShardCache(load, cache_bytes)
 
     def gather(self, episodes: np.ndarray, steps: np.ndarray) -> dict[str, np.ndarray]:
         """Same contract as ``DenseSlab.gather``."""
         b, t = steps.shape
-        out = {k: np.zeros((b, t, *self._shapes[k][0]), self._shapes[k][1]) for k in self._keys}
+        out = {k: np.empty((b, t, *shape[1:]), dtype) for k, (shape, dtype) in self._shapes.items()}
         shards = episodes // self._per_shard
-        for s in np.unique(shards):
+        for s in np.unique(shards).tolist():
             sel = np.nonzero(shards == s)[0]
-            data = self.cache.get(int(s))
-            rows = (episodes[sel] - int(s) * self._per_shard)[:, None]
-            for k in self._keys:
+            data = self.cache.get(s)
+            rows = (episodes[sel] - s * self._per_shard)[:, None]
+            for k in out:
                 out[k][sel] = data[k][rows, steps[sel]]
         return out
 
 
-def make_slab(store: TrajectoryStore, keys: tuple[str, ...], cache_bytes: int) -> DenseSlab | LruSlab:
-    """Dense when the decoded dataset fits in ``cache_bytes``, else an LRU of shards."""
-    if decoded_nbytes(store) <= cache_bytes:
-        return DenseSlab(store, keys)
-    return LruSlab(store, keys, cache_bytes)
+def make_slab(
+    num_episodes: int, episodes_per_shard: int, load: Loader, shapes: Shapes, cache_bytes: int
+) -> DenseSlab | LruSlab:
+    """Dense when the prepared dataset fits in ``cache_bytes``, else an LRU of shards."""
+    if prepared_nbytes(num_episodes, shapes) <= cache_bytes:
+        return DenseSlab(num_episodes, episodes_per_shard, load, shapes)
+    return LruSlab(episodes_per_shard, load, shapes, cache_bytes)

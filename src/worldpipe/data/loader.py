@@ -54,14 +54,25 @@ class WindowLoader:
         self.window = sampler.window
         self._lengths = store.lengths.astype(np.int64)
         self._steps = np.arange(self.window, dtype=np.int64)
-        self._keys = store.data_keys
-        self._slab = make_slab(store, self._keys, cache_bytes)
         self._stats = None
         if obs_stats is not None:
             self._stats = {
                 k: np.asarray(obs_stats[k], dtype=np.float32)
                 for k in ("obs_mean", "obs_std", "reward_mean", "reward_std")
             }
+        horizon = store.max_steps + 1  # + one all-zero step that out-of-range window steps read
+        shapes = {
+            "obs": ((horizon, store.obs_dim), np.dtype(np.float32)),
+            "action": ((horizon, store.act_dim), np.dtype(np.float32)),
+            "reward": ((horizon,), np.dtype(np.float32)),
+            "terminated": ((horizon,), np.dtype(np.float32)),
+        }
+        if store.has_pixels:
+            size = store.spec.pixel_size
+            shapes["pixels"] = ((horizon, size, size, 3), np.dtype(np.uint8))
+        self._slab = make_slab(
+            store.num_episodes, store.spec.episodes_per_shard, self._prepare_shard, shapes, cache_bytes
+        )
         self._producer = sampler.copy()
         self._queue: queue.Queue = queue.Queue(maxsize=max(self.prefetch, 1))
         self._stop = threading.Event()
@@ -72,39 +83,53 @@ class WindowLoader:
 
     # ---- production (runs in the prefetch thread, or inline when prefetch == 0) ----
 
+    def _prepare_shard(self, shard_index: int) -> dict[str, np.ndarray]:
+        """Decode, normalise and zero-pad one shard once, so batches are pure gathers."""
+        raw = self.store.read_shard(shard_index)
+        n, horizon = len(raw["length"]), self.store.max_steps
+        valid = np.arange(horizon)[None, :] < raw["length"][:, None]
+        obs, reward = raw["obs"], raw["reward"]
+        if self._stats is not None:
+            obs = (obs - self._stats["obs_mean"]) / self._stats["obs_std"]
+            reward = (reward - self._stats["reward_mean"]) / self._stats["reward_std"]
+        fields = {
+            "obs": obs,
+            "action": raw["action"],
+            "reward": reward,
+            "terminated": raw["terminated"].astype(np.float32),
+        }
+        if "pixels" in raw:
+            fields["pixels"] = raw["pixels"]
+        out = {}
+        for key, value in fields.items():
+            padded = np.zeros((n, horizon + 1, *value.shape[2:]), dtype=value.dtype)
+            keep = valid.reshape(valid.shape + (1,) * (value.ndim - 2))
+            padded[:, :horizon] = np.where(keep, value, 0)
+            out[key] = padded
+        return out
+
     def _produce(self) -> tuple[dict, dict]:
         sampler = self._producer
         batch_index, epoch = sampler.batch_index, sampler.epoch
         rows = sampler.next_global_batch()
         state_after = sampler.state_dict()
 
-        valid_all = np.clip(self._lengths[rows[:, 1]] - rows[:, 2], 0, self.window)
+        valid_all = np.minimum(np.maximum(self._lengths[rows[:, 1]] - rows[:, 2], 0), self.window)
         mine = rows[GlobalWindowSampler.rank_slice(len(rows), self.rank, self.world_size)]
         episodes, starts = mine[:, 1], mine[:, 2]
         t_idx = starts[:, None] + self._steps[None, :]
         mask = t_idx < self._lengths[episodes][:, None]
-        # Steps past the stored horizon are padding either way; clip so indexing stays in bounds.
-        data = self._slab.gather(episodes, np.minimum(t_idx, self.store.max_steps - 1))
-
-        obs, reward = data["obs"], data["reward"]
-        if self._stats is not None:
-            obs = (obs - self._stats["obs_mean"]) / self._stats["obs_std"]
-            reward = (reward - self._stats["reward_mean"]) / self._stats["reward_std"]
-        maskf = mask.astype(np.float32)
-        batch = {
-            "obs": torch.from_numpy(np.ascontiguousarray(obs * maskf[:, :, None], dtype=np.float32)),
-            "action": torch.from_numpy(np.ascontiguousarray(data["action"] * maskf[:, :, None])),
-            "reward": torch.from_numpy(np.ascontiguousarray(reward * maskf, dtype=np.float32)),
-            "terminated": torch.from_numpy((data["terminated"] & mask).astype(np.float32)),
-            "mask": torch.from_numpy(maskf),
-            "sample_index": torch.from_numpy(np.ascontiguousarray(mine[:, 0])),
-            "global_valid": int(valid_all.sum()),
-            "global_batch_size": len(rows),
-            "batch_index": int(batch_index),
-            "epoch": int(epoch),
-        }
-        if "pixels" in data:
-            batch["pixels"] = torch.from_numpy(data["pixels"] * mask[:, :, None, None, None].astype(np.uint8))
+        # Steps past the stored horizon read the extra all-zero step.
+        data = self._slab.gather(episodes, np.minimum(t_idx, self.store.max_steps))
+        batch = {key: torch.from_numpy(value) for key, value in data.items()}
+        batch.update(
+            mask=torch.from_numpy(mask.astype(np.float32)),
+            sample_index=torch.from_numpy(np.ascontiguousarray(mine[:, 0])),
+            global_valid=int(valid_all.sum()),
+            global_batch_size=len(rows),
+            batch_index=int(batch_index),
+            epoch=int(epoch),
+        )
         return batch, state_after
 
     @staticmethod

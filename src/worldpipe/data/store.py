@@ -20,6 +20,7 @@ import numpy as np
 import zarr
 from tqdm import tqdm
 from zarr.codecs import ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 import worldpipe
@@ -27,6 +28,7 @@ from worldpipe.data.environments import env_dims
 from worldpipe.data.episodes import simulate_episode
 from worldpipe.data.integrity import CorruptShardError, VerifyingStore
 from worldpipe.data.locations import local_path, open_zarr_store
+from worldpipe.data.shard_codec import ShardFormat
 from worldpipe.data.spec import DatasetSpec
 
 __all__ = ["CorruptShardError", "TrajectoryStore", "init_store", "write_shards", "array_layout"]
@@ -220,14 +222,21 @@ def _combine_moments(
 class TrajectoryStore:
     """Read-only view of a trajectory store; optionally verifies every file against a manifest."""
 
-    def __init__(self, url: str, group: zarr.Group, manifest: dict | None) -> None:
+    def __init__(
+        self, url: str, group: zarr.Group, manifest: dict | None, zstore: Any = None, fast_decode: bool = True
+    ) -> None:
         self.url = url
         self.manifest = manifest
         self.spec = _stored_spec(group, url)
+        self._layout = {a.name: a for a in array_layout(self.spec)}
         # Open the arrays the spec implies by name: no directory listing (slow on object stores, and it
         # would trip over unrelated files).
-        self._arrays = {a.name: group[a.name] for a in array_layout(self.spec)}
-        self.lengths = np.asarray(self._arrays["length"][:], dtype=np.int32)
+        self._arrays = {name: group[name] for name in self._layout}
+        self._zstore = zstore if zstore is not None else group.store
+        formats = {name: ShardFormat.from_array(arr) for name, arr in self._arrays.items()}
+        self._formats = formats if fast_decode and all(f is not None for f in formats.values()) else None
+        self.lengths = np.asarray(self._read_arrays(("length",), 0, self.num_episodes_from_meta())["length"])
+        self.lengths = self.lengths.astype(np.int32, copy=False)
         self.obs_dim = int(self._arrays["obs"].shape[2])
         self.act_dim = int(self._arrays["action"].shape[2])
         self.num_episodes = int(self._arrays["obs"].shape[0])
@@ -235,17 +244,69 @@ class TrajectoryStore:
         self.has_pixels = "pixels" in self._arrays
         self._stats: dict[str, np.ndarray] | None = None
 
+    def num_episodes_from_meta(self) -> int:
+        """Episode count from the array metadata."""
+        return int(self._arrays["length"].shape[0])
+
+    @property
+    def fast_decode(self) -> bool:
+        """Whether shards are decoded directly (True) or through zarr's codec pipeline."""
+        return self._formats is not None
+
     @classmethod
     def open(
-        cls, url: str, manifest: dict | None = None, storage_options: dict[str, Any] | None = None
+        cls,
+        url: str,
+        manifest: dict | None = None,
+        storage_options: dict[str, Any] | None = None,
+        fast_decode: bool = True,
     ) -> TrajectoryStore:
-        """Open ``url`` read-only. With ``manifest``, any file whose bytes differ raises CorruptShardError."""
+        """Open ``url`` read-only. With ``manifest``, any file whose bytes differ raises CorruptShardError.
+
+        ``fast_decode=False`` forces zarr's own decoding (same values, slower; for cross-checks).
+        """
         store = open_zarr_store(url, read_only=True, storage_options=storage_options)
         if manifest is not None:
             expected = {f["path"]: f for f in manifest["files"]}
             store = VerifyingStore(store, expected, location=url)
         group = zarr.open_group(store, mode="r", zarr_format=3)
-        return cls(url, group, manifest)
+        return cls(url, group, manifest, zstore=store, fast_decode=fast_decode)
+
+    def _read_arrays(self, keys: tuple[str, ...], start: int, stop: int) -> dict[str, np.ndarray]:
+        if self._formats is not None and stop > start:
+            return self._read_shards_direct(keys, start, stop)
+
+        async def read_all() -> list[Any]:
+            # One event-loop round trip for all arrays: zarr's per-call overhead dominates small reads.
+            return await asyncio.gather(
+                *(self._arrays[k].async_array.getitem(slice(start, stop)) for k in keys)
+            )
+
+        values = sync(read_all())
+        return {k: np.asarray(v) for k, v in zip(keys, values, strict=True)}
+
+    def _read_shards_direct(self, keys: tuple[str, ...], start: int, stop: int) -> dict[str, np.ndarray]:
+        assert self._formats is not None
+        per = self.spec.episodes_per_shard
+        shards = range(start // per, (stop - 1) // per + 1)
+        requests = [(k, s, self._layout[k].shard_key(s)) for k in keys for s in shards]
+        prototype = default_buffer_prototype()
+
+        async def fetch() -> list[Any]:
+            return await asyncio.gather(*(self._zstore.get(key, prototype) for _, _, key in requests))
+
+        raws = sync(fetch())
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        for (k, s, key), raw in zip(requests, raws, strict=True):
+            first, last = self.spec.shard_range(s)
+            parts[k].append(
+                self._formats[k].decode(None if raw is None else raw.to_bytes(), last - first, key)
+            )
+        offset = shards[0] * per
+        return {
+            k: (v[0] if len(v) == 1 else np.concatenate(v))[start - offset : stop - offset]
+            for k, v in parts.items()
+        }
 
     @property
     def data_keys(self) -> tuple[str, ...]:
@@ -263,19 +324,10 @@ class TrajectoryStore:
         return episode // self.spec.episodes_per_shard
 
     def read_episodes(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Episodes ``[start, stop)`` of every array, padded to max_steps, in one batched zarr read."""
+        """Episodes ``[start, stop)`` of every array, padded to max_steps; whole shards, one batched fetch."""
         if not 0 <= start <= stop <= self.num_episodes:
             raise IndexError(f"episode range [{start}, {stop}) outside [0, {self.num_episodes})")
-        keys = self.data_keys
-
-        async def read_all() -> list[Any]:
-            # One event-loop round trip for all arrays: zarr's per-call overhead dominates small reads.
-            return await asyncio.gather(
-                *(self._arrays[k].async_array.getitem(slice(start, stop)) for k in keys)
-            )
-
-        values = sync(read_all())
-        out = {k: np.asarray(v) for k, v in zip(keys, values, strict=True)}
+        out = self._read_arrays(self.data_keys, start, stop)
         out["length"] = self.lengths[start:stop].copy()
         return out
 
@@ -290,8 +342,8 @@ class TrajectoryStore:
             rew_acc = (0, np.zeros(()), np.zeros(()))
             for s in range(self.num_shards):
                 start, stop = self.spec.shard_range(s)
-                obs = np.asarray(self._arrays["obs"][start:stop])
-                rew = np.asarray(self._arrays["reward"][start:stop])
+                data = self._read_arrays(("obs", "reward"), start, stop)
+                obs, rew = data["obs"], data["reward"]
                 valid = np.arange(self.max_steps)[None, :] < self.lengths[start:stop, None]
                 obs_acc = _combine_moments(obs_acc, obs[valid].astype(np.float64))
                 rew_acc = _combine_moments(rew_acc, rew[valid].astype(np.float64))
