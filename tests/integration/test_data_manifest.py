@@ -78,12 +78,13 @@ def test_failed_seal_keeps_old_manifest_and_no_temp(sealed, tmp_path, monkeypatc
     assert sorted(os.listdir(tmp_path)) == ["manifest.json", "store.zarr"]
 
 
-def test_flipped_byte_is_reported_and_refused_on_read(sealed):
+@pytest.mark.parametrize("fast_decode", [True, False], ids=["direct", "zarr-codecs"])
+def test_flipped_byte_is_reported_and_refused_on_read(sealed, fast_decode):
     url, mpath = sealed
     _flip_byte(os.path.join(url, SHARD))
     bad = [r for r in verify_dataset(url, mpath) if r["status"] != "ok"]
     assert [(r["path"], r["status"]) for r in bad] == [(SHARD, "mismatch")]
-    store = TrajectoryStore.open(url, load_manifest(mpath))
+    store = TrajectoryStore.open(url, load_manifest(mpath), fast_decode=fast_decode)
     store.read_episodes(0, 2)  # shard 0 is intact
     with pytest.raises(CorruptShardError) as err:
         store.read_episodes(2, 4)

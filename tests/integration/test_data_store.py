@@ -172,3 +172,12 @@ def test_rewrite_repairs_damaged_shard_and_leftovers(tmp_path):
         f.write(b"half")  # what a killed zarr LocalStore write leaves behind
     write_shards(url, SPEC, [1], progress=False)
     assert _file_digests(url) == good
+
+
+def test_init_refuses_foreign_directory(tmp_path):
+    victim = tmp_path / "not-a-store"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="non-zarr"):
+        init_store(str(victim), SPEC)
+    assert (victim / "precious.txt").exists()

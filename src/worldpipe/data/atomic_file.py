@@ -36,3 +36,15 @@ def fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(root: str) -> None:
+    """fsync every file and directory under ``root`` (bottom-up), making its current contents durable."""
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)

@@ -54,7 +54,7 @@ class VerifyingStore(WrapperStore[Store]):
         path = f"{self._location}/{key}" if self._location else key
         return CorruptShardError(path, reason, key=key)
 
-    async def _verified_bytes(self, key: str, prototype: BufferPrototype) -> bytes:
+    async def _verified_bytes(self, key: str, prototype: BufferPrototype, keep: bool) -> bytes:
         with self._lock:
             cached = self._verified.get(key)
             if cached is not None:
@@ -69,10 +69,11 @@ class VerifyingStore(WrapperStore[Store]):
             raise self._error(key, f"size {len(data)} != manifest size {entry['size']}")
         if sha256_bytes(data) != entry["sha256"]:
             raise self._error(key, "sha256 does not match the manifest")
-        with self._lock:
-            self._verified[key] = data
-            while len(self._verified) > self._keep:
-                self._verified.popitem(last=False)
+        if keep:
+            with self._lock:
+                self._verified[key] = data
+                while len(self._verified) > self._keep:
+                    self._verified.popitem(last=False)
         return data
 
     async def get(
@@ -83,7 +84,9 @@ class VerifyingStore(WrapperStore[Store]):
             # Not part of the sealed dataset (e.g. zarr v2 metadata probes): it did not exist then, so
             # whatever exists now must not leak into reads.
             return None
-        data = await self._verified_bytes(key, prototype)
+        # Only ranged reads are followed by more reads of the same file (index, then chunks); whole-file
+        # reads are not kept, so the cache never holds more than a few shards being partially read.
+        data = await self._verified_bytes(key, prototype, keep=byte_range is not None)
         if byte_range is None:
             view = data
         elif isinstance(byte_range, RangeByteRequest):

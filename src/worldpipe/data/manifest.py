@@ -8,7 +8,7 @@ from typing import Any
 
 import fsspec
 
-from worldpipe.data.atomic_file import write_atomic
+from worldpipe.data.atomic_file import fsync_tree, write_atomic
 from worldpipe.data.locations import list_files, local_path, open_filesystem
 from worldpipe.data.store import TrajectoryStore, array_layout
 
@@ -91,7 +91,13 @@ def seal_dataset(url: str, manifest_path: str, storage_options: dict[str, Any] |
     """Hash every file of the store at ``url`` and publish the manifest atomically at ``manifest_path``.
 
     Contains no timestamps or locations, so resealing identical data yields a byte-identical manifest.
+    For local stores every file and directory is fsynced first, so a durable manifest implies durable data.
     """
+    store_root = local_path(url)
+    if store_root is not None:
+        # zarr's LocalStore renames files into place but never fsyncs: make the data durable before the
+        # manifest that vouches for it is.
+        fsync_tree(store_root)
     manifest = build_manifest(url, storage_options)
     text = json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
     _write_manifest(manifest_path, text.encode(), storage_options)

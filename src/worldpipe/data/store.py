@@ -97,11 +97,26 @@ def generator_versions(spec: DatasetSpec) -> dict[str, str]:
     return versions
 
 
+def _refuse_foreign_directory(url: str) -> None:
+    # Re-initialising wipes the store; make sure a typo cannot wipe an unrelated directory.
+    path = local_path(url)
+    foreign = (
+        path is not None
+        and os.path.isdir(path)
+        and bool(os.listdir(path))
+        and not os.path.exists(os.path.join(path, "zarr.json"))
+    )
+    if foreign:
+        raise ValueError(f"refusing to initialise a store in non-empty non-zarr directory {path!r}")
+
+
 def init_store(url: str, spec: DatasetSpec, storage_options: dict[str, Any] | None = None) -> None:
     """Create the dataset group and its (empty) arrays at ``url``; metadata only, deterministic.
 
-    Anything already stored at ``url`` is removed: a store always belongs to exactly one spec.
+    Anything already stored at ``url`` is removed: a store always belongs to exactly one spec. A
+    non-empty local directory that is not a zarr store is refused.
     """
+    _refuse_foreign_directory(url)
     store = open_zarr_store(url, read_only=False, storage_options=storage_options)
     dims = env_dims(spec.env_id)
     attrs = {
