@@ -186,7 +186,15 @@ class WindowLoader:
     # ---- public API ----
 
     def next_batch(self) -> dict:
-        """This rank's slice of the next global batch (see module docs for keys)."""
+        """This rank's slice of the next global batch.
+
+        Tensors (``b_r`` = this rank's share, T = window): ``obs`` f32 [b_r, T, obs_dim] and ``reward``
+        f32 [b_r, T] (normalised when obs_stats were given), ``action`` f32 [b_r, T, act_dim],
+        ``terminated`` f32 [b_r, T], ``mask`` f32 [b_r, T] (1 where start + t < length; every other key
+        is 0 where mask is 0), ``sample_index`` int64 [b_r], ``pixels`` uint8 [b_r, T, H, W, 3] if stored.
+        Python ints: ``global_valid`` (valid steps in the whole global batch, for loss normalisation),
+        ``global_batch_size``, ``batch_index`` (global batches drawn before this one), ``epoch``.
+        """
         if self._closed:
             raise RuntimeError("WindowLoader is closed")
         if self.prefetch == 0:
