@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -42,15 +43,40 @@ def write_all(fd: int, segment: Segment) -> None:
         view = view[written:]
 
 
-def write_file_durably(path: str, segments: list[Segment]) -> None:
-    """Create ``path`` (must not exist), write ``segments``, ``fsync`` it, close it."""
+def write_file(path: str, segments: list[Segment]) -> int:
+    """Create ``path`` (must not exist), write ``segments``; return the open descriptor (not yet fsynced)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         for seg in segments:
             write_all(fd, seg)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fsync_and_close(fd: int) -> None:
+    """``fsync`` then close ``fd`` (closed even when fsync fails)."""
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_file_durably(path: str, segments: list[Segment]) -> None:
+    """Create ``path`` (must not exist), write ``segments``, ``fsync`` it, close it."""
+    fsync_and_close(write_file(path, segments))
+
+
+_fsync_pool: ThreadPoolExecutor | None = None
+
+
+def fsync_pool() -> ThreadPoolExecutor:
+    """Threads that fsync finished files while the next ones are being written (device I/O overlaps)."""
+    global _fsync_pool
+    if _fsync_pool is None:
+        _fsync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-fsync")
+    return _fsync_pool
 
 
 def fsync_dir(path: str) -> None:
@@ -200,19 +226,20 @@ class PosixStore(Store):
         subdirs: list[str] = []
         records: list[FileRecord] = []
         digests = []
-        for index, pending in enumerate(files):
-            path = os.path.join(partial, *pending.relpath.split("/"))
-            parent = os.path.dirname(path)
-            if parent != partial and parent not in subdirs:
-                cursor.path = parent
-                os.makedirs(parent, exist_ok=True)
-                subdirs.append(parent)
-            cursor.path = path
-            # Hash the same bytes on another thread while this one writes them (hashlib drops the GIL).
-            digests.append((pending, hash_pool().submit(sha256_segments, pending.segments)))
-            write_file_durably(path, pending.segments)
-            if index == 0:
-                fault.inject("mid_files")
+        syncs: list[tuple[str, Future]] = []
+        try:
+            self._write_all_files(partial, files, cursor, subdirs, digests, syncs)
+        finally:
+            # Every descriptor gets closed, and the first fsync failure is reported with its file.
+            first_error = None
+            for path, done in syncs:
+                try:
+                    done.result()
+                except OSError as exc:
+                    if first_error is None:
+                        first_error, cursor.path = exc, path
+            if first_error is not None:
+                raise first_error
         for pending, digest in digests:
             records.append(FileRecord(pending.relpath, pending.size, digest.result()))
         for sub in sorted(subdirs, key=len, reverse=True):
@@ -224,6 +251,24 @@ class PosixStore(Store):
         write_file_durably(cursor.path, [build_manifest(step, records, contents, identity)])
         cursor.path = partial
         fsync_dir(partial)
+
+    def _write_all_files(self, partial: str, files: list[PendingFile], cursor: _Cursor, subdirs: list[str],
+                         digests: list, syncs: list) -> None:
+        for index, pending in enumerate(files):
+            path = os.path.join(partial, *pending.relpath.split("/"))
+            parent = os.path.dirname(path)
+            if parent != partial and parent not in subdirs:
+                cursor.path = parent
+                os.makedirs(parent, exist_ok=True)
+                subdirs.append(parent)
+            cursor.path = path
+            # Hash the same bytes on another thread while this one writes them (hashlib drops the GIL).
+            digests.append((pending, hash_pool().submit(sha256_segments, pending.segments)))
+            fd = write_file(path, pending.segments)
+            # fsync on another thread: this file's device I/O overlaps writing the next file.
+            syncs.append((path, fsync_pool().submit(fsync_and_close, fd)))
+            if index == 0:
+                fault.inject("mid_files")
 
     def _rename_into_place(self, partial: str, final: str, step: int, nonce: str) -> None:
         aside = None
