@@ -49,7 +49,13 @@ from worldpipe.parallel.runtime import (
     shutdown_runtime,
     world_size_from_env,
 )
-from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, unwrap, wrap_model
+from worldpipe.parallel.wrap import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_state,
+    unwrap,
+    wrap_model,
+)
 from worldpipe.tracking.recorder import RunRecorder
 
 log = logging.getLogger("worldpipe.train")
@@ -276,7 +282,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
                 "step_time_s": time.perf_counter() - t0, "data_wait_s": t_data,
             })
             recorder.add_metrics(progress["step"], metrics, int(time.time() * 1000))
-            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}")
+            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", refresh=False)
         bar.update(1)
 
         preempted = any_rank(rt, preemption.raised)
