@@ -130,7 +130,7 @@ class CheckpointManager:
 
     def _publish(self, step: int, state: Mapping) -> None:
         files, contents = encode_state(state)
-        with self.store.writer_lock(step):
+        with self.store.writer_lock(step), fault.publishing(step):
             try:
                 removed = self.store.remove_leftovers()
             except OSError as exc:
