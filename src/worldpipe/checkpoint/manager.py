@@ -96,7 +96,7 @@ class CheckpointManager:
         self._snapshot_buffers = buffers
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
-        self._inflight = self._executor.submit(self._publish, step, snapshot)
+        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot)
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
@@ -127,6 +127,14 @@ class CheckpointManager:
             error = future.exception()
             if error is not None:
                 raise error
+
+    def _publish_in_background(self, step: int, state: Mapping) -> None:
+        try:
+            self._publish(step, state)
+        except BaseException as exc:
+            # Logged now (the process may never call save/wait/close again) and re-raised by _collect().
+            logger.error("background save of step %d failed: %s", step, exc)
+            raise
 
     def _publish(self, step: int, state: Mapping) -> None:
         files, contents = encode_state(state)

@@ -38,6 +38,15 @@ def hash_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _forget_pool_in_child() -> None:
+    # A forked child (e.g. a DataLoader worker) inherits the executor but not its threads.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def sha256_segments(segments: Iterable[Segment]) -> str:
     """SHA-256 of the concatenation of ``segments``."""
     h = hashlib.sha256()
