@@ -186,6 +186,7 @@ LOADERS = ("load_sha256", "load_size", "torch_load")
 
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; return (and write to ``args.out``) the results."""
+    load_before = os.getloadavg()
     state = make_state(args.mb)
     nbytes = state_bytes(state)
     base_parent = Path(args.dir) if args.dir else Path("results/bench")
@@ -229,6 +230,8 @@ def run(args: argparse.Namespace) -> dict:
         "load_ratio_vs_torch_load": {name: med["torch_load"] / med[name] for name in ("load_sha256", "load_size")},
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        # this benchmark is CPU-sensitive (hashing): record how busy the machine was
+        "loadavg_before_after": [load_before[0], os.getloadavg()[0]],
     }
     if args.out:
         out = Path(args.out)
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="results/bench/checkpoint.json")
     result = run(parser.parse_args(argv))
     med = result["median_s"]
-    print(f"state {result['state_mb']:.0f} MB, median of {result['repeat']}")
+    print(f"state {result['state_mb']:.0f} MB, median of {result['repeat']}, "
+          f"load average {result['loadavg_before_after'][0]:.1f} -> {result['loadavg_before_after'][1]:.1f}")
     for name in WRITERS[:-1]:
         ratio = f"  {result['ratio_vs_raw'][name]:.2f}x raw" if name in result["ratio_vs_raw"] else ""
         print(f"  {name:<11} {med[name]:.3f} s  {result['bandwidth_MBps'][name]:7.0f} MB/s{ratio}")
