@@ -235,8 +235,13 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         recorder.log_dict(identity, "identity.json")
         recorder.log_dict(manifest, "dataset_manifest.json")
 
-    def save(step: int) -> str | None:
-        """Gather full state to rank 0 and publish it; flush metrics that are now durable."""
+    in_flight: list[int | None] = [None]  # step of an async save not yet known to be published
+
+    def save(step: int, final: bool) -> str | None:
+        """Gather full state to rank 0 and publish it; flush metrics of checkpoints that are now durable.
+
+        Returns the state digest for the final save (rank 0), else None.
+        """
         model_state = full_model_state(model)
         optim_state = full_optimizer_state(model, optimizer)
         rng = gather_objects(rt, capture_rng({}, torch_generators))
@@ -247,10 +252,16 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             "scaler": None, "ema": None, "progress": dict(progress), "sampler": loader.state_dict(),
             "rng": rng, "identity": identity,
         }
+        # Sync: published on return. Async: snapshot taken, the previous save is published on return.
         ckpt.save(step, state)
-        ckpt.wait()
-        recorder.flush(step)
-        return state_digest(state)
+        if final or not cfg.checkpoint.async_save:
+            ckpt.wait()
+            durable_step, in_flight[0] = step, None
+        else:
+            durable_step, in_flight[0] = in_flight[0], step
+        if durable_step is not None:
+            recorder.flush(durable_step)
+        return state_digest(state) if final else None
 
     # ---- the loop ----
     bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
@@ -296,8 +307,9 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         bar.update(1)
 
         preempted = any_rank(rt, preemption.raised)
-        if progress["step"] % cfg.checkpoint.every == 0 or progress["step"] == t_cfg.steps or preempted:
-            digest = save(progress["step"])
+        final = progress["step"] == t_cfg.steps or preempted
+        if progress["step"] % cfg.checkpoint.every == 0 or final:
+            digest = save(progress["step"], final)
         if preempted:
             break
     bar.close()

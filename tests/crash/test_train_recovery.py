@@ -139,8 +139,9 @@ def test_flipped_byte_falls_back_to_previous_step(tmp_path, smoke_dataset, env_w
 
     resumed = run_train(run_dir, smoke_dataset, env_with_venv)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "step-000030" in resumed.stderr and "resumed from" in resumed.stderr
-    assert "step 20" in resumed.stderr.split("resumed from", 1)[1].splitlines()[0]
+    output = resumed.stdout + resumed.stderr
+    assert "step-000030" in output and "resumed from" in output
+    assert "step 20" in output.split("resumed from", 1)[1].splitlines()[0]
     assert checkpoint_digest(run_dir / "checkpoints") == reference[2]["digest"]
 
 
@@ -156,7 +157,7 @@ def test_world_size_change_keeps_sample_order(first, second, tmp_path, smoke_dat
     assert proc.returncode != 0 and CheckpointManager(run_dir / "checkpoints").latest_intact() == 20
     resumed = run_train(run_dir, smoke_dataset, env_with_venv, f"parallel.nproc_per_node={second}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"written by {first} ranks, now {second}" in resumed.stderr
+    assert f"written by {first} ranks, now {second}" in resumed.stdout + resumed.stderr
 
     expected = CheckpointManager(reference[first]["dir"] / "checkpoints").load()
     got = CheckpointManager(run_dir / "checkpoints").load()
@@ -180,7 +181,7 @@ def test_changed_config_is_refused_with_a_diff(tmp_path, smoke_dataset, env_with
     # Safe keys (logging, checkpoint interval) may change; the run resumes and finishes.
     ok = run_train(run_dir, smoke_dataset, env_with_venv, "trainer.log_every=3", "checkpoint.every=5")
     assert ok.returncode == 0, ok.stderr[-3000:]
-    assert "resumed from" in ok.stderr
+    assert "resumed from" in ok.stdout + ok.stderr
 
 
 def test_changed_dataset_is_refused(tmp_path, smoke_dataset, env_with_venv):
