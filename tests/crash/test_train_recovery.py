@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import SMOKE_SPEC, build_dataset
 
+from datasets import SMOKE_SPEC, build_dataset
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
