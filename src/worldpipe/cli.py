@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from worldpipe.commands import ckpt, data, run
+from worldpipe.commands import ckpt, data, rerun, run, tracking
 
-GROUPS = (run, data, ckpt)
+GROUPS = (run, data, ckpt, tracking, rerun)
 
 
 def build_parser() -> argparse.ArgumentParser:
