@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,15 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def _local_artifact_location(client, name: str) -> str | None:
+    """Artifacts of a database-file backend beside the database (MLflow's default is ./mlruns of the cwd)."""
+    uri = str(client.tracking_uri)
+    if not uri.startswith("sqlite:///"):
+        return None  # a server decides (proxied artifacts) or the backend's own default
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / slug).as_uri()
+
+
 def _experiment_id(client, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
@@ -105,7 +115,7 @@ def _experiment_id(client, name: str) -> str:
             client.restore_experiment(experiment.experiment_id)
         return experiment.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=_local_artifact_location(client, name))
     except MlflowException:  # created concurrently (or by a create whose answer was lost)
         experiment = client.get_experiment_by_name(name)
         if experiment is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ def client_for(uri: str | None):
 
 def read_artifact(client, run_id: str, path: str) -> bytes:
     """Bytes of one artifact file of a run; RecordError if it is not there."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory(prefix="worldpipe-artifact-") as tmp:
         try:
             local = client.download_artifacts(run_id, path, tmp)
@@ -155,7 +157,7 @@ def compare_table(client, run_ids: list[str], width: int = 28) -> str:
     def table(title: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
         if not rows:
             return [f"{title}: none"]
-        key_w = max(len(k) for k, _ in rows)
+        key_w = max(len(title), *(len(k) for k, _ in rows))
         head = f"{title:<{key_w}}  " + "  ".join(f"{cell(r.info.run_id[:12] + ' ' + (r.info.run_name or '')):<{width}}"
                                                  for r in runs)
         lines = [head, "-" * len(head)]
@@ -167,7 +169,8 @@ def compare_table(client, run_ids: list[str], width: int = 28) -> str:
                  if len({r.data.params.get(k) for r in runs}) > 1]
     identity_keys = ("worldpipe.git_sha", "worldpipe.git_dirty", "worldpipe.dataset_hash", "worldpipe.config_hash",
                      "worldpipe.world_size", "worldpipe.checkpoint.step", "worldpipe.checkpoint.digest",
-                     "worldpipe.rerun_of")
+                     "worldpipe.rerun_of", "worldpipe.resumed_from", "worldpipe.resumed_at_step",
+                     "worldpipe.code_drift")
     identity = [(k, [r.data.tags.get(k) for r in runs]) for k in identity_keys
                 if len({r.data.tags.get(k) for r in runs}) > 1]
     metric_keys = sorted(set().union(*(r.data.metrics for r in runs)))
