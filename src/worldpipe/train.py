@@ -49,7 +49,13 @@ from worldpipe.parallel.runtime import (
     shutdown_runtime,
     world_size_from_env,
 )
-from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, unwrap, wrap_model
+from worldpipe.parallel.wrap import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_state,
+    unwrap,
+    wrap_model,
+)
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
@@ -243,7 +249,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
 
     # ---- the loop ----
     bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
-               desc="train", dynamic_ncols=True, file=sys.stderr)
+               desc="train", dynamic_ncols=True, file=sys.stderr,
+               mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
     digest = None
     window_start = time.perf_counter()
     while progress["step"] < t_cfg.steps:
@@ -280,7 +287,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
                 "step_time_s": time.perf_counter() - t0, "data_wait_s": t_data,
             })
             recorder.add_metrics(progress["step"], metrics, int(time.time() * 1000))
-            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}")
+            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", refresh=False)
         bar.update(1)
 
         preempted = any_rank(rt, preemption.raised)
