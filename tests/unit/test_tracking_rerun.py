@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -67,20 +68,25 @@ def test_comparison_verdicts(sqlite_uri):
     assert not digest_only.identical and "digest" in digest_only.message
 
 
-def test_recorder_replays_when_the_server_answers_again(tmp_path, sqlite_uri, caplog):
+def test_recorder_replays_in_the_background_when_the_server_answers_again(tmp_path, sqlite_uri, caplog):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    recorder = RunRecorder(True, dead, "recovery", run_dir=tmp_path, retry_s=0.0)
+    recorder = RunRecorder(True, dead, "recovery", run_dir=tmp_path, retry_s=0.5)
     recorder.start(None, "recovery", {})
     recorder.add_metrics(1, {"x": 1.0}, 1)
     recorder.stage(1)
-    recorder.commit(1)
+    recorder.commit(1)  # returns at once: delivery is the background thread's job
     assert recorder.run_id is None and "unreachable" in caplog.text
-    recorder.uri = sqlite_uri  # the server is back (same records, now reachable)
+    recorder.uri = sqlite_uri  # the server is back
+    deadline = time.monotonic() + 60
+    while "reachable again" not in caplog.text:
+        assert time.monotonic() < deadline, "the background thread never replayed the spool"
+        time.sleep(0.1)
+    assert recorder.run_id is not None
     recorder.add_metrics(2, {"x": 2.0}, 2)
     recorder.stage(2)
     recorder.commit(2)
-    assert "reachable again" in caplog.text
     recorder.end()
     assert recorder.metric_history("x") == [(1, 1.0), (2, 2.0)]
+    assert MlflowClient(sqlite_uri).get_run(recorder.run_id).info.status == "FINISHED"

@@ -134,6 +134,7 @@ def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
     run_id = crashed.start(None, "crashed", {})
     # Steps 21..30 are staged but checkpoint 30 never became durable; 31..33 were only in memory.
     _simulate(crashed, range(1, 34), every=10, crash_after_stage=30)
+    crashed._stop_thread()  # the process died: no delivery thread, no live writer
     crashed.spool.release_active()
     resumed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
     assert resumed.start(run_id, "crashed", {}, resume_step=20) == run_id

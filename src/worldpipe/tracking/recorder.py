@@ -4,6 +4,9 @@ Every record is appended to ``RUN_DIR/tracking/journal.jsonl`` (fsync) before it
 that is down at start or mid-run costs nothing: training goes on, a warning says where the records wait, and
 the next successful contact (or ``worldpipe tracking sync RUN_DIR``) replays them idempotently.
 
+Delivery runs in a background thread (records are durable before it sees them), so a slow or hanging server
+never stalls the training loop; only the start (to learn the run id) and the end deliver synchronously.
+
 Metrics are buffered in memory and *staged* into the journal just before the checkpoint of a step is published
 (``stage(step)``), then *committed* once it is durable (``commit(step)``). Staged metrics of a checkpoint that
 never became durable are voided by the next start (which resumes from an earlier step and recomputes them), so
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,7 +58,7 @@ class RunRecorder:
     """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
 
     def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
-                 retry_s: float = 30.0):
+                 retry_s: float = 30.0, join_s: float = 60.0):
         self.enabled = enabled
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self.experiment = experiment
@@ -63,9 +67,13 @@ class RunRecorder:
         self._spool: Spool | None = None
         if enabled:
             self._spool = Spool(run_dir if run_dir is not None else tempfile.mkdtemp(prefix="worldpipe-spool-"))
+        self.join_s = join_s
         self._last_failure: float | None = None
         self._offline = False
         self._client = None
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
 
     @property
     def spool(self) -> Spool | None:
@@ -92,6 +100,10 @@ class RunRecorder:
                            reopen_run_id=run_id, record_key=self._spool.record_key(), resume_step=int(resume_step),
                            checkpoint_dir=checkpoint_dir, uri=self.uri)
         self.deliver(force=True)
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._deliver_loop, name="worldpipe-tracking", daemon=True)
+            self._thread.start()
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
@@ -99,10 +111,12 @@ class RunRecorder:
         if not self.enabled:
             return
         self._spool.append("end", status=status)
-        report = self.deliver(force=True)
-        if report.pending:
+        self._stop_thread()
+        report = self.deliver(force=True) if self._thread is None else None
+        if report is None or report.pending:
             log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
-                        "worldpipe tracking sync %s", report.pending, self._spool.journal, self._spool.run_dir)
+                        "worldpipe tracking sync %s", report.pending if report else len(self._spool.pending()),
+                        self._spool.journal, self._spool.run_dir)
         self._spool.release_active()
 
     # ---- params, tags, artifacts ----
@@ -192,11 +206,41 @@ class RunRecorder:
 
     # ---- delivery ----
     def deliver(self, force: bool = False) -> DeliveryReport | None:
-        """Replay spooled records now (after a failure, at most every `retry_s` seconds unless forced)."""
+        """Replay spooled records: `force` now in this thread, else wake the background thread (no waiting)."""
         if not self.enabled:
             return None
-        if not force and self._last_failure is not None and time.monotonic() - self._last_failure < self.retry_s:
-            return None
+        if force or self._thread is None:
+            return self._deliver_now()
+        self._wake.set()
+        return None
+
+    def _deliver_loop(self) -> None:
+        """Background delivery: on every wake-up, and every `retry_s` while records wait after a failure."""
+        while not self._stopping:
+            self._wake.wait(self.retry_s if self._last_failure is not None else None)
+            self._wake.clear()
+            if self._stopping:
+                break
+            if self._last_failure is not None and time.monotonic() - self._last_failure < self.retry_s:
+                continue
+            try:
+                self._deliver_now()
+            except Exception as err:  # noqa: BLE001 - the thread must survive anything; records stay spooled
+                self._last_failure = time.monotonic()
+                log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
+
+    def _stop_thread(self) -> None:
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(self.join_s)
+        if not self._thread.is_alive():
+            self._thread = None
+        else:
+            log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
+
+    def _deliver_now(self) -> DeliveryReport:
         report = deliver(self._spool, self.uri)
         if report.error:
             self._last_failure = time.monotonic()

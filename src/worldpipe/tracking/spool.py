@@ -12,7 +12,8 @@ Layout::
     tracking/journal.jsonl   {"seq": n, "op": ..., "time_ms": ...} per line, append-only
     tracking/state.json      {"acked": n, "offset": bytes, "run_id": ..., "record_key": ..., ...}
     tracking/blobs/<seq>/    files of artifact record <seq> (removed once acknowledged)
-    tracking/.lock           flock: one appender/deliverer at a time
+    tracking/.append.lock    flock: one appender at a time (sequence numbers)
+    tracking/.deliver.lock   flock: one deliverer at a time (acknowledgements in state.json)
     tracking/.active         flock held by a live training process for its whole life
 """
 
@@ -54,10 +55,13 @@ class Spool:
 
     # ---- locking ----
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Exclusive lock for appending and delivering (training process and `tracking sync`)."""
+    def locked(self, kind: str = "deliver") -> Iterator[None]:
+        """Exclusive lock: "append" orders journal writes; "deliver" guards state.json (acknowledgements).
+
+        Separate locks let the training thread append while a delivery (network calls) is in progress.
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.dir / f".{kind}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -167,7 +171,7 @@ class Spool:
 
     def append(self, op: str, files: Mapping[str, bytes] | None = None, **fields: Any) -> int:
         """Durably append one record (its files first); returns its sequence number."""
-        with self.locked():
+        with self.locked("append"):
             seq = self._repair_tail() + 1
             if files:
                 blob = self.blob_dir(seq)
