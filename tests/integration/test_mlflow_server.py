@@ -50,7 +50,8 @@ def interrupted(server, smoke_dataset, env_with_venv, tmp_path_factory):
     run_dir = root / "run"
     log = root / "train.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(train_command(run_dir, smoke_dataset, server.url), env=env_with_venv, cwd=root,
+        env = dict(env_with_venv, WORLDPIPE_RULE="train_model", WORLDPIPE_JOB="smoke")  # as the Snakemake rule sets
+        proc = subprocess.Popen(train_command(run_dir, smoke_dataset, server.url), env=env, cwd=root,
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
             _wait_for(run_dir / "checkpoints" / "step-000010", proc)
@@ -111,6 +112,7 @@ def test_params_equal_the_flattened_config_and_artifacts_are_present(interrupted
                 "worldpipe.host", "worldpipe.parallel_layout"):
         assert run.data.tags.get(tag) not in (None, "None"), tag
     assert run.data.tags["worldpipe.dataset_hash"] == identity["dataset_hash"]
+    assert run.data.tags["worldpipe.snakemake.rule"] == "train_model" and run.data.tags["worldpipe.snakemake.job"] == "smoke"
     top = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "identity.json", "dataset", "environment", "hydra", "segments", "checkpoints"} <= top
     assert "experiment=smoke" in yaml.safe_load(read_artifact(client, run_id, "hydra/overrides.yaml"))

@@ -170,3 +170,44 @@ def test_status_command_lists_pending_records(tmp_path, dead_uri, capsys):
     out = capsys.readouterr().out
     assert "pending: 1" in out and "open" in out
     assert json.loads((tmp_path / "tracking" / "state.json").read_text())["acked"] == 0
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_sync_decides_a_dead_writers_staged_metrics_by_its_checkpoints(tmp_path, dead_uri, sqlite_uri, published):
+    from worldpipe.checkpoint import CheckpointManager
+    from worldpipe.checkpoint.testing import example_state
+
+    run_dir, ckpt_dir = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    recorder = RunRecorder(True, dead_uri, f"spool-dead-writer-{published}", run_dir=run_dir)
+    recorder.start(None, "dead", {}, checkpoint_dir=str(ckpt_dir))
+    for step in range(1, 11):
+        recorder.add_metrics(step, _metrics(step), step)
+    recorder.stage(10)
+    if published:  # the checkpoint became durable, the process died before journaling the commit
+        CheckpointManager(str(ckpt_dir)).save(10, example_state())
+    recorder._stop_thread()
+    recorder.spool.release_active()
+
+    assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
+    run_id = Spool(run_dir).state()["run_id"]
+    steps = [s for s, _, _ in histories(MlflowClient(sqlite_uri), run_id).get("lr", [])]
+    assert steps == (list(range(1, 11)) if published else [])
+
+
+def test_next_successful_start_replays_what_an_offline_segment_spooled(tmp_path, dead_uri, sqlite_uri):
+    offline = RunRecorder(True, dead_uri, "spool-next-start", run_dir=tmp_path)
+    offline.start(None, "segments", {})
+    offline.log_params({"seed": 0})
+    _simulate(offline, range(1, 21), every=10)
+    offline._stop_thread()  # preempted/crashed without reaching the server
+    offline.spool.release_active()
+
+    online = RunRecorder(True, sqlite_uri, "spool-next-start", run_dir=tmp_path)
+    run_id = online.start(None, "segments", {}, resume_step=20)  # the checkpoint held no run id
+    assert run_id is not None
+    _simulate(online, range(21, 41), every=10)
+    online.end()
+    client = MlflowClient(sqlite_uri)
+    history = histories(client, run_id)
+    assert [s for s, _, _ in history["lr"]] == list(range(1, 41)) and not duplicate_steps(history)
+    assert client.get_run(run_id).data.params == {"seed": "0"}

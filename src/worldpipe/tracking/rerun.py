@@ -179,13 +179,16 @@ def prepare_run_dir(run_dir: Path, tags: dict[str, str], copy_history: tuple[str
         spool.save_state(state)
 
 
-def training_config(recorded: RecordedRun, run_dir: Path, store: str, manifest: str, uri: str) -> dict:
+def training_config(recorded: RecordedRun, run_dir: Path, store: str, manifest: str, uri: str,
+                    run_name: str | None = None) -> dict:
     """The recorded config with only resume-safe keys changed: where to write, read and record."""
     config = json.loads(json.dumps(recorded.config))
     config["run_dir"] = str(run_dir)
     config["checkpoint"]["dir"] = str(run_dir / "checkpoints")
     config["data"]["store"], config["data"]["manifest"] = store, manifest
     config["tracking"]["enabled"], config["tracking"]["uri"] = True, uri
+    if run_name:
+        config["tracking"]["run_name"] = run_name
     config["parallel"]["nproc_per_node"], config["parallel"]["nnodes"] = recorded.world_size, 1
     config["trainer"]["progress_bar"] = False
     return config
@@ -263,7 +266,8 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
         if drift:
             tags["worldpipe.code_drift"] = drift[:5000]
         prepare_run_dir(target, tags)
-        config = training_config(recorded, target.resolve(), store, manifest, uri)
+        name = f"{recorded.run.info.run_name or 'run'} (rerun of {run_id[:8]})"
+        config = training_config(recorded, target.resolve(), store, manifest, uri, name)
         code = launch(config, target)
         if code != 0:
             raise RerunError(f"rerun training exited with {code} (run dir {target})")
@@ -347,7 +351,8 @@ def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: boo
         problems = CheckpointManager(str(target / "checkpoints")).verify(step, full=True)
         if problems:
             raise RerunError(f"copied checkpoint step {step} does not verify: {problems}")
-        code = launch(training_config(recorded, target, store, manifest, uri), target, list(overrides))
+        name = f"{recorded.run.info.run_name or 'run'} (resumed from {run_id[:8]} at step {step})"
+        code = launch(training_config(recorded, target, store, manifest, uri, name), target, list(overrides))
         if code != 0:
             raise RerunError(f"resumed training exited with {code} (run dir {target})")
         new_run = _new_run_id(target)
