@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from worldpipe import identity as ident
 from worldpipe.atomic import write_text_atomic
-from worldpipe.checkpoint import CheckpointManager, capture_rng, restore_rng, state_digest
+from worldpipe.checkpoint import CheckpointManager, capture_rng, checkpoint_digest, restore_rng, state_digest
 from worldpipe.config import (
     ConfigError,
     config_diff,
@@ -153,6 +153,16 @@ def check_resume_identity(saved: dict, cfg: DictConfig, dataset_hash: str, step:
         log.warning("resuming step %d with changed config (allowed):\n%s", step, "\n".join(diff))
 
 
+def preflight_resume(cfg: DictConfig) -> int | None:
+    """Before any process starts: the step a run would resume from, after the identity check."""
+    manager = CheckpointManager(cfg.checkpoint.dir, keep_last=cfg.checkpoint.keep_last, verify=cfg.checkpoint.verify)
+    step = manager.latest_intact()
+    if step is not None:
+        identity = manager.load(step)["identity"]
+        check_resume_identity(identity, cfg, load_manifest(cfg.data.manifest)["dataset_hash"], step)
+    return step
+
+
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the run described by `cfg`; returns the completion record."""
     validate_config(cfg, world_size_from_env())
@@ -251,7 +261,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
                desc="train", dynamic_ncols=True, file=sys.stderr,
                mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
-    digest = None
+    digest, preempted = None, False
     window_start = time.perf_counter()
     while progress["step"] < t_cfg.steps:
         step = progress["step"]
@@ -298,6 +308,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     bar.close()
     loader.close()
     ckpt.close()
+    if digest is None and rt.is_main:  # resumed from the final checkpoint: nothing left to train
+        digest = checkpoint_digest(cfg.checkpoint.dir, progress["step"])
 
     # Replicas must agree bit for bit; recorded so a test (or a user) can check it after the fact.
     replica_digests = gather_objects(rt, _replica_digest(model, cfg.parallel.strategy))
