@@ -188,10 +188,12 @@ def test_sync_decides_a_dead_writers_staged_metrics_by_its_checkpoints(tmp_path,
     recorder._stop_thread()
     recorder.spool.release_active()
 
-    assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
+    assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri, "--mark-killed"]) == 0
     run_id = Spool(run_dir).state()["run_id"]
-    steps = [s for s, _, _ in histories(MlflowClient(sqlite_uri), run_id).get("lr", [])]
+    client = MlflowClient(sqlite_uri)
+    steps = [s for s, _, _ in histories(client, run_id).get("lr", [])]
     assert steps == (list(range(1, 11)) if published else [])
+    assert client.get_run(run_id).info.status == "KILLED"
 
 
 def test_next_successful_start_replays_what_an_offline_segment_spooled(tmp_path, dead_uri, sqlite_uri):

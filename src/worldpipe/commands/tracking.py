@@ -13,6 +13,8 @@ def register(sub) -> None:
     sync = tracking.add_parser("sync", help="replay records spooled while tracking was unreachable (idempotent)")
     sync.add_argument("run_dir", help="run directory (holding tracking/journal.jsonl)")
     sync.add_argument("--tracking-uri", help="default: the URI the run recorded to")
+    sync.add_argument("--mark-killed", action="store_true",
+                      help="if the training process died without ending the run, record it as KILLED")
     sync.set_defaults(handler=_sync)
     status = tracking.add_parser("status", help="run id, acknowledged and pending records")
     status.add_argument("run_dir")
@@ -41,6 +43,11 @@ def _sync(args) -> int:
     opened = _last_open(spool)
     uri = args.tracking_uri or opened.get("uri") or spool.state()["uri"]
     live = spool.writer_alive()
+    records = spool.records()
+    last_open = max((i for i, r in enumerate(records) if r["op"] == "open"), default=None)
+    if args.mark_killed and not live and last_open is not None and \
+            not any(r["op"] == "end" for r in records[last_open:]):
+        spool.append("end", status="KILLED")
     # A dead writer's staged metrics are decided by its checkpoints; a live one decides them itself.
     probe = None if live else checkpoint_probe(opened.get("checkpoint_dir"))
     report = deliver(spool, uri, probe)
