@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from worldpipe.commands import bench, ckpt, data, run
+from worldpipe.commands import bench, ckpt, data, rerun, run, tracking
 
-GROUPS = (run, data, ckpt, bench)
+GROUPS = (run, data, ckpt, tracking, rerun, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

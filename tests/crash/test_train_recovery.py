@@ -201,3 +201,11 @@ def test_uninterrupted_runs_are_bitwise_reproducible(tmp_path, smoke_dataset, en
     a = np.concatenate([t.flatten().numpy() for t in _final_model(run_dir).values()])
     b = np.concatenate([t.flatten().numpy() for t in _final_model(reference[2]["dir"]).values()])
     assert a.tobytes() == b.tobytes()
+
+
+def test_async_saves_give_the_same_state(tmp_path, smoke_dataset, env_with_venv, reference):
+    run_dir = tmp_path / "async"
+    proc = run_train(run_dir, smoke_dataset, env_with_venv, "checkpoint.async_save=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint_digest(run_dir / "checkpoints") == reference[2]["digest"]
+    assert json.loads((run_dir / "train_done.json").read_text())["digest"] == reference[2]["digest"]
