@@ -4,6 +4,7 @@ set -euo pipefail
 needed=()
 command -v strace >/dev/null || needed+=(strace)
 command -v fiu-run >/dev/null || needed+=(fiu-utils)
+command -v chromium >/dev/null || needed+=(chromium)
 if [ ${#needed[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
     echo "system-deps: missing ${needed[*]} and not root; the tests that need them will skip" >&2
