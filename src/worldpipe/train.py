@@ -44,6 +44,7 @@ from worldpipe.parallel.runtime import (
     Runtime,
     all_reduce_sum,
     any_rank,
+    broadcast_object,
     gather_objects,
     init_runtime,
     shutdown_runtime,
@@ -208,7 +209,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
                              verify=cfg.checkpoint.verify)
     progress = {"step": 0, "epoch": 0, "samples_seen": 0, "tokens_seen": 0}
     run_id = None
-    start_step = ckpt.latest_intact()
+    # Rank 0 chooses (and reports skipped corrupt steps); every rank then loads the same step.
+    start_step = broadcast_object(rt, ckpt.latest_intact() if rt.is_main else None)
     if start_step is not None:
         state = ckpt.load(start_step)
         check_resume_identity(state["identity"], cfg, dataset_hash, start_step)
@@ -216,6 +218,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["sampler"])
         rank_rng = state["rng"][rt.rank] if rt.rank < len(state["rng"]) else None
+        # On another world size ranks map to different data; their streams start fresh (latent noise is
+        # keyed by sample index, not by rank, so the training math does not depend on them).
         if rank_rng is not None and len(state["rng"]) == rt.world_size:
             restore_rng(rank_rng, {}, torch_generators)
         progress = dict(state["progress"])
