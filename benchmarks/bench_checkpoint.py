@@ -198,8 +198,11 @@ def run(args: argparse.Namespace) -> dict:
         for name in WRITERS:  # warm-up round: imports, thread pools, first-touch allocations
             getattr(bench, name)()
         first_async = None
-        for _ in range(args.repeat):
-            for name in WRITERS:  # interleaved: every contender sees the same machine conditions
+        for round_index in range(args.repeat):
+            # Interleaved, and rotated every round so no contender always runs first after an idle gap
+            # (this VM pays page faults writing fresh files after idling).
+            order = WRITERS[round_index % len(WRITERS):] + WRITERS[:round_index % len(WRITERS)]
+            for name in order:
                 times[name].append(getattr(bench, name)())
         bench.prepare_load()
         for name in LOADERS:
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
     """CLI entry: parse arguments, run, print a summary."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=256, help="total state size in MB (model + optimizer)")
-    parser.add_argument("--repeat", type=int, default=3, help="measured rounds (median reported)")
+    parser.add_argument("--repeat", type=int, default=5, help="measured rounds (median reported)")
     parser.add_argument("--dir", default=None, help="where to write (default: results/bench/ckpt-bench-*)")
     parser.add_argument("--out", default="results/bench/checkpoint.json")
     result = run(parser.parse_args(argv))
