@@ -1,0 +1,29 @@
+"""Fixtures of the SLURM tests: a real cluster on localhost (tests/slurm/localslurm.py), module by module.
+
+Each test module gets its own cluster; a module may name its nodes with `SLURM_NODES = ("wp1", "wp2")` (one
+slurmd per name, all on this host). Only one cluster exists at a time: its config is /etc/slurm/slurm.conf.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from localslurm import ClusterUnavailable, LocalSlurmCluster
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(request, tmp_path_factory) -> LocalSlurmCluster:
+    """A running cluster (slurmctld + one slurmd per node name); stopped, by PID, when the module ends."""
+    nodes = tuple(getattr(request.module, "SLURM_NODES", ("wp1",)))
+    cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=nodes, kill_wait=30)
+    t0 = time.monotonic()
+    try:
+        cluster.start()
+    except ClusterUnavailable as err:
+        pytest.skip(f"no local SLURM cluster: {err}")
+    cluster.startup_s = time.monotonic() - t0
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
