@@ -238,7 +238,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
 
     # ---- the loop ----
     bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
-               desc="train", dynamic_ncols=True, file=sys.stderr)
+               desc="train", dynamic_ncols=True, file=sys.stderr,
+               mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
     digest = None
     window_start = time.perf_counter()
     while progress["step"] < t_cfg.steps:

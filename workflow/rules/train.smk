@@ -48,4 +48,4 @@ rule train_model:
         " bash {params.launcher}"
         " experiment={wildcards.experiment} run_dir={params.run_dir} data.store={params.store}"
         " data.manifest={input.manifest} parallel.nproc_per_node={params.nproc} parallel.nnodes={params.nnodes}"
-        " tracking.uri={params.tracking:q} trainer.progress_bar=false {params.overrides} >> {log} 2>&1"
+        " tracking.uri={params.tracking:q} {params.overrides} >> {log} 2>&1"

@@ -1,0 +1,52 @@
+"""Fault injection at named phases of publication, driven by ``WORLDPIPE_CKPT_FAULT``.
+
+``WORLDPIPE_CKPT_FAULT="<phase>:<action>"`` with action
+
+* ``die``            SIGKILL this process (what ``kill -9``/preemption/OOM-kill does: no cleanup runs),
+* ``pause:<sec>``    sleep, so a test can observe the store mid-publication,
+* ``raise``          raise ``OSError(EIO)`` as a failing disk would.
+
+Several faults may be given separated by ``,``. The variable is read at every phase, so a process can change
+it between saves. Phases, in publication order, are listed in :data:`PHASES`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+ENV_VAR = "WORLDPIPE_CKPT_FAULT"
+PHASES = (
+    "before_files",  # nothing of the new step exists yet
+    "mid_files",  # the first data file is written, the others not
+    "after_files",  # all data files written and fsynced, no manifest
+    "after_manifest",  # manifest written (POSIX: partial dir complete but not renamed)
+    "after_rename",  # step directory published, `latest` still names the previous step
+    "after_latest",  # `latest` names the new step
+    "before_retention",
+    "after_retention",
+)
+
+
+def inject(phase: str) -> None:
+    """Apply any fault configured for ``phase``."""
+    spec = os.environ.get(ENV_VAR, "")
+    if not spec:
+        return
+    for item in spec.split(","):
+        name, _, action = item.strip().partition(":")
+        if name not in PHASES:
+            raise ValueError(f"{ENV_VAR}: unknown phase {name!r} (known: {', '.join(PHASES)})")
+        if name != phase:
+            continue
+        if action == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # SIGKILL is asynchronous; never continue past this point
+        elif action.startswith("pause:"):
+            time.sleep(float(action.split(":", 1)[1]))
+        elif action == "raise":
+            raise OSError(errno.EIO, f"injected fault {ENV_VAR}={item.strip()}")
+        else:
+            raise ValueError(f"{ENV_VAR}: unknown action {action!r} in {item!r}")

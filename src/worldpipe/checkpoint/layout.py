@@ -1,0 +1,94 @@
+"""Names of everything a checkpoint store contains: directories, files and state keys.
+
+A store root (``checkpoints/``) holds::
+
+    step-000100/                 one published checkpoint per step (never modified after publication)
+      MANIFEST.json              written last: every file's relative path, size, sha256; step; identity
+      model.pt                   state["model"]       torch.load(weights_only=True)-loadable
+      optimizer.pt               state["optimizer"]   (absent when None)
+      scheduler.pt               state["scheduler"]   (absent when None)
+      scaler.pt                  state["scaler"]      (absent when None)
+      ema.pt                     state["ema"]         (absent when None)
+      train_state.json           {"progress": state["progress"], "sampler": state["sampler"]}
+      identity.json              state["identity"]
+      rng/rank-00000.pt          state["rng"][0]: authoritative, weights_only-loadable
+      rng/rank-00000.json        readable view of the same (never read back)
+    latest                       one line: the directory name of the newest published step
+    .step-000200.partial-<nonce>/  a save in progress or crashed (POSIX only; removed by the next save)
+    .step-000050.deleting-<nonce>/ retention in progress (removed by the next save)
+    .latest.tmp-<nonce>          a `latest` replacement in progress
+"""
+
+from __future__ import annotations
+
+import re
+
+STEP_DIR_FORMAT = "step-{step:06d}"
+MANIFEST_NAME = "MANIFEST.json"
+LATEST_NAME = "latest"
+PARTIAL_PREFIX = "."  # anything starting with "." is never a checkpoint
+LOCK_NAME = ".writer.lock"
+
+# State keys (see worldpipe.checkpoint.state).
+MODEL = "model"
+OPTIMIZER = "optimizer"
+SCHEDULER = "scheduler"
+SCALER = "scaler"
+EMA = "ema"
+PROGRESS = "progress"
+SAMPLER = "sampler"
+RNG = "rng"
+IDENTITY = "identity"
+
+STATE_KEYS = (MODEL, OPTIMIZER, SCHEDULER, SCALER, EMA, PROGRESS, SAMPLER, RNG, IDENTITY)
+TENSOR_KEYS = (MODEL, OPTIMIZER, SCHEDULER, SCALER, EMA)  # stored with torch serialization, one file each
+OPTIONAL_KEYS = (OPTIMIZER, SCHEDULER, SCALER, EMA)  # None -> no file
+PROGRESS_FIELDS = ("step", "epoch", "samples_seen", "tokens_seen")
+
+TENSOR_FILES = {key: f"{key}.pt" for key in TENSOR_KEYS}
+TRAIN_STATE_FILE = "train_state.json"
+IDENTITY_FILE = "identity.json"
+RNG_DIR = "rng"
+RNG_FILE_FORMAT = "rng/rank-{rank:05d}.pt"
+RNG_VIEW_FORMAT = "rng/rank-{rank:05d}.json"
+
+_STEP_DIR_RE = re.compile(r"^step-(\d{6,})$")
+_LEFTOVER_RE = re.compile(r"^\.(step-\d{6,}\.(partial|deleting|replaced)-[0-9a-f]+|latest\.tmp-[0-9a-f]+)$")
+
+
+def step_dir_name(step: int) -> str:
+    """``step-NNNNNN`` for ``step`` (validated: a non-negative int)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+    return STEP_DIR_FORMAT.format(step=step)
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a published step directory name, or None for anything else (partials, files, ...)."""
+    match = _STEP_DIR_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def temp_name(step: int, kind: str, nonce: str) -> str:
+    """Hidden sibling name of a step directory being written (``partial``) or removed (``deleting``)."""
+    return f"{PARTIAL_PREFIX}{step_dir_name(step)}.{kind}-{nonce}"
+
+
+def latest_temp_name(nonce: str) -> str:
+    """Hidden temporary file that atomically replaces ``latest``."""
+    return f"{PARTIAL_PREFIX}{LATEST_NAME}.tmp-{nonce}"
+
+
+def is_leftover(name: str) -> bool:
+    """True for names this library creates transiently and a later save may remove."""
+    return bool(_LEFTOVER_RE.match(name))
+
+
+def rng_file(rank: int) -> str:
+    """Relative path of rank ``rank``'s authoritative RNG file."""
+    return RNG_FILE_FORMAT.format(rank=rank)
+
+
+def rng_view_file(rank: int) -> str:
+    """Relative path of rank ``rank``'s readable RNG JSON view."""
+    return RNG_VIEW_FORMAT.format(rank=rank)

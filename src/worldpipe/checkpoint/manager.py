@@ -1,0 +1,268 @@
+"""CheckpointManager: save (sync or async), list, verify and load the checkpoints under one root."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from . import fault, layout
+from .codec import decode_state, encode_state, files_for_keys
+from .digest import state_digest
+from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError
+from .manifest import check_files, parse_manifest
+from .retention import select_deletions
+from .state import snapshot_state, validate_state
+from .store import Store, open_store
+
+logger = logging.getLogger("worldpipe.checkpoint")
+
+VERIFY_MODES = ("size", "sha256", "first")
+
+# (store url, step, manifest checksum) of steps whose every file matched its sha256 in this process.
+_fully_verified: set[tuple[str, int, str]] = set()
+_verified_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One published step as seen by :meth:`CheckpointManager.list`."""
+
+    step: int
+    path: str
+    size_bytes: int
+    intact: bool
+    problem: str | None
+    is_latest: bool
+
+
+class CheckpointManager:
+    """Publishes, verifies and loads the checkpoints of one run (single writer: rank 0).
+
+    ``root`` is a local directory (POSIX protocol: partial dir + fsync + atomic rename) or an fsspec URL such as
+    ``s3://bucket/run/checkpoints`` or ``memory://x`` (object-store protocol: manifest last as commit marker;
+    ``storage_options`` go to fsspec). ``keep_last`` (>= 2) intact checkpoints are kept, plus every step that
+    is a multiple of ``keep_every``. ``verify`` selects how loads check files against the manifest: ``"size"``,
+    ``"sha256"``, or ``"first"`` (sha256 the first time a step is loaded/selected in this process, sizes after).
+    With ``async_save`` a save copies the state (the only stall) and publishes on a background thread.
+    """
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 2, keep_every: int | None = None,
+                 async_save: bool = False, verify: str = "first", storage_options: Mapping | None = None) -> None:
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 2:
+            # One checkpoint is no fallback: a corrupt newest one would leave nothing to resume from.
+            raise ValueError(f"keep_last must be an int >= 2, got {keep_last!r}")
+        if keep_every is not None and (isinstance(keep_every, bool) or not isinstance(keep_every, int)
+                                       or keep_every < 1):
+            raise ValueError(f"keep_every must be a positive int or None, got {keep_every!r}")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        self.store: Store = open_store(os.fspath(root) if isinstance(root, os.PathLike) else root,
+                                       storage_options)
+        self.root = self.store.url
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.verify_mode = verify
+        self._executor: ThreadPoolExecutor | None = None
+        self._inflight: Future | None = None
+        self._snapshot_buffers: dict = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, step: int, state: Mapping) -> None:
+        """Publish ``state`` as checkpoint ``step``.
+
+        Sync: returns once the checkpoint is durable and ``latest`` names it. Async: returns after copying the
+        state; publication runs in the background, one at a time and in order (this call first waits for the
+        previous one). A failure of the previous background save is raised here (and this save not started).
+        """
+        if self._closed:
+            raise RuntimeError("CheckpointManager is closed")
+        layout.step_dir_name(step)
+        validate_state(state)
+        self._collect()
+        if not self.async_save:
+            self._publish(step, state)
+            return
+        buffers: dict = {}
+        snapshot = snapshot_state(state, reuse=self._snapshot_buffers, record=buffers)
+        # The previous publication is finished: its buffers are reused by the next snapshot.
+        self._snapshot_buffers = buffers
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
+        self._inflight = self._executor.submit(self._publish, step, snapshot)
+
+    def wait(self) -> None:
+        """Block until the in-flight async save (if any) is published; raise its failure."""
+        self._collect()
+
+    def close(self) -> None:
+        """Wait for the in-flight save (raising its failure) and release the background thread."""
+        if self._closed:
+            return
+        try:
+            self._collect()
+        finally:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            self._snapshot_buffers = {}
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _collect(self) -> None:
+        future, self._inflight = self._inflight, None
+        if future is not None:
+            error = future.exception()
+            if error is not None:
+                raise error
+
+    def _publish(self, step: int, state: Mapping) -> None:
+        files, contents = encode_state(state)
+        with self.store.writer_lock(step):
+            try:
+                removed = self.store.remove_leftovers()
+            except OSError as exc:
+                raise CheckpointWriteError(step, self.root, f"cannot remove leftovers: {exc}") from exc
+            for path in removed:
+                logger.warning("removed leftover of an interrupted save or deletion: %s", path)
+            self.store.publish(step, files, contents, state.get(layout.IDENTITY) or {})
+            try:
+                fault.inject("before_retention")
+                self._apply_retention(step)
+                fault.inject("after_retention")
+            except OSError as exc:
+                # The new checkpoint is durable; retention is retried (recomputed) at the next save.
+                logger.error("retention after saving step %d failed: %s", step, exc)
+
+    def _apply_retention(self, step: int) -> None:
+        doomed = select_deletions(self.store.step_names(), step, self.keep_last, self.keep_every,
+                                  lambda s: not self.verify(s, full=False))
+        for old in doomed:
+            logger.info("retention: deleting %s", self.store.location(old))
+            self.store.delete_step(old)
+
+    # ----------------------------------------------------------------- reading
+
+    def _manifest(self, step: int) -> tuple[dict | None, list[str]]:
+        name = layout.step_dir_name(step)
+        raw = self.store.read_manifest(step)
+        if raw is None:
+            if not self.store.step_exists(step):
+                return None, [f"{name}: no such checkpoint in {self.root}"]
+            return None, [f"{name}/{layout.MANIFEST_NAME}: missing (partial or uncommitted step)"]
+        return parse_manifest(raw, step)
+
+    def verify(self, step: int, full: bool = True, only: Iterable[str] | None = None) -> list[str]:
+        """Problems of checkpoint ``step`` (``[]`` when intact), each naming the file.
+
+        ``full`` compares every file's SHA-256 with the manifest, otherwise only presence and sizes.
+        ``only`` restricts the file checks to these relative paths (the manifest is always checked).
+        """
+        manifest, problems = self._manifest(step)
+        if manifest is None:
+            return problems
+        problems = check_files(manifest, step, lambda p: self.store.size_of(step, p),
+                               lambda p: self.store.sha256_of(step, p), full,
+                               None if only is None else set(only))
+        if full and not problems and only is None:
+            with _verified_lock:
+                _fully_verified.add((self.root, step, manifest["manifest_sha256"]))
+        return problems
+
+    def _verify_by_policy(self, step: int, only: set[str] | None = None) -> list[str]:
+        full = self.verify_mode == "sha256"
+        if self.verify_mode == "first":
+            manifest, problems = self._manifest(step)
+            if manifest is None:
+                return problems
+            with _verified_lock:
+                full = (self.root, step, manifest["manifest_sha256"]) not in _fully_verified
+        return self.verify(step, full=full, only=only)
+
+    def list(self) -> list[CheckpointInfo]:
+        """Published steps, oldest first, with size-level verification (sha256: :meth:`verify`).
+
+        Hidden partial/deleting directories are never listed; object-store steps without a manifest neither.
+        """
+        latest = self.store.read_latest()
+        infos = []
+        for step in sorted(self.store.step_names()):
+            manifest, problems = self._manifest(step)
+            size = sum(f["size"] for f in manifest["files"]) if manifest else 0
+            if manifest is not None:
+                problems = self.verify(step, full=False)
+            infos.append(CheckpointInfo(step, self.store.location(step), size, not problems,
+                                        problems[0] if problems else None, step == latest))
+        return infos
+
+    def latest_intact(self) -> int | None:
+        """Newest step whose manifest and files verify (per ``verify`` mode); warns about each one skipped."""
+        for step in sorted(self.store.step_names(), reverse=True):
+            problems = self._verify_by_policy(step)
+            if not problems:
+                latest = self.store.read_latest()
+                if latest is not None and latest != step:
+                    logger.info("`latest` names step %d; newest intact checkpoint is step %d", latest, step)
+                return step
+            logger.warning("skipping checkpoint %s: %s", self.store.location(step), "; ".join(problems))
+        return None
+
+    def load(self, step: int | None = None, map_location: Any = "cpu", keys: Iterable[str] | None = None) -> dict:
+        """Load checkpoint ``step`` (default: :meth:`latest_intact`) as a state dict like the one saved.
+
+        Absent optional parts (scheduler, scaler, EMA) are None. ``keys`` loads only these state keys (others
+        None). A requested step that fails verification raises CheckpointCorruptError naming the file(s).
+        RNG states are always loaded on CPU (generators require it).
+        """
+        wanted = None if keys is None else set(keys)
+        if wanted is not None and wanted - set(layout.STATE_KEYS):
+            raise ValueError(f"unknown state keys {sorted(wanted - set(layout.STATE_KEYS))}")
+        if step is None:
+            step = self.latest_intact()
+            if step is None:
+                raise CheckpointNotFoundError(f"no intact checkpoint in {self.root}")
+            manifest, problems = self._manifest(step)
+        else:
+            manifest, problems = self._manifest(step)
+            if manifest is not None:
+                problems = self._verify_by_policy(step, files_for_keys(manifest["contents"], wanted))
+        if manifest is None and not self.store.step_exists(step):
+            raise CheckpointNotFoundError(problems[0])
+        if problems or manifest is None:
+            raise CheckpointCorruptError(step, problems)
+        name = layout.step_dir_name(step)
+
+        def load_torch(relpath: str, on_cpu: bool) -> Any:
+            try:
+                return self.store.load_torch(step, relpath, "cpu" if on_cpu else map_location)
+            except Exception as exc:  # a damaged file that passed a size-only check
+                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({exc})"]) from exc
+
+        def read_json(relpath: str) -> Any:
+            try:
+                return self.store.read_json(step, relpath)
+            except (OSError, ValueError) as exc:
+                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({exc})"]) from exc
+
+        return decode_state(manifest["contents"], load_torch, read_json, wanted)
+
+
+def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
+                      storage_options: Mapping | None = None) -> str:
+    """:func:`state_digest` of a stored checkpoint (default: the newest intact one)."""
+    return state_digest(CheckpointManager(root, storage_options=storage_options).load(step))
+
+
+__all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "state_digest"]

@@ -1,0 +1,165 @@
+"""MANIFEST.json: what a published step contains, and checking a step against it.
+
+The manifest lists every file of the step (relative path, size, sha256), the step, the identity of the run,
+which file holds which state key, and ``manifest_sha256``: a SHA-256 over the rest of the manifest in
+canonical JSON, so a damaged manifest (e.g. a flipped digit in a size or in the identity) is detected too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import layout
+from .tensorfile import Segment
+
+FORMAT = "worldpipe.checkpoint"
+FORMAT_VERSION = 1
+_HASH_CHUNK = 64 << 20  # large updates: hashlib releases the GIL while it hashes them
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def hash_pool() -> ThreadPoolExecutor:
+    """Process-wide threads that SHA-256 file contents concurrently with writing and reading them."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
+                                   thread_name_prefix="ckpt-sha256")
+    return _pool
+
+
+def sha256_segments(segments: Iterable[Segment]) -> str:
+    """SHA-256 of the concatenation of ``segments``."""
+    h = hashlib.sha256()
+    for seg in segments:
+        view = memoryview(seg).cast("B") if not isinstance(seg, bytes) else seg
+        for start in range(0, len(view), _HASH_CHUNK):
+            h.update(view[start:start + _HASH_CHUNK])
+    return h.hexdigest()
+
+
+def sha256_stream(f) -> str:
+    """SHA-256 of a binary file object, read in large chunks."""
+    h = hashlib.sha256()
+    buf = bytearray(16 << 20)
+    view = memoryview(buf)
+    while True:
+        n = f.readinto(buf) if hasattr(f, "readinto") else None
+        if n is None:
+            chunk = f.read(len(buf))
+            if not chunk:
+                break
+            h.update(chunk)
+            continue
+        if not n:
+            break
+        h.update(view[:n])
+    return h.hexdigest()
+
+
+@dataclass
+class FileRecord:
+    """One manifest entry."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identity: Mapping) -> bytes:
+    """Encoded MANIFEST.json for a step whose files are ``files``."""
+    body = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "created_unix": time.time(),
+        "torch_version": torch.__version__,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in sorted(files, key=lambda f: f.path)],
+        "contents": dict(contents),
+        "world_size": len(contents.get(layout.RNG) or []),
+        "identity": dict(identity or {}),
+    }
+    body["manifest_sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
+    return (json.dumps(body, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
+
+
+def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
+    """Decode and validate a manifest; returns (manifest or None, problems naming MANIFEST.json)."""
+    where = f"{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}"
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, [f"{where}: unreadable JSON ({exc})"]
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        return None, [f"{where}: not a {FORMAT} manifest"]
+    if body.get("format_version") != FORMAT_VERSION:
+        return None, [f"{where}: unsupported format_version {body.get('format_version')!r}"]
+    claimed = body.pop("manifest_sha256", None)
+    try:
+        actual = hashlib.sha256(_canonical(body)).hexdigest()
+    except (TypeError, ValueError) as exc:
+        return None, [f"{where}: cannot canonicalize ({exc})"]
+    if claimed != actual:
+        return None, [f"{where}: manifest checksum mismatch (damaged manifest)"]
+    if body.get("step") != step:
+        return None, [f"{where}: records step {body.get('step')!r}, directory says {step}"]
+    problems = []
+    for entry in body.get("files", []):
+        path = entry.get("path", "")
+        norm = posixpath.normpath(path)
+        # A manifest must never make a reader touch files outside its step directory.
+        if not path or norm != path or path.startswith(("/", "../")) or path == "..":
+            problems.append(f"{where}: illegal file path {path!r}")
+    body["manifest_sha256"] = claimed
+    return (None if problems else body), problems
+
+
+def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
+                only: set[str] | None = None) -> list[str]:
+    """Problems of the step's files against ``manifest`` (empty when intact).
+
+    ``size_of(relpath)`` returns the size or None when missing; ``sha256_of(relpath)`` the hex digest.
+    ``full`` compares SHA-256 as well as sizes. ``only`` restricts the check to these relative paths.
+    """
+    name = layout.step_dir_name(step)
+    problems: list[str] = []
+    to_hash: list[tuple[dict, Future]] = []
+    for entry in manifest["files"]:
+        if only is not None and entry["path"] not in only:
+            continue
+        where = f"{name}/{entry['path']}"
+        try:
+            size = size_of(entry["path"])
+        except OSError as exc:
+            problems.append(f"{where}: unreadable ({exc})")
+            continue
+        if size is None:
+            problems.append(f"{where}: missing")
+        elif size != entry["size"]:
+            problems.append(f"{where}: size {size} != {entry['size']} in manifest")
+        elif full:
+            to_hash.append((entry, hash_pool().submit(sha256_of, entry["path"])))
+    for entry, fut in to_hash:
+        where = f"{name}/{entry['path']}"
+        try:
+            digest = fut.result()
+        except OSError as exc:
+            problems.append(f"{where}: unreadable ({exc})")
+            continue
+        if digest != entry["sha256"]:
+            problems.append(f"{where}: sha256 {digest[:16]}... != {entry['sha256'][:16]}... in manifest")
+    return problems

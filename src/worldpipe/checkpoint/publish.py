@@ -1,0 +1,327 @@
+"""POSIX publication protocol (DESIGN.md): atomic via rename, durable via fsync, in this order.
+
+1. write every file into ``.step-NNNNNN.partial-<nonce>/``: write, ``fsync(file)``; fsync its subdirectories;
+2. write ``MANIFEST.json`` (every file, size, sha256; step; identity), ``fsync`` it, ``fsync`` the partial dir;
+3. ``rename`` the partial dir to ``step-NNNNNN`` and ``fsync`` the checkpoints dir: only now is it durable;
+4. replace ``latest``: temp file, ``fsync``, ``rename``, ``fsync`` the checkpoints dir;
+5. retention (done by the manager) deletes old steps only after that: rename to a hidden name, fsync, remove.
+
+A failure before step 3 removes the partial dir and raises CheckpointWriteError naming the step and the file;
+the previous checkpoint and ``latest`` are untouched. A crash (SIGKILL, power loss) leaves at most a hidden
+partial dir, which readers never list and the next save removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from . import fault, layout
+from .codec import PendingFile
+from .errors import CheckpointWriteError
+from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
+from .store import Store
+from .tensorfile import Segment
+
+_MAX_WRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
+
+
+def write_all(fd: int, segment: Segment) -> None:
+    """Write all of ``segment`` to ``fd`` (large writes, partial writes resumed)."""
+    view = memoryview(segment).cast("B")
+    while len(view):
+        written = os.write(fd, view[:_MAX_WRITE])
+        view = view[written:]
+
+
+def write_file(path: str, segments: list[Segment]) -> int:
+    """Create ``path`` (must not exist), write ``segments``; return the open descriptor (not yet fsynced)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        for seg in segments:
+            write_all(fd, seg)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fsync_and_close(fd: int) -> None:
+    """``fsync`` then close ``fd`` (closed even when fsync fails)."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: str, segments: list[Segment]) -> None:
+    """Create ``path`` (must not exist), write ``segments``, ``fsync`` it, close it."""
+    fsync_and_close(write_file(path, segments))
+
+
+_fsync_pool: ThreadPoolExecutor | None = None
+
+
+def fsync_pool() -> ThreadPoolExecutor:
+    """Threads that fsync finished files while the next ones are being written (device I/O overlaps)."""
+    global _fsync_pool
+    if _fsync_pool is None:
+        _fsync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-fsync")
+    return _fsync_pool
+
+
+def fsync_dir(path: str) -> None:
+    """``fsync`` a directory, making the names it contains (creations, renames, removals) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Cursor:
+    """The path the publication is working on, so an error can name it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+class PosixStore(Store):
+    """Checkpoints in a local (or any POSIX, same-filesystem-rename) directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.url = self.root
+
+    # ---------------------------------------------------------------- reading
+
+    def _path(self, step: int, relpath: str | None = None) -> str:
+        base = os.path.join(self.root, layout.step_dir_name(step))
+        return base if relpath is None else os.path.join(base, *relpath.split("/"))
+
+    def step_names(self) -> list[int]:  # noqa: D102
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        steps = []
+        for name in names:
+            step = layout.parse_step_dir(name)
+            if step is not None and os.path.isdir(os.path.join(self.root, name)):
+                steps.append(step)
+        return steps
+
+    def step_exists(self, step: int) -> bool:  # noqa: D102
+        return os.path.lexists(self._path(step))
+
+    def location(self, step: int) -> str:  # noqa: D102
+        return self._path(step)
+
+    def read_manifest(self, step: int) -> bytes | None:  # noqa: D102
+        try:
+            with open(self._path(step, layout.MANIFEST_NAME), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
+        try:
+            st = os.stat(self._path(step, relpath))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return st.st_size
+
+    def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
+        with open(self._path(step, relpath), "rb", buffering=0) as f:
+            return sha256_stream(f)
+
+    def load_torch(self, step: int, relpath: str, map_location: Any) -> Any:  # noqa: D102
+        return torch.load(self._path(step, relpath), map_location=map_location, weights_only=True)
+
+    def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
+        with open(self._path(step, relpath), "rb") as f:
+            return json.load(f)
+
+    def read_latest(self) -> int | None:  # noqa: D102
+        try:
+            with open(os.path.join(self.root, layout.LATEST_NAME), "rb") as f:
+                return layout.parse_step_dir(f.read().decode().strip())
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+
+    # ---------------------------------------------------------------- writing
+
+    def _ensure_root(self) -> None:
+        missing = []
+        path = self.root
+        while not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            # The new directory's name must survive a crash too.
+            fsync_dir(os.path.dirname(path))
+
+    @contextlib.contextmanager
+    def writer_lock(self, step: int) -> Iterator[None]:
+        """Exclusive ``flock`` on ``.writer.lock``: two processes publishing into one root is a bug."""
+        try:
+            self._ensure_root()
+            fd = os.open(os.path.join(self.root, layout.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise CheckpointWriteError(step, self.root, exc) from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise CheckpointWriteError(
+                    step, os.path.join(self.root, layout.LOCK_NAME),
+                    "another process is publishing into this checkpoint directory") from exc
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping) -> None:  # noqa: D102
+        name = layout.step_dir_name(step)
+        nonce = secrets.token_hex(6)
+        partial = os.path.join(self.root, layout.temp_name(step, "partial", nonce))
+        final = os.path.join(self.root, name)
+        cursor = _Cursor(partial)
+        created = False
+        try:
+            self._ensure_root()
+            fault.inject("before_files")
+            os.mkdir(partial, 0o755)
+            created = True
+            self._write_files(partial, files, step, contents, identity, cursor)
+            fault.inject("after_manifest")
+            cursor.path = final
+            self._rename_into_place(partial, final, step, nonce)
+        except BaseException as exc:
+            if created:
+                shutil.rmtree(partial, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise CheckpointWriteError(step, cursor.path, exc) from exc
+            raise
+        cursor.path = os.path.join(self.root, layout.LATEST_NAME)
+        try:
+            fault.inject("after_rename")
+            self.write_latest(name)
+            fault.inject("after_latest")
+        except OSError as exc:
+            raise CheckpointWriteError(step, cursor.path, exc) from exc
+
+    def _write_files(self, partial: str, files: list[PendingFile], step: int, contents: Mapping,
+                     identity: Mapping, cursor: _Cursor) -> None:
+        subdirs: list[str] = []
+        records: list[FileRecord] = []
+        digests = []
+        syncs: list[tuple[str, Future]] = []
+        try:
+            self._write_all_files(partial, files, cursor, subdirs, digests, syncs)
+        finally:
+            # Every descriptor gets closed, and the first fsync failure is reported with its file.
+            first_error = None
+            for path, done in syncs:
+                try:
+                    done.result()
+                except OSError as exc:
+                    if first_error is None:
+                        first_error, cursor.path = exc, path
+            if first_error is not None:
+                raise first_error
+        for pending, digest in digests:
+            records.append(FileRecord(pending.relpath, pending.size, digest.result()))
+        for sub in sorted(subdirs, key=len, reverse=True):
+            cursor.path = sub
+            fsync_dir(sub)
+        cursor.path = partial
+        fault.inject("after_files")
+        cursor.path = os.path.join(partial, layout.MANIFEST_NAME)
+        write_file_durably(cursor.path, [build_manifest(step, records, contents, identity)])
+        cursor.path = partial
+        fsync_dir(partial)
+
+    def _write_all_files(self, partial: str, files: list[PendingFile], cursor: _Cursor, subdirs: list[str],
+                         digests: list, syncs: list) -> None:
+        for index, pending in enumerate(files):
+            path = os.path.join(partial, *pending.relpath.split("/"))
+            parent = os.path.dirname(path)
+            if parent != partial and parent not in subdirs:
+                cursor.path = parent
+                os.makedirs(parent, exist_ok=True)
+                subdirs.append(parent)
+            cursor.path = path
+            # Hash the same bytes on another thread while this one writes them (hashlib drops the GIL).
+            digests.append((pending, hash_pool().submit(sha256_segments, pending.segments)))
+            fd = write_file(path, pending.segments)
+            # fsync on another thread: this file's device I/O overlaps writing the next file.
+            syncs.append((path, fsync_pool().submit(fsync_and_close, fd)))
+            if index == 0:
+                fault.inject("mid_files")
+
+    def _rename_into_place(self, partial: str, final: str, step: int, nonce: str) -> None:
+        aside = None
+        if os.path.lexists(final):
+            # Re-saving a step: move the old one out of the way (hidden, removed below or by the next save).
+            aside = os.path.join(self.root, layout.temp_name(step, "replaced", nonce))
+            os.rename(final, aside)
+        os.rename(partial, final)
+        fsync_dir(self.root)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def write_latest(self, name: str) -> None:
+        """Atomically and durably point ``latest`` at ``name``: temp file, fsync, rename, fsync dir."""
+        tmp = os.path.join(self.root, layout.latest_temp_name(secrets.token_hex(6)))
+        try:
+            write_file_durably(tmp, [f"{name}\n".encode()])
+            os.replace(tmp, os.path.join(self.root, layout.LATEST_NAME))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        fsync_dir(self.root)
+
+    def remove_leftovers(self) -> list[str]:  # noqa: D102
+        removed = []
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return removed
+        for name in names:
+            if not layout.is_leftover(name):
+                continue
+            path = os.path.join(self.root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        if removed:
+            fsync_dir(self.root)
+        return removed
+
+    def delete_step(self, step: int) -> None:  # noqa: D102
+        doomed = os.path.join(self.root, layout.temp_name(step, "deleting", secrets.token_hex(6)))
+        try:
+            # Renaming first: readers see the whole step or nothing, never a half-deleted one.
+            os.rename(self._path(step), doomed)
+        except FileNotFoundError:
+            return
+        fsync_dir(self.root)
+        shutil.rmtree(doomed)
+        fsync_dir(self.root)
+
+
+__all__ = ["PosixStore", "fsync_dir", "write_all", "write_file_durably"]

@@ -1,0 +1,201 @@
+"""The training-state snapshot: its structure, deep copies of it, and capture/restore of RNG state.
+
+A state is a dict with exactly these keys (see :mod:`worldpipe.checkpoint.layout`)::
+
+    model      dict[str, Tensor]                    parameters and buffers
+    optimizer  optimizer.state_dict() | None
+    scheduler  lr_scheduler.state_dict() | None     only if the run uses one
+    scaler     GradScaler.state_dict() | None       only if the run uses AMP
+    ema        dict[str, Tensor] | None             only if the run keeps an EMA
+    progress   {"step", "epoch", "samples_seen", "tokens_seen"}: ints
+    sampler    JSON-able dict (seed, epoch, cursor into the global order)
+    rng        list[dict], index = rank, each as returned by capture_rng()
+    identity   JSON-able dict (config, hashes, code version, world size, ...)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from . import layout
+
+_NDARRAY_TAG = "__ndarray__"
+
+
+def validate_state(state: Mapping) -> None:
+    """Raise ``ValueError`` if ``state`` does not follow the state contract (unknown/missing keys, bad types)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"state must be a dict, got {type(state).__name__}")
+    unknown = set(state) - set(layout.STATE_KEYS)
+    if unknown:
+        # Dropping a key silently would lose state the run's future depends on.
+        raise ValueError(f"unknown state keys {sorted(unknown)}; known: {list(layout.STATE_KEYS)}")
+    if not isinstance(state.get(layout.MODEL), Mapping):
+        raise ValueError("state['model'] must be a dict of tensors")
+    for key in layout.OPTIONAL_KEYS:
+        if state.get(key) is not None and not isinstance(state[key], Mapping):
+            raise ValueError(f"state[{key!r}] must be a dict or None")
+    progress = state.get(layout.PROGRESS) or {}
+    for name, value in progress.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"state['progress'][{name!r}] must be an int, got {value!r}")
+    for key in (layout.PROGRESS, layout.SAMPLER, layout.IDENTITY):
+        try:
+            json.dumps(state.get(key) or {}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"state[{key!r}] must be JSON-serializable: {exc}") from exc
+    rng = state.get(layout.RNG) or []
+    if not isinstance(rng, list | tuple) or not all(isinstance(r, Mapping) for r in rng):
+        raise ValueError("state['rng'] must be a list of per-rank dicts (index = rank)")
+
+
+def snapshot_state(state: Mapping, *, reuse: dict | None = None, record: dict | None = None) -> dict:
+    """Deep copy of ``state`` that training may keep mutating: tensors are detached CPU clones.
+
+    Tensors that are the same view of the same storage (tied weights) stay shared in the copy. ``reuse`` and
+    ``record`` let a caller recycle buffers between snapshots: ``record`` receives this snapshot's tensors by
+    position; passing that dict as ``reuse`` next time copies into those tensors (same shape and dtype) instead
+    of allocating. Only pass ``reuse`` once nothing reads the earlier snapshot any more.
+    """
+    return _copy_tree(state, {}, reuse, record, ())
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            t.dtype)
+
+
+def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: tuple):
+    """Copy ``obj``. ``reuse`` (path -> tensor of an earlier, no longer used snapshot) provides buffers to copy
+    into when shape and dtype match; ``record`` collects this snapshot's buffers by path for the next one.
+
+    Reusing buffers avoids allocating fresh memory for every snapshot, whose page faults can cost more than
+    the copy itself.
+    """
+    if isinstance(obj, torch.Tensor):
+        key = _tensor_key(obj) if obj.untyped_storage().data_ptr() else None
+        if key is not None and key in memo:
+            return memo[key]
+        src = obj.detach()
+        buf = reuse.get(path) if reuse is not None else None
+        if (buf is not None and buf.shape == src.shape and buf.dtype == src.dtype
+                and buf.is_contiguous() and src.layout == torch.strided):
+            out = buf.copy_(src)
+        else:
+            out = src.to("cpu", copy=True) if src.layout == torch.strided else src.cpu().clone()
+        if record is not None:
+            record[path] = out
+        if key is not None:
+            memo[key] = out
+        return out
+    if isinstance(obj, Mapping):
+        copied = {k: _copy_tree(v, memo, reuse, record, (*path, k)) for k, v in obj.items()}
+        # Keep OrderedDict & co. (state_dict() returns OrderedDict); plain dict otherwise.
+        return copied if type(obj) is dict else type(obj)(copied)
+    if isinstance(obj, list):
+        return [_copy_tree(v, memo, reuse, record, (*path, i)) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        items = [_copy_tree(v, memo, reuse, record, (*path, i)) for i, v in enumerate(obj)]
+        return tuple(items) if type(obj) is tuple else type(obj)(items)
+    return copy.deepcopy(obj)
+
+
+def to_portable(obj):
+    """Replace numpy arrays/scalars by plain Python so ``torch.load(weights_only=True)`` and JSON accept them."""
+    if isinstance(obj, np.ndarray):
+        return {_NDARRAY_TAG: obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Mapping):
+        return {k: to_portable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_portable(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_portable(v) for v in obj)
+    return obj
+
+
+def from_portable(obj):
+    """Inverse of :func:`to_portable`."""
+    if isinstance(obj, Mapping):
+        if _NDARRAY_TAG in obj:
+            return np.asarray(obj["data"], dtype=np.dtype(obj[_NDARRAY_TAG])).reshape(obj["shape"])
+        return {k: from_portable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_portable(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(from_portable(v) for v in obj)
+    return obj
+
+
+def capture_rng(numpy_generators: Mapping[str, np.random.Generator] | None = None,
+                torch_generators: Mapping[str, torch.Generator] | None = None) -> dict:
+    """This process's RNG state: Python ``random``, NumPy global + named, torch CPU/CUDA default + named.
+
+    The result holds only Python containers, ints/floats and CPU ``ByteTensor`` s, so it loads with
+    ``torch.load(weights_only=True)`` and survives ``all_gather_object``.
+    """
+    cuda = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = [s.clone() for s in torch.cuda.get_rng_state_all()]
+    return {
+        "python": random.getstate(),
+        "numpy_global": to_portable(np.random.get_state()),
+        "numpy": {name: to_portable(g.bit_generator.state) for name, g in (numpy_generators or {}).items()},
+        "torch": torch.get_rng_state(),
+        "cuda": cuda,
+        "generators": {name: g.get_state() for name, g in (torch_generators or {}).items()},
+    }
+
+
+def restore_rng(rng: Mapping, numpy_generators: Mapping[str, np.random.Generator] | None = None,
+                torch_generators: Mapping[str, torch.Generator] | None = None) -> None:
+    """Restore what :func:`capture_rng` captured, in place, into the global and the given named generators.
+
+    A named generator the state does not hold raises ``KeyError``: silently keeping its current state would
+    make the resumed run draw different numbers.
+    """
+    py = rng["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if rng.get("numpy_global") is not None:
+        np.random.set_state(tuple(from_portable(rng["numpy_global"])))
+    saved_np = rng.get("numpy") or {}
+    for name, gen in (numpy_generators or {}).items():
+        if name not in saved_np:
+            raise KeyError(f"RNG state holds no NumPy generator {name!r} (has {sorted(saved_np)})")
+        gen.bit_generator.state = from_portable(saved_np[name])
+    torch.set_rng_state(_byte_tensor(rng["torch"]))
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_byte_tensor(s) for s in rng["cuda"]])
+    saved_torch = rng.get("generators") or {}
+    for name, gen in (torch_generators or {}).items():
+        if name not in saved_torch:
+            raise KeyError(f"RNG state holds no torch generator {name!r} (has {sorted(saved_torch)})")
+        gen.set_state(_byte_tensor(saved_torch[name]))
+
+
+def _byte_tensor(t) -> torch.Tensor:
+    # Generator states must be CPU uint8 tensors, whatever map_location the checkpoint was loaded with.
+    return torch.as_tensor(t).to(device="cpu", dtype=torch.uint8)
+
+
+def rng_view(rng: Mapping) -> dict:
+    """Readable JSON view of one rank's RNG state (tensors as hex); for people and MLflow, never read back."""
+
+    def view(obj):
+        if isinstance(obj, torch.Tensor):
+            flat = obj.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
+            return {"dtype": str(obj.dtype), "shape": list(obj.shape), "hex": bytes(flat.numpy()).hex()}
+        if isinstance(obj, Mapping):
+            return {str(k): view(v) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return [view(v) for v in obj]
+        return obj
+
+    return view(to_portable(rng))

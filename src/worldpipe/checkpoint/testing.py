@@ -1,0 +1,58 @@
+"""Helpers for tests of code that checkpoints: realistic example states and deliberate damage."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from .state import capture_rng
+
+
+def example_state(seed: int = 0, ranks: int = 1, width: int = 16, scheduler: bool = True,
+                  ema: bool = False, scaler: bool = False) -> dict:
+    """A small but complete training state: a model after one Adam step, scheduler, progress, sampler, RNG."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.Linear(width, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    model(torch.randn(4, width)).square().mean().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10) if scheduler else None
+    rng = []
+    for rank in range(ranks):
+        random.seed(seed * 1000 + rank)
+        np.random.seed(seed * 1000 + rank)
+        torch.manual_seed(seed * 1000 + rank)
+        rng.append(capture_rng({"augment": np.random.default_rng([seed, rank])},
+                               {"latent": torch.Generator().manual_seed(seed * 7 + rank)}))
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict() if sched is not None else None,
+        "scaler": {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                   "_growth_tracker": 3} if scaler else None,
+        "ema": {k: v.detach().clone() * 0.5 for k, v in model.state_dict().items()} if ema else None,
+        "progress": {"step": 10, "epoch": 1, "samples_seen": 640, "tokens_seen": 81920},
+        "sampler": {"seed": seed, "epoch": 1, "cursor": 640},
+        "rng": rng,
+        "identity": {"config_hash": "c0ffee", "dataset_hash": "d00d", "code_version": "abc123+dirty",
+                     "world_size": ranks, "parallel_layout": {"dp": ranks}, "mlflow_run_id": "run-1"},
+    }
+
+
+def flip_byte(path: str | os.PathLike, offset: int | None = None) -> int:
+    """Invert one byte of a file in place (default: the middle byte); return the offset flipped."""
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"{path} is empty")
+    offset = size // 2 if offset is None else offset % size
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())
+    return offset

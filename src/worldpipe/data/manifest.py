@@ -1,0 +1,186 @@
+"""Dataset manifest: every store file with size and sha256, array shapes, spec, and one dataset hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import fsspec
+
+from worldpipe.data.atomic_file import fsync_tree, write_atomic
+from worldpipe.data.locations import list_files, local_path, open_filesystem
+from worldpipe.data.store import TrajectoryStore, array_layout
+
+MANIFEST_FORMAT = "worldpipe.data.manifest/1"
+_HASH_BLOCK = 1 << 20
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The byte form hashed for ``dataset_hash``: sorted keys, no whitespace, ASCII."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def dataset_hash(manifest: dict) -> str:
+    """sha256 of the canonical JSON of the manifest without its ``dataset_hash`` field."""
+    body = {k: v for k, v in manifest.items() if k != "dataset_hash"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def _file_sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_complete(store: TrajectoryStore, files: dict[str, int]) -> None:
+    # Sealing an unfinished dataset would bless missing shards (read back as zeros) as the truth.
+    partial = [p for p in files if p.endswith(".partial")]
+    if partial:
+        raise ValueError(f"store has in-flight or abandoned temp files, refusing to seal: {partial[:5]}")
+    missing = [
+        a.shard_key(s)
+        for a in array_layout(store.spec)
+        for s in range(store.spec.num_shards)
+        if a.shard_key(s) not in files
+    ]
+    if missing:
+        raise ValueError(f"store is incomplete, {len(missing)} shard file(s) missing, e.g. {missing[:5]}")
+    unwritten = (store.lengths <= 0).nonzero()[0]
+    if unwritten.size:
+        raise ValueError(f"store has {unwritten.size} unwritten episode(s), e.g. {unwritten[:5].tolist()}")
+
+
+def build_manifest(url: str, storage_options: dict[str, Any] | None = None) -> dict:
+    """Compute the manifest of the store at ``url`` (no I/O besides reading the store)."""
+    store = TrajectoryStore.open(url, storage_options=storage_options)
+    fs, root = open_filesystem(url, storage_options)
+    files = list_files(fs, root)
+    _check_complete(store, files)
+    arrays = store.array_info()
+    for a in array_layout(store.spec):
+        arrays[a.name].update(chunks=list(a.chunks), shards=list(a.shards(store.spec.episodes_per_shard)))
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "spec": store.spec.to_dict(),
+        "episodes": store.num_episodes,
+        "steps": int(store.lengths.sum()),
+        "arrays": arrays,
+        "files": [
+            {"path": rel, "size": size, "sha256": _file_sha256(fs, f"{root}/{rel}")}
+            for rel, size in files.items()
+        ],
+    }
+    manifest["dataset_hash"] = dataset_hash(manifest)
+    return manifest
+
+
+def _write_manifest(manifest_path: str, data: bytes, storage_options: dict[str, Any] | None) -> None:
+    path = local_path(manifest_path)
+    if path is not None:
+        write_atomic(path, data)
+    else:
+        # Object stores publish a single PUT atomically; there is no rename to do.
+        fs, target = fsspec.core.url_to_fs(manifest_path, **dict(storage_options or {}))
+        fs.pipe_file(target, data)
+
+
+def seal_dataset(url: str, manifest_path: str, storage_options: dict[str, Any] | None = None) -> dict:
+    """Hash every file of the store at ``url`` and publish the manifest atomically at ``manifest_path``.
+
+    Contains no timestamps or locations, so resealing identical data yields a byte-identical manifest.
+    For local stores every file and directory is fsynced first, so a durable manifest implies durable data.
+    """
+    store_root = local_path(url)
+    if store_root is not None:
+        # zarr's LocalStore renames files into place but never fsyncs: make the data durable before the
+        # manifest that vouches for it is.
+        fsync_tree(store_root)
+    manifest = build_manifest(url, storage_options)
+    text = json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
+    _write_manifest(manifest_path, text.encode(), storage_options)
+    return manifest
+
+
+def load_manifest(path: str, storage_options: dict[str, Any] | None = None) -> dict:
+    """Read a manifest; ValueError if it is malformed or its dataset_hash does not match its content."""
+    local = local_path(path)
+    if local is not None:
+        with open(local, "rb") as f:
+            raw = f.read()
+    else:
+        fs, target = fsspec.core.url_to_fs(path, **dict(storage_options or {}))
+        raw = fs.cat_file(target)
+    try:
+        manifest = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"manifest {path!r} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path!r} is not a {MANIFEST_FORMAT} manifest")
+    if manifest.get("dataset_hash") != dataset_hash(manifest):
+        raise ValueError(f"manifest {path!r} was modified: dataset_hash does not match its content")
+    return manifest
+
+
+def verify_dataset(url: str, manifest_path: str, storage_options: dict[str, Any] | None = None) -> list[dict]:
+    """Compare the store with its manifest, one record per file, sorted by path.
+
+    status: "ok", "mismatch" (sha256 differs), "size" (size differs), "missing", or "extra" (not in
+    the manifest).
+    """
+    manifest = load_manifest(manifest_path, storage_options)
+    fs, root = open_filesystem(url, storage_options)
+    actual = list_files(fs, root)
+    results = []
+    for entry in manifest["files"]:
+        rel = entry["path"]
+        record = {"path": rel, "expected_size": entry["size"], "expected_sha256": entry["sha256"]}
+        if rel not in actual:
+            record["status"] = "missing"
+        elif actual[rel] != entry["size"]:
+            record.update(status="size", size=actual[rel])
+        else:
+            digest = _file_sha256(fs, f"{root}/{rel}")
+            record.update(
+                status="ok" if digest == entry["sha256"] else "mismatch", size=actual[rel], sha256=digest
+            )
+        results.append(record)
+    listed = {e["path"] for e in manifest["files"]}
+    results.extend(
+        {"path": rel, "status": "extra", "size": size} for rel, size in actual.items() if rel not in listed
+    )
+    return sorted(results, key=lambda r: r["path"])
+
+
+def describe_dataset(
+    url: str, manifest_path: str | None = None, storage_options: dict[str, Any] | None = None
+) -> dict:
+    """Summary for ``worldpipe data info``: episodes, steps, shapes, bytes on disk, dataset hash."""
+    store = TrajectoryStore.open(url, storage_options=storage_options)
+    fs, root = open_filesystem(url, storage_options)
+    files = list_files(fs, root)
+    lengths = store.lengths
+    info = {
+        "url": url,
+        "name": store.spec.name,
+        "spec": store.spec.to_dict(),
+        "episodes": store.num_episodes,
+        "steps": int(lengths.sum()),
+        "episode_length": {
+            "min": int(lengths.min()),
+            "mean": float(lengths.mean()),
+            "max": int(lengths.max()),
+        },
+        "obs_dim": store.obs_dim,
+        "act_dim": store.act_dim,
+        "arrays": store.array_info(),
+        "num_shards": store.num_shards,
+        "files": len(files),
+        "bytes_on_disk": int(sum(files.values())),
+        "dataset_hash": None,
+    }
+    if manifest_path is not None:
+        info["dataset_hash"] = load_manifest(manifest_path, storage_options)["dataset_hash"]
+    return info
