@@ -7,9 +7,11 @@ slurmd per name, all on this host). Only one cluster exists at a time: its confi
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from localslurm import ClusterUnavailable, LocalSlurmCluster
+from pipeline_runs import RUN_DIR, SMOKE, TRAIN_DONE, WORKSTATION_ARGS, digest, failure_report, run_snakemake
 
 
 @pytest.fixture(scope="module")
@@ -27,3 +29,12 @@ def slurm_cluster(request, tmp_path_factory) -> LocalSlurmCluster:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def workstation_smoke(env_with_venv, tmp_path_factory) -> tuple[Path, str]:
+    """The smoke config trained on this machine (local executor): (working directory, checkpoint digest)."""
+    workdir = tmp_path_factory.mktemp("workstation_smoke")
+    proc = run_snakemake(workdir, env_with_venv, [SMOKE], *WORKSTATION_ARGS, TRAIN_DONE)
+    assert proc.returncode == 0, failure_report(proc.stdout + proc.stderr, workdir)
+    return workdir, digest(workdir / RUN_DIR, env_with_venv)

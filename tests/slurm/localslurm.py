@@ -71,6 +71,14 @@ def munge_works() -> bool:
         return False
 
 
+def controller_answers() -> bool:
+    """`scontrol ping` reaches the slurmctld named in /etc/slurm/slurm.conf."""
+    try:
+        return run(["scontrol", "ping"], timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class LocalSlurmCluster:
     """slurmctld + one slurmd per node name on 127.0.0.1; start() / stop(), or use as a context manager."""
 
@@ -168,10 +176,9 @@ class LocalSlurmCluster:
         if os.geteuid() != 0:
             raise ClusterUnavailable("a local SLURM cluster needs root (slurmd runs jobs as their user)")
         ensure_packages()
-        foreign = SLURM_CONF.exists() and "worldpipe test cluster" not in SLURM_CONF.read_text()
-        if foreign and run(["scontrol", "ping"], check=False, timeout=10).returncode == 0:
-            # A real SLURM installation answers on this host: never take it over.
-            raise ClusterUnavailable(f"{SLURM_CONF} belongs to a running SLURM cluster; not replacing it")
+        if SLURM_CONF.exists() and controller_answers():
+            # A cluster (a real one, or another test cluster) answers for this config: never take it over.
+            raise ClusterUnavailable(f"a SLURM controller already answers for {SLURM_CONF}; not replacing it")
         self.workdir.mkdir(parents=True, exist_ok=True)
         for sub in ("state", "spool"):
             (self.workdir / sub).mkdir(exist_ok=True)
@@ -183,7 +190,7 @@ class LocalSlurmCluster:
                 self._wait(munge_works, timeout, "munged to answer `munge -n`")
             self._install_conf()
             self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
-            self._wait(lambda: run(["scontrol", "ping"], check=False, timeout=10).returncode == 0, timeout,
+            self._wait(controller_answers, timeout,
                        "slurmctld to answer `scontrol ping`")
             for node in self.nodes:
                 (self.workdir / "spool" / node).mkdir(exist_ok=True)

@@ -53,6 +53,7 @@ if [[ "$nnodes" -gt 1 ]]; then
     port="${WORLDPIPE_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
     export WORLDPIPE_RDZV_ENDPOINT="${addr:-$head}:${port}"
     export WORLDPIPE_RDZV_ID="slurm-${SLURM_JOB_ID}"
-    echo "launch_training: $nnodes nodes, c10d rendezvous at $WORLDPIPE_RDZV_ENDPOINT (id $WORLDPIPE_RDZV_ID)" >&2
 fi
+echo "launch_training: job $SLURM_JOB_ID, training step on $nnodes node(s), ${cpus_per_task:-?} CPUs per node," \
+     "rendezvous ${WORLDPIPE_RDZV_ENDPOINT:-standalone}" >&2
 exec "${step[@]}" worldpipe train "$@"
