@@ -11,7 +11,9 @@ uninterrupted run, in the same MLflow run:
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from signal import SIGTERM, SIGUSR1
 
 import pytest
 from localslurm import job_field, job_state, run, wait_for
@@ -34,6 +36,15 @@ STEPS, EVERY = 600, 50  # long enough (~30 s of steps here) to be interrupted tw
 TRAIN = {"nproc_per_node": 2, "nnodes": 1, "overrides": [f"trainer.steps={STEPS}", f"checkpoint.every={EVERY}"]}
 
 
+def preempted_record(run_dir, after_step: int = 0) -> dict | None:
+    """The PREEMPTED record training writes on a preemption signal, if it is newer than `after_step`."""
+    try:
+        record = json.loads((run_dir / "PREEMPTED").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if record["final_step"] > after_step else None
+
+
 def running_train_job(exclude: set[str]) -> str | None:
     for job_id, state in slurm_jobs("train_model"):
         if job_id not in exclude and state == "RUNNING":
@@ -54,20 +65,18 @@ def preempted_run(slurm_cluster, env_with_venv, tmp_path_factory):
         first = wait_for(lambda: running_train_job(set()), 600, "the training job to run")
         wait_for(lambda: latest_step(run_dir) >= EVERY, 300, "the first checkpoint")
         run(["scancel", "--signal=USR1", first])
-        events["signal_job"] = first
-        wait_for(lambda: job_state(first) == "FAILED", 180, f"job {first} to fail with exit 75")
-        events["signal_step"] = latest_step(run_dir)
-        assert events["signal_step"] < STEPS, "training ended before the warning signal reached it"
+        events["signal"] = wait_for(lambda: preempted_record(run_dir), 180, "training to stop on the signal")
+        wait_for(lambda: job_state(first) == "FAILED", 180, f"job {first} to fail (training exited 75)")
 
         # 2. requeue of the resubmitted job, once it has published a checkpoint of its own
         second = wait_for(lambda: running_train_job({first}), 600, "Snakemake to resubmit the training job")
-        wait_for(lambda: latest_step(run_dir) > events["signal_step"], 300, "a checkpoint after the resume")
+        signal_step = events["signal"]["final_step"]
+        wait_for(lambda: latest_step(run_dir) > signal_step, 300, "a checkpoint after the resume")
         run(["scontrol", "requeue", second])
-        events["requeue_job"] = second
+        events["requeue"] = wait_for(lambda: preempted_record(run_dir, signal_step), 180,
+                                     "training to stop on the requeue's SIGTERM")
         # SLURM holds a requeued job for ~2 minutes (BeginTime); release it now.
         wait_for(lambda: job_state(second) == "PENDING", 180, f"job {second} to be requeued")
-        events["requeue_step"] = latest_step(run_dir)
-        assert events["requeue_step"] < STEPS, "training ended before the requeue reached it"
         run(["scontrol", "update", f"JobId={second}", "StartTime=now"])
 
         proc.wait(timeout=900)
@@ -98,14 +107,19 @@ def uninterrupted(preempted_run, env_with_venv):
     return ref
 
 
-def test_both_interruptions_happened(preempted_run):
+def test_both_interruptions_checkpointed_and_resumed(preempted_run):
     workdir, events = preempted_run
-    assert 0 < events["signal_step"] < events["requeue_step"] < STEPS
+    signal_step, requeue_step = events["signal"]["final_step"], events["requeue"]["final_step"]
+    assert 0 < signal_step < requeue_step < STEPS
     assert events["restarts"] == "1"  # the requeued job ran again under the same id
     assert events["final_state"] == "COMPLETED"
-    log = (workdir / "logs/train_model/smoke.log").read_text()
-    assert log.count("preempted by signal") == 2, log[-4000:]
-    assert log.count("resumed from") == 2, log[-4000:]
+    assert not (workdir / RUN_DIR / "PREEMPTED").exists()
+    # Snakemake empties a rule's log when it starts the rule again: the last attempt's log remains.
+    log = (workdir / "logs/train_model/smoke.log").read_text(errors="replace")
+    assert f"resumed from results/runs/smoke/checkpoints step {requeue_step} " in log, log[-3000:]
+    # the failed first job's log, shown by Snakemake (show-failed-logs)
+    shown = (workdir / "snakemake.out").read_text(errors="replace")
+    assert re.search(rf"preempted by signal ({int(SIGUSR1)}|{int(SIGTERM)}): checkpoint at step {signal_step} published", shown)
 
 
 def test_resumed_run_ends_with_the_uninterrupted_digest(preempted_run, uninterrupted, env_with_venv):
@@ -118,11 +132,12 @@ def test_resumed_run_ends_with_the_uninterrupted_digest(preempted_run, uninterru
 def test_mlflow_run_continued(preempted_run, uninterrupted):
     from mlflow.tracking import MlflowClient
 
-    workdir, _ = preempted_run
+    workdir, events = preempted_run
     record = json.loads((workdir / TRAIN_DONE).read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir}/results/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("worldpipe").experiment_id])
     assert [r.info.run_id for r in runs] == [record["mlflow_run_id"]]
+    assert events["signal"]["mlflow_run_id"] == events["requeue"]["mlflow_run_id"] == record["mlflow_run_id"]
     assert runs[0].info.status == "FINISHED"
     ref_client = MlflowClient(tracking_uri=f"sqlite:///{uninterrupted}/mlflow.db")
     ref_run = json.loads((uninterrupted / "train_done.json").read_text())["mlflow_run_id"]
