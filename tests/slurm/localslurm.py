@@ -348,6 +348,7 @@ def _main(argv: list[str]) -> int:
         if state["backup"] and Path(state["backup"]).exists():
             Path(state["backup"]).rename(SLURM_CONF)
         record.unlink()
+        shutil.rmtree(args.workdir, ignore_errors=True)  # slurmctld would recover old jobs from its state
         print("down")
     return 0
 
