@@ -26,6 +26,7 @@ from pathlib import Path
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 MUNGE_SOCKET_DIR = Path("/run/munge")
+MUNGE_KEY = Path("/etc/munge/munge.key")
 PACKAGES = ("slurm-wlm", "munge")
 BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "munged", "munge")
 QUERY_TIMEOUT = 30
@@ -184,6 +185,9 @@ class LocalSlurmCluster:
             (self.workdir / sub).mkdir(exist_ok=True)
         try:
             if not munge_works():
+                if not MUNGE_KEY.exists():  # normally created when the package is installed
+                    run(["mungekey", "--create", "--keyfile", str(MUNGE_KEY)])
+                    shutil.chown(MUNGE_KEY, "munge", "munge")
                 MUNGE_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
                 shutil.chown(MUNGE_SOCKET_DIR, "munge", "munge")
                 self._spawn("munged", ["munged", "--foreground"], user="munge", group="munge")
@@ -226,6 +230,14 @@ class LocalSlurmCluster:
         states = self.node_states()
         return all(states.get(node, "").rstrip("*") in ("idle", "mix", "alloc") for node in self.nodes)
 
+    def cancel_all(self) -> None:
+        """Cancel every job and wait (up to KillWait + 30 s) until their processes are gone."""
+        try:
+            run(["scancel", "--full", "--partition", self.partition], check=False, timeout=15)
+            wait_for(lambda: not active_jobs(), self.kill_wait + 30, "cancelled jobs to end", interval=1)
+        except (subprocess.TimeoutExpired, TimeoutError):
+            pass  # stopping the daemons anyway
+
     def logs_tail(self, chars: int = 3000) -> str:
         parts = []
         for path in sorted(self.workdir.glob("*.log")) + sorted(self.workdir.glob("*.out")):
@@ -236,7 +248,7 @@ class LocalSlurmCluster:
     def stop(self) -> None:
         """Cancel what is left, stop every daemon started here (by PID), restore /etc/slurm/slurm.conf."""
         if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
-            run(["scancel", "--full", "--partition", self.partition], check=False, timeout=15)
+            self.cancel_all()
         order = [n for n in self._procs if n.startswith("slurmd-")] + ["slurmctld", "munged"]
         for name in order:
             proc = self._procs.get(name)
@@ -281,6 +293,12 @@ def job_field(job_id: str, name: str) -> str:
         if token.startswith(f"{name}="):
             return token.split("=", 1)[1]
     return ""
+
+
+def active_jobs() -> list[str]:
+    """Jobs that still hold resources or processes (pending, running, completing, ...)."""
+    out = run(["squeue", "--noheader", "--format=%i"], check=False)
+    return out.stdout.split()
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
