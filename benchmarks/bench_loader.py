@@ -84,28 +84,27 @@ def training_demand_windows_per_s(
 
 
 def _training_overhead(
-    store: TrajectoryStore, args: argparse.Namespace, stats: dict, rounds: int = 4
+    store: TrajectoryStore, args: argparse.Namespace, stats: dict, steps: int = 40
 ) -> float:
-    """Relative slowdown of the tiny GRU training loop when fed by the loader instead of a fixed batch.
-
-    Fed and fixed blocks alternate so drifting background load on a shared machine hits both alike.
-    """
+    """Relative slowdown of a tiny-GRU training step when its batch comes from the loader (next_batch +
+    step) instead of being reused: median over alternating fed / fixed steps, so load spikes on a shared
+    machine hit both sides alike and are filtered out."""
     step = _tiny_gru_step(store.obs_dim, store.act_dim)
     sampler = GlobalWindowSampler(store.lengths, args.window, 1, args.batch, seed=0)
-    fed = alone = 0.0
+    fed, alone = [], []
     with WindowLoader(store, sampler, rank=0, world_size=1, obs_stats=stats, prefetch=2) as loader:
         fixed = loader.next_batch()
         for _ in range(3):
             step(loader.next_batch())
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(10):
-                step(loader.next_batch())
-            mid = time.perf_counter()
-            for _ in range(10):
-                step(fixed)
-            fed, alone = fed + (mid - start), alone + (time.perf_counter() - mid)
-    return fed / alone - 1.0
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step(loader.next_batch())
+            t1 = time.perf_counter()
+            step(fixed)
+            t2 = time.perf_counter()
+            fed.append(t1 - t0)
+            alone.append(t2 - t1)
+    return float(np.median(fed) / np.median(alone) - 1.0)
 
 
 def _loader_windows_per_s(store: TrajectoryStore, args: argparse.Namespace, stats: dict) -> dict:

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from worldpipe.commands import ckpt, data, run
+from worldpipe.commands import bench, ckpt, data, run
 
-GROUPS = (run, data, ckpt)
+GROUPS = (run, data, ckpt, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from worldpipe.config import validate_config
-from worldpipe.train import CONF_DIR, EXIT_PREEMPTED, PREEMPTED_RECORD
+from worldpipe.train import CONF_DIR, EXIT_PREEMPTED, PREEMPTED_RECORD, preflight_resume
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -39,10 +39,15 @@ def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str |
 
 
 def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> int:
-    """Validate, run torchrun, forward preemption signals; EXIT_PREEMPTED when the run stopped on one."""
+    """Validate config and resume identity, run torchrun, forward preemption signals.
+
+    Returns torchrun's exit status, or EXIT_PREEMPTED when the run stopped on a signal after checkpointing.
+    Raises ConfigError or ResumeRefused before any process starts.
+    """
     cfg = compose_config(overrides)
     world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
     validate_config(cfg, world_size)
+    preflight_resume(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe")

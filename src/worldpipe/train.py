@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from worldpipe import identity as ident
 from worldpipe.atomic import write_text_atomic
-from worldpipe.checkpoint import CheckpointManager, capture_rng, restore_rng, state_digest
+from worldpipe.checkpoint import CheckpointManager, capture_rng, checkpoint_digest, restore_rng, state_digest
 from worldpipe.config import (
     ConfigError,
     config_diff,
@@ -49,7 +49,13 @@ from worldpipe.parallel.runtime import (
     shutdown_runtime,
     world_size_from_env,
 )
-from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, unwrap, wrap_model
+from worldpipe.parallel.wrap import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_state,
+    unwrap,
+    wrap_model,
+)
 from worldpipe.tracking.recorder import RunRecorder
 
 log = logging.getLogger("worldpipe.train")
@@ -146,6 +152,16 @@ def check_resume_identity(saved: dict, cfg: DictConfig, dataset_hash: str, step:
         log.warning("resuming step %d with changed config (allowed):\n%s", step, "\n".join(diff))
 
 
+def preflight_resume(cfg: DictConfig) -> int | None:
+    """Before any process starts: the step a run would resume from, after the identity check."""
+    manager = CheckpointManager(cfg.checkpoint.dir, keep_last=cfg.checkpoint.keep_last, verify=cfg.checkpoint.verify)
+    step = manager.latest_intact()
+    if step is not None:
+        identity = manager.load(step)["identity"]
+        check_resume_identity(identity, cfg, load_manifest(cfg.data.manifest)["dataset_hash"], step)
+    return step
+
+
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the run described by `cfg`; returns the completion record."""
     validate_config(cfg, world_size_from_env())
@@ -219,8 +235,13 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         recorder.log_dict(identity, "identity.json")
         recorder.log_dict(manifest, "dataset_manifest.json")
 
-    def save(step: int) -> str | None:
-        """Gather full state to rank 0 and publish it; flush metrics that are now durable."""
+    in_flight: list[int | None] = [None]  # step of an async save not yet known to be published
+
+    def save(step: int, final: bool) -> str | None:
+        """Gather full state to rank 0 and publish it; flush metrics of checkpoints that are now durable.
+
+        Returns the state digest for the final save (rank 0), else None.
+        """
         model_state = full_model_state(model)
         optim_state = full_optimizer_state(model, optimizer)
         rng = gather_objects(rt, capture_rng({}, torch_generators))
@@ -231,16 +252,22 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             "scaler": None, "ema": None, "progress": dict(progress), "sampler": loader.state_dict(),
             "rng": rng, "identity": identity,
         }
+        # Sync: published on return. Async: snapshot taken, the previous save is published on return.
         ckpt.save(step, state)
-        ckpt.wait()
-        recorder.flush(step)
-        return state_digest(state)
+        if final or not cfg.checkpoint.async_save:
+            ckpt.wait()
+            durable_step, in_flight[0] = step, None
+        else:
+            durable_step, in_flight[0] = in_flight[0], step
+        if durable_step is not None:
+            recorder.flush(durable_step)
+        return state_digest(state) if final else None
 
     # ---- the loop ----
     bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
                desc="train", dynamic_ncols=True, file=sys.stderr,
                mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
-    digest = None
+    digest, preempted = None, False
     window_start = time.perf_counter()
     while progress["step"] < t_cfg.steps:
         step = progress["step"]
@@ -276,17 +303,20 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
                 "step_time_s": time.perf_counter() - t0, "data_wait_s": t_data,
             })
             recorder.add_metrics(progress["step"], metrics, int(time.time() * 1000))
-            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}")
+            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", refresh=False)
         bar.update(1)
 
         preempted = any_rank(rt, preemption.raised)
-        if progress["step"] % cfg.checkpoint.every == 0 or progress["step"] == t_cfg.steps or preempted:
-            digest = save(progress["step"])
+        final = progress["step"] == t_cfg.steps or preempted
+        if progress["step"] % cfg.checkpoint.every == 0 or final:
+            digest = save(progress["step"], final)
         if preempted:
             break
     bar.close()
     loader.close()
     ckpt.close()
+    if digest is None and rt.is_main:  # resumed from the final checkpoint: nothing left to train
+        digest = checkpoint_digest(cfg.checkpoint.dir, progress["step"])
 
     # Replicas must agree bit for bit; recorded so a test (or a user) can check it after the fact.
     replica_digests = gather_objects(rt, _replica_digest(model, cfg.parallel.strategy))

@@ -102,3 +102,48 @@ def test_unsupported_objects_fall_back_to_torch_save(tmp_path):
     encoded = encode_with_fallback({"s": sparse})
     loaded = torch.load(io.BytesIO(b"".join(bytes(s) for s in encoded.segments)), weights_only=True)
     assert torch.equal(loaded["s"].to_dense(), torch.eye(3))
+
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64]
+
+
+def _tensor_strategy():
+    from hypothesis import strategies as st
+
+    @st.composite
+    def tensors(draw):
+        dtype = draw(st.sampled_from(_DTYPES))
+        shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
+        seed = draw(st.integers(0, 2**31 - 1))
+        gen = torch.Generator().manual_seed(seed)
+        t = torch.randint(0, 256, (int(torch.tensor(shape).prod()) * torch.empty(0, dtype=dtype).element_size(),),
+                          dtype=torch.uint8, generator=gen)
+        t = t.view(dtype).reshape(shape) if dtype != torch.bool else (t % 2).bool().reshape(shape)
+        if draw(st.booleans()) and t.dim() >= 2:
+            t = t.transpose(0, 1)  # non-contiguous
+        return t
+
+    return tensors()
+
+
+def test_property_round_trip():
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+
+    from worldpipe.checkpoint import state_digest
+
+    leaves = st.one_of(_tensor_strategy(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                       st.text(max_size=5), st.none(), st.booleans())
+    trees = st.recursive(leaves, lambda children: st.one_of(
+        st.lists(children, max_size=3), st.tuples(children, children),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 9)), children, max_size=3)), max_leaves=12)
+
+    @hypothesis.settings(max_examples=60, deadline=None)
+    @hypothesis.given(st.dictionaries(st.text(max_size=6), trees, max_size=4))
+    def check(obj):
+        data = b"".join(bytes(s) for s in encode(obj, "model").segments)
+        loaded = torch.load(io.BytesIO(data), weights_only=True)
+        assert state_digest({"model": loaded}) == state_digest({"model": obj})
+
+    check()

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
@@ -10,7 +11,7 @@ from worldpipe.evaluate import plot_loss_curve
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 - the log must stay open for the whole script
 
-record = json.loads(open(snakemake.input.done).read())
+record = json.loads(Path(snakemake.input.done).read_text())
 client = MlflowClient(tracking_uri=snakemake.params.tracking)
 history = {}
 if record.get("mlflow_run_id"):

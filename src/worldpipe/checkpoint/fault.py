@@ -6,6 +6,8 @@
 * ``pause:<sec>``    sleep, so a test can observe the store mid-publication,
 * ``raise``          raise ``OSError(EIO)`` as a failing disk would.
 
+A phase may name the step it applies to, ``<phase>@<step>:<action>`` (e.g. ``after_rename@20:die``), so a
+training run can publish earlier checkpoints normally and fail inside a later one.
 Several faults may be given separated by ``,``. The variable is read at every phase, so a process can change
 it between saves. Phases, in publication order, are listed in :data:`PHASES`.
 """
@@ -16,6 +18,8 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 ENV_VAR = "WORLDPIPE_CKPT_FAULT"
 PHASES = (
@@ -30,6 +34,20 @@ PHASES = (
 )
 
 
+_publishing_step: int | None = None
+
+
+@contextmanager
+def publishing(step: int) -> Iterator[None]:
+    """Mark the step being published, for faults restricted with ``@<step>``."""
+    global _publishing_step
+    previous, _publishing_step = _publishing_step, step
+    try:
+        yield
+    finally:
+        _publishing_step = previous
+
+
 def inject(phase: str) -> None:
     """Apply any fault configured for ``phase``."""
     spec = os.environ.get(ENV_VAR, "")
@@ -37,9 +55,10 @@ def inject(phase: str) -> None:
         return
     for item in spec.split(","):
         name, _, action = item.strip().partition(":")
+        name, _, only_step = name.partition("@")
         if name not in PHASES:
             raise ValueError(f"{ENV_VAR}: unknown phase {name!r} (known: {', '.join(PHASES)})")
-        if name != phase:
+        if name != phase or (only_step and int(only_step) != _publishing_step):
             continue
         if action == "die":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -14,7 +14,7 @@ from . import fault, layout
 from .codec import decode_state, encode_state, files_for_keys
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError
-from .manifest import check_files, parse_manifest
+from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
 from .retention import select_deletions
 from .state import snapshot_state, validate_state
 from .store import Store, open_store
@@ -96,7 +96,7 @@ class CheckpointManager:
         self._snapshot_buffers = buffers
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
-        self._inflight = self._executor.submit(self._publish, step, snapshot)
+        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot)
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
@@ -128,9 +128,17 @@ class CheckpointManager:
             if error is not None:
                 raise error
 
+    def _publish_in_background(self, step: int, state: Mapping) -> None:
+        try:
+            self._publish(step, state)
+        except BaseException as exc:
+            # Logged now (the process may never call save/wait/close again) and re-raised by _collect().
+            logger.error("background save of step %d failed: %s", step, exc)
+            raise
+
     def _publish(self, step: int, state: Mapping) -> None:
         files, contents = encode_state(state)
-        with self.store.writer_lock(step):
+        with self.store.writer_lock(step), fault.publishing(step):
             try:
                 removed = self.store.remove_leftovers()
             except OSError as exc:
@@ -177,19 +185,24 @@ class CheckpointManager:
                                lambda p: self.store.sha256_of(step, p), full,
                                None if only is None else set(only))
         if full and not problems and only is None:
-            with _verified_lock:
-                _fully_verified.add((self.root, step, manifest["manifest_sha256"]))
+            self._mark_verified(step, manifest)
         return problems
 
-    def _verify_by_policy(self, step: int, only: set[str] | None = None) -> list[str]:
-        full = self.verify_mode == "sha256"
-        if self.verify_mode == "first":
-            manifest, problems = self._manifest(step)
-            if manifest is None:
-                return problems
-            with _verified_lock:
-                full = (self.root, step, manifest["manifest_sha256"]) not in _fully_verified
-        return self.verify(step, full=full, only=only)
+    def _full_by_policy(self, step: int, manifest: Mapping) -> bool:
+        if self.verify_mode != "first":
+            return self.verify_mode == "sha256"
+        with _verified_lock:
+            return (self.root, step, manifest["manifest_sha256"]) not in _fully_verified
+
+    def _mark_verified(self, step: int, manifest: Mapping) -> None:
+        with _verified_lock:
+            _fully_verified.add((self.root, step, manifest["manifest_sha256"]))
+
+    def _verify_by_policy(self, step: int) -> list[str]:
+        manifest, problems = self._manifest(step)
+        if manifest is None:
+            return problems
+        return self.verify(step, full=self._full_by_policy(step, manifest))
 
     def list(self) -> list[CheckpointInfo]:
         """Published steps, oldest first, with size-level verification (sha256: :meth:`verify`).
@@ -220,28 +233,42 @@ class CheckpointManager:
         return None
 
     def load(self, step: int | None = None, map_location: Any = "cpu", keys: Iterable[str] | None = None) -> dict:
-        """Load checkpoint ``step`` (default: :meth:`latest_intact`) as a state dict like the one saved.
+        """Load checkpoint ``step`` (default: the newest intact one) as a state dict like the one saved.
 
         Absent optional parts (scheduler, scaler, EMA) are None. ``keys`` loads only these state keys (others
-        None). A requested step that fails verification raises CheckpointCorruptError naming the file(s).
-        RNG states are always loaded on CPU (generators require it).
+        None). Files are verified per the ``verify`` mode while they load (hashing overlaps reading); without
+        ``step``, a step that fails is reported by name and the next older one tried; a requested ``step``
+        that fails raises CheckpointCorruptError naming the file(s). RNG states always load on CPU.
         """
         wanted = None if keys is None else set(keys)
         if wanted is not None and wanted - set(layout.STATE_KEYS):
             raise ValueError(f"unknown state keys {sorted(wanted - set(layout.STATE_KEYS))}")
         if step is None:
-            step = self.latest_intact()
-            if step is None:
-                raise CheckpointNotFoundError(f"no intact checkpoint in {self.root}")
-            manifest, problems = self._manifest(step)
-        else:
-            manifest, problems = self._manifest(step)
-            if manifest is not None:
-                problems = self._verify_by_policy(step, files_for_keys(manifest["contents"], wanted))
-        if manifest is None and not self.store.step_exists(step):
-            raise CheckpointNotFoundError(problems[0])
-        if problems or manifest is None:
+            for candidate in sorted(self.store.step_names(), reverse=True):
+                state, problems = self._load_verified(candidate, map_location, wanted)
+                if state is not None:
+                    return state
+                logger.warning("skipping checkpoint %s: %s", self.store.location(candidate), "; ".join(problems))
+            raise CheckpointNotFoundError(f"no intact checkpoint in {self.root}")
+        state, problems = self._load_verified(step, map_location, wanted)
+        if state is None:
+            if not self.store.step_exists(step):
+                raise CheckpointNotFoundError(problems[0])
             raise CheckpointCorruptError(step, problems)
+        return state
+
+    def _load_verified(self, step: int, map_location: Any, wanted: set[str] | None) -> tuple[dict | None, list[str]]:
+        manifest, problems = self._manifest(step)
+        if manifest is None:
+            return None, problems
+        only = files_for_keys(manifest["contents"], wanted)
+        problems = check_sizes(manifest, step, lambda p: self.store.size_of(step, p), only)
+        if problems:
+            return None, problems
+        full = self._full_by_policy(step, manifest)
+        # Hash on the hash threads while this thread deserializes: a weights_only load of a damaged file is
+        # harmless (it never runs code), and its result is discarded unless every digest matches.
+        pending = start_hashes(manifest, lambda p: self.store.sha256_of(step, p), only) if full else []
         name = layout.step_dir_name(step)
 
         def load_torch(relpath: str, on_cpu: bool) -> Any:
@@ -256,7 +283,18 @@ class CheckpointManager:
             except (OSError, ValueError) as exc:
                 raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({exc})"]) from exc
 
-        return decode_state(manifest["contents"], load_torch, read_json, wanted)
+        state = None
+        try:
+            state = decode_state(manifest["contents"], load_torch, read_json, wanted)
+        except CheckpointCorruptError as exc:
+            problems = exc.problems
+        # Always wait for the hashes (no work left behind); a digest mismatch is the more precise report.
+        hash_problems = collect_hashes(step, pending)
+        if hash_problems or problems:
+            return None, hash_problems or problems
+        if full and only is None:
+            self._mark_verified(step, manifest)
+        return state, []
 
 
 def checkpoint_digest(root: str | os.PathLike, step: int | None = None,

@@ -38,6 +38,15 @@ def hash_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _forget_pool_in_child() -> None:
+    # A forked child (e.g. a DataLoader worker) inherits the executor but not its threads.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def sha256_segments(segments: Iterable[Segment]) -> str:
     """SHA-256 of the concatenation of ``segments``."""
     h = hashlib.sha256()
@@ -128,16 +137,10 @@ def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
     return (None if problems else body), problems
 
 
-def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
-                only: set[str] | None = None) -> list[str]:
-    """Problems of the step's files against ``manifest`` (empty when intact).
-
-    ``size_of(relpath)`` returns the size or None when missing; ``sha256_of(relpath)`` the hex digest.
-    ``full`` compares SHA-256 as well as sizes. ``only`` restricts the check to these relative paths.
-    """
+def check_sizes(manifest: Mapping, step: int, size_of, only: set[str] | None = None) -> list[str]:
+    """Problems of presence and size of the step's files (``size_of(relpath)``: size or None when missing)."""
     name = layout.step_dir_name(step)
     problems: list[str] = []
-    to_hash: list[tuple[dict, Future]] = []
     for entry in manifest["files"]:
         if only is not None and entry["path"] not in only:
             continue
@@ -151,9 +154,20 @@ def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
             problems.append(f"{where}: missing")
         elif size != entry["size"]:
             problems.append(f"{where}: size {size} != {entry['size']} in manifest")
-        elif full:
-            to_hash.append((entry, hash_pool().submit(sha256_of, entry["path"])))
-    for entry, fut in to_hash:
+    return problems
+
+
+def start_hashes(manifest: Mapping, sha256_of, only: set[str] | None = None) -> list[tuple[dict, Future]]:
+    """Start hashing the step's files on the hash threads (``sha256_of(relpath)``); see :func:`collect_hashes`."""
+    return [(entry, hash_pool().submit(sha256_of, entry["path"])) for entry in manifest["files"]
+            if only is None or entry["path"] in only]
+
+
+def collect_hashes(step: int, pending: list[tuple[dict, Future]]) -> list[str]:
+    """Wait for :func:`start_hashes` and return the mismatches, naming each file."""
+    name = layout.step_dir_name(step)
+    problems = []
+    for entry, fut in pending:
         where = f"{name}/{entry['path']}"
         try:
             digest = fut.result()
@@ -163,3 +177,15 @@ def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
         if digest != entry["sha256"]:
             problems.append(f"{where}: sha256 {digest[:16]}... != {entry['sha256'][:16]}... in manifest")
     return problems
+
+
+def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
+                only: set[str] | None = None) -> list[str]:
+    """Problems of the step's files against ``manifest`` (empty when intact).
+
+    ``full`` compares SHA-256 as well as sizes. ``only`` restricts the check to these relative paths.
+    """
+    problems = check_sizes(manifest, step, size_of, only)
+    if problems or not full:
+        return problems
+    return collect_hashes(step, start_hashes(manifest, sha256_of, only))

@@ -79,6 +79,15 @@ def fsync_pool() -> ThreadPoolExecutor:
     return _fsync_pool
 
 
+def _forget_fsync_pool_in_child() -> None:
+    # A forked child inherits the executor but not its threads.
+    global _fsync_pool
+    _fsync_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_fsync_pool_in_child)
+
+
 def fsync_dir(path: str) -> None:
     """``fsync`` a directory, making the names it contains (creations, renames, removals) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -227,8 +236,12 @@ class PosixStore(Store):
         records: list[FileRecord] = []
         digests = []
         syncs: list[tuple[str, Future]] = []
+        # Hash the same bytes on other threads while this one writes them (hashlib drops the GIL). Largest
+        # first: the longest hash starts at once instead of becoming a serial tail after the writes.
+        for pending in sorted(files, key=lambda f: f.size, reverse=True):
+            digests.append((pending, hash_pool().submit(sha256_segments, pending.segments)))
         try:
-            self._write_all_files(partial, files, cursor, subdirs, digests, syncs)
+            self._write_all_files(partial, files, cursor, subdirs, syncs)
         finally:
             # Every descriptor gets closed, and the first fsync failure is reported with its file.
             first_error = None
@@ -253,7 +266,7 @@ class PosixStore(Store):
         fsync_dir(partial)
 
     def _write_all_files(self, partial: str, files: list[PendingFile], cursor: _Cursor, subdirs: list[str],
-                         digests: list, syncs: list) -> None:
+                         syncs: list) -> None:
         for index, pending in enumerate(files):
             path = os.path.join(partial, *pending.relpath.split("/"))
             parent = os.path.dirname(path)
@@ -262,8 +275,6 @@ class PosixStore(Store):
                 os.makedirs(parent, exist_ok=True)
                 subdirs.append(parent)
             cursor.path = path
-            # Hash the same bytes on another thread while this one writes them (hashlib drops the GIL).
-            digests.append((pending, hash_pool().submit(sha256_segments, pending.segments)))
             fd = write_file(path, pending.segments)
             # fsync on another thread: this file's device I/O overlaps writing the next file.
             syncs.append((path, fsync_pool().submit(fsync_and_close, fd)))

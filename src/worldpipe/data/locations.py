@@ -55,7 +55,6 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
     for full, info in found.items():
         if info.get("type", "file") != "file":
             continue
-        full = full.replace(os.sep, "/") if os.sep != "/" else full
         rel = full[len(prefix) :] if full.startswith(prefix) else full.lstrip("/")
         files[rel] = int(info["size"])
     return dict(sorted(files.items()))

@@ -250,18 +250,14 @@ class TrajectoryStore:
         self._zstore = zstore if zstore is not None else group.store
         formats = {name: ShardFormat.from_array(arr) for name, arr in self._arrays.items()}
         self._formats = formats if fast_decode and all(f is not None for f in formats.values()) else None
-        self.lengths = np.asarray(self._read_arrays(("length",), 0, self.num_episodes_from_meta())["length"])
-        self.lengths = self.lengths.astype(np.int32, copy=False)
         self.obs_dim = int(self._arrays["obs"].shape[2])
         self.act_dim = int(self._arrays["action"].shape[2])
         self.num_episodes = int(self._arrays["obs"].shape[0])
         self.max_steps = int(self._arrays["obs"].shape[1])
+        lengths = self._read_arrays(("length",), 0, self.num_episodes)["length"]
+        self.lengths = np.asarray(lengths).astype(np.int32, copy=False)
         self.has_pixels = "pixels" in self._arrays
         self._stats: dict[str, np.ndarray] | None = None
-
-    def num_episodes_from_meta(self) -> int:
-        """Episode count from the array metadata."""
-        return int(self._arrays["length"].shape[0])
 
     @property
     def fast_decode(self) -> bool:

@@ -1,0 +1,151 @@
+"""SIGKILL during publication, at every phase and at random moments: the store stays consistent.
+
+A child process saves step 1, then dies (WORLDPIPE_CKPT_FAULT=<phase>:die, i.e. SIGKILL to itself, or a
+kill -9 from this test) while saving step 2. Afterwards the store must hold the old or the new checkpoint
+intact (never a partial one), `latest` must name an intact checkpoint, and the next save must clean up.
+"""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from worldpipe.checkpoint import CheckpointManager
+from worldpipe.checkpoint.fault import PHASES
+from worldpipe.checkpoint.testing import example_state
+
+pytestmark = pytest.mark.crash
+
+CHILD = textwrap.dedent("""
+    import json, os, sys
+    from worldpipe.checkpoint import CheckpointManager
+    from worldpipe.checkpoint.testing import example_state
+    root, fault, mode, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    cm = CheckpointManager(root, keep_last=2, async_save=(mode == "async"), storage_options=options)
+    cm.save(1, example_state(seed=1))
+    cm.wait()
+    print("saved 1", flush=True)
+    if fault:
+        os.environ["WORLDPIPE_CKPT_FAULT"] = fault
+    step = 2
+    while True:  # without a fault: save until killed from outside
+        cm.save(step, example_state(seed=step))
+        cm.wait()
+        print(f"saved {step}", flush=True)
+        step += 1
+""")
+
+
+def _child(root, fault="", mode="sync", options=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("WORLDPIPE_CKPT_FAULT", None)
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(root), fault, mode, json.dumps(options or {})],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _check_consistent(root, options=None, expect=None):
+    """Invariants after a crash; returns the newest intact step."""
+    cm = CheckpointManager(root, verify="sha256", storage_options=options)
+    infos = cm.list()
+    assert infos, "the checkpoint saved before the crash is gone"
+    assert all(i.intact for i in infos), [i.problem for i in infos if not i.intact]
+    newest = cm.latest_intact()
+    assert newest == max(i.step for i in infos)
+    if expect is not None:
+        assert newest == expect
+    latest = cm.store.read_latest()
+    assert latest in {i.step for i in infos}, "latest names a step that is not an intact checkpoint"
+    state = cm.load()
+    assert state["sampler"]["seed"] == newest  # example_state(seed=step): the content belongs to the step
+    return newest
+
+
+def _posix_leftovers(root):
+    return [n for n in os.listdir(root) if n.startswith(".step-") or n.startswith(".latest.tmp-")]
+
+
+# before the rename the old checkpoint is newest; from the rename on, the new one is
+EXPECTED = {phase: (1 if PHASES.index(phase) < PHASES.index("after_rename") else 2) for phase in PHASES}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigkill_at_phase(tmp_path, phase):
+    root = tmp_path / "ck"
+    proc = _child(root, f"{phase}:die")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    assert "saved 1" in out and "saved 2" not in out
+    _check_consistent(root, expect=EXPECTED[phase])
+    if phase in ("mid_files", "after_files", "after_manifest"):
+        assert any(".partial-" in n for n in _posix_leftovers(root))  # the crash really left debris
+    # the next save removes the debris and publishes normally
+    cm = CheckpointManager(root, keep_last=2)
+    cm.save(3, example_state(seed=3))
+    assert _posix_leftovers(root) == []
+    assert _check_consistent(root) == 3
+
+
+def test_sigkill_in_async_background_writer(tmp_path):
+    root = tmp_path / "ck"
+    proc = _child(root, "after_files:die", mode="async")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    _check_consistent(root, expect=1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kill9_at_random_moments(tmp_path, seed):
+    root = tmp_path / "ck"
+    proc = _child(root, "")
+    assert proc.stdout.readline().strip() == "saved 1"
+    time.sleep(random.Random(seed).uniform(0.0, 0.5))  # somewhere inside the following saves
+    proc.kill()
+    proc.communicate(timeout=60)
+    _check_consistent(root)
+    CheckpointManager(root, keep_last=2).save(10_000, example_state(seed=10_000))
+    assert _posix_leftovers(root) == []
+    assert _check_consistent(root) == 10_000
+
+
+@pytest.fixture(scope="module")
+def s3_options():
+    pytest.importorskip("s3fs")
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+    server.stop()
+
+
+@pytest.mark.parametrize("phase, expect", [("mid_files", 1), ("after_files", 1), ("after_manifest", 2)])
+def test_sigkill_object_store(s3_options, monkeypatch, phase, expect):
+    import s3fs
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    fs = s3fs.S3FileSystem(**s3_options)
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    root = f"s3://{bucket}/ck"
+    proc = _child(root, f"{phase}:die", options=s3_options)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    _check_consistent(root, s3_options, expect=expect)
+    fs.invalidate_cache()
+    if expect == 1:
+        assert fs.exists(f"{bucket}/ck/step-000002")  # uncommitted files exist but are invisible
+    CheckpointManager(root, storage_options=s3_options).save(3, example_state(seed=3))
+    fs.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/ck")) == ["latest", "step-000002", "step-000003"] \
+        if expect == 2 else ["latest", "step-000001", "step-000003"]
