@@ -96,13 +96,14 @@ def uninterrupted(preempted_run, env_with_venv):
     """The same training, uninterrupted, on this machine (same command as the rule, same data)."""
     workdir, _ = preempted_run
     ref = workdir / "reference"
+    ref.mkdir()
     subprocess.run(
         ["worldpipe", "train", "experiment=smoke", f"run_dir={ref}",
          f"data.store={workdir}/results/data/smoke/store.zarr",
          f"data.manifest={workdir}/results/data/smoke/manifest.json",
          "parallel.nproc_per_node=2", "parallel.nnodes=1", f"tracking.uri=sqlite:///{ref}/mlflow.db",
          "trainer.progress_bar=false", *TRAIN["overrides"]],
-        env=env_with_venv, check=True, capture_output=True, timeout=600,
+        env=env_with_venv, check=True, capture_output=True, timeout=600, cwd=ref,  # MLflow artifacts: ./mlruns
     )
     return ref
 
