@@ -47,9 +47,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def binary(name: str) -> str:
+    """Path of a SLURM or munge program (daemons live in /usr/sbin, not always on PATH)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin") or name
+
+
 def ensure_packages() -> None:
     """Install slurm-wlm and munge with apt when missing (root only); ClusterUnavailable otherwise."""
-    missing = [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    missing = [b for b in BINARIES if binary(b) == b]
     if not missing:
         return
     if os.geteuid() != 0:
@@ -186,19 +191,19 @@ class LocalSlurmCluster:
         try:
             if not munge_works():
                 if not MUNGE_KEY.exists():  # normally created when the package is installed
-                    run(["mungekey", "--create", "--keyfile", str(MUNGE_KEY)])
+                    run([binary("mungekey"), "--create", "--keyfile", str(MUNGE_KEY)])
                     shutil.chown(MUNGE_KEY, "munge", "munge")
                 MUNGE_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
                 shutil.chown(MUNGE_SOCKET_DIR, "munge", "munge")
-                self._spawn("munged", ["munged", "--foreground"], user="munge", group="munge")
+                self._spawn("munged", [binary("munged"), "--foreground"], user="munge", group="munge")
                 self._wait(munge_works, timeout, "munged to answer `munge -n`")
             self._install_conf()
-            self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
+            self._spawn("slurmctld", [binary("slurmctld"), "-D", "-i"])
             self._wait(controller_answers, timeout,
                        "slurmctld to answer `scontrol ping`")
             for node in self.nodes:
                 (self.workdir / "spool" / node).mkdir(exist_ok=True)
-                self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+                self._spawn(f"slurmd-{node}", [binary("slurmd"), "-D", "-N", node])
             self._wait(self.nodes_idle, timeout, f"nodes {','.join(self.nodes)} to be idle")
         except BaseException:
             self.stop()
