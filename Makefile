@@ -16,7 +16,7 @@ $(BIN)/worldpipe: requirements.lock pyproject.toml
 
 install: $(BIN)/worldpipe
 
-# Debian packages used by the tests (strace, fault injection, SLURM, Chromium); a no-op when present.
+# Debian packages the tests drive (strace, fault injection, SLURM, Chromium); a no-op when present.
 system-deps:
 	bash .ci/system-deps.sh
 
@@ -27,7 +27,7 @@ pipeline: install
 test: install system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow"
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks workflow

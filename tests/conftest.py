@@ -34,3 +34,18 @@ def smoke_dataset(tmp_path_factory, env_with_venv) -> tuple[Path, Path]:
     from datasets import build_dataset
 
     return build_dataset(tmp_path_factory.mktemp("smoke_data"), env_with_venv)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> str:
+    """URL of a real S3-compatible server (moto's server mode) on 127.0.0.1, for s3fs-based tests."""
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] not installed")
+    pytest.importorskip("s3fs", reason="s3fs not installed")
+    try:
+        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+    except OSError as exc:  # pragma: no cover - environment dependent
+        pytest.skip(f"cannot start a moto S3 server on 127.0.0.1: {exc}")
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()

@@ -1,38 +1,58 @@
-"""Small-file publication: readers see the old or the new file, never a torn one, and it survives power loss."""
+"""Small-file publication: readers see the old or the new file, never a torn one, and it survives power loss.
+
+Atomicity comes from ``os.replace`` within one directory; durability from fsyncing the file before the rename
+and the directory after it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
-from pathlib import Path
+import uuid
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
-    """fsync a directory so a rename or unlink inside it is durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    """fsync a directory so the names it holds (creations, renames, removals) are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Temp file in the same directory, write, fsync, rename over `path`, fsync the directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def fsync_tree(root: str | os.PathLike) -> None:
+    """fsync every file and directory under ``root`` (bottom-up), making its current contents durable."""
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename, fsync the directory.
+
+    On any error the temp file is removed and ``path`` is untouched.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with open(tmp, "xb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(directory)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """write_bytes_atomic for UTF-8 text."""
-    write_bytes_atomic(path, text.encode())
+    """write_atomic for UTF-8 text."""
+    write_atomic(path, text.encode())

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from worldpipe.commands import bench, ckpt, data, run
+from worldpipe.commands import bench, ckpt, data, rerun, run, tracking
 
-GROUPS = (run, data, ckpt, bench)
+GROUPS = (run, data, ckpt, tracking, rerun, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +28,13 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "accepts_overrides", False):
         args.overrides = list(getattr(args, "overrides", [])) + extra
-    return int(args.handler(args) or 0)
+    from worldpipe.checkpoint import CheckpointError
+
+    try:
+        return int(args.handler(args) or 0)
+    except (CheckpointError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from worldpipe.parallel.runtime import (
     Runtime,
     all_reduce_sum,
     any_rank,
+    broadcast_object,
     gather_objects,
     init_runtime,
     shutdown_runtime,
@@ -57,6 +58,7 @@ from worldpipe.parallel.wrap import (
     wrap_model,
 )
 from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
 log = logging.getLogger("worldpipe.train")
 
@@ -207,7 +209,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
                              verify=cfg.checkpoint.verify)
     progress = {"step": 0, "epoch": 0, "samples_seen": 0, "tokens_seen": 0}
     run_id = None
-    start_step = ckpt.latest_intact()
+    # Rank 0 chooses (and reports skipped corrupt steps); every rank then loads the same step.
+    start_step = broadcast_object(rt, ckpt.latest_intact() if rt.is_main else None)
     if start_step is not None:
         state = ckpt.load(start_step)
         check_resume_identity(state["identity"], cfg, dataset_hash, start_step)
@@ -215,6 +218,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["sampler"])
         rank_rng = state["rng"][rt.rank] if rt.rank < len(state["rng"]) else None
+        # On another world size ranks map to different data; their streams start fresh (latent noise is
+        # keyed by sample index, not by rank, so the training math does not depend on them).
         if rank_rng is not None and len(state["rng"]) == rt.world_size:
             restore_rng(rank_rng, {}, torch_generators)
         progress = dict(state["progress"])
@@ -225,22 +230,24 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         del state
 
     # ---- records (rank 0 only) ----
-    recorder = RunRecorder(cfg.tracking.enabled and rt.is_main, cfg.tracking.uri, cfg.tracking.experiment)
+    recorder = RunRecorder(cfg.tracking.enabled and rt.is_main, cfg.tracking.uri, cfg.tracking.experiment,
+                           run_dir=run_dir)
     identity = build_identity(cfg, dataset_hash, rt, run_id)
-    run_id = recorder.start(run_id, cfg.tracking.run_name, tags=_run_tags(identity))
+    ckpt_location = str(cfg.checkpoint.dir) if "://" in str(cfg.checkpoint.dir) else str(Path(cfg.checkpoint.dir).resolve())
+    run_id = recorder.start(run_id, cfg.tracking.run_name, tags=run_tags(identity, start_step or 0),
+                            resume_step=start_step or 0, checkpoint_dir=ckpt_location)
     run_id = gather_objects(rt, run_id)[0]
     identity["mlflow_run_id"] = run_id
     if rt.is_main:
         recorder.log_params(flatten(identity["config"]))
-        recorder.log_dict(identity, "identity.json")
-        recorder.log_dict(manifest, "dataset_manifest.json")
+        recorder.log_files(start_artifacts(identity, manifest, run_dir, start_step or 0))
 
-    in_flight: list[int | None] = [None]  # step of an async save not yet known to be published
+    uncommitted: list[tuple] = []  # checkpoint records whose async publication may still be in flight
 
     def save(step: int, final: bool) -> str | None:
-        """Gather full state to rank 0 and publish it; flush metrics of checkpoints that are now durable.
+        """Gather full state to rank 0 and publish it; commit the records of checkpoints now durable.
 
-        Returns the state digest for the final save (rank 0), else None.
+        Returns the state digest on rank 0 (None elsewhere).
         """
         model_state = full_model_state(model)
         optim_state = full_optimizer_state(model, optimizer)
@@ -252,16 +259,18 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             "scaler": None, "ema": None, "progress": dict(progress), "sampler": loader.state_dict(),
             "rng": rng, "identity": identity,
         }
-        # Sync: published on return. Async: snapshot taken, the previous save is published on return.
-        ckpt.save(step, state)
+        recorder.stage(step)  # journal metrics of steps <= step; they count once this checkpoint is durable
+        ckpt.save(step, state)  # sync: published on return; async: snapshot taken, the previous save published
+        digest = state_digest(state)  # now, before the next step changes the live tensors
+        uncommitted.append((step, checkpoint_artifacts(step, state, digest, ckpt_location),
+                            checkpoint_tags(step, digest)))
         if final or not cfg.checkpoint.async_save:
             ckpt.wait()
-            durable_step, in_flight[0] = step, None
-        else:
-            durable_step, in_flight[0] = in_flight[0], step
-        if durable_step is not None:
-            recorder.flush(durable_step)
-        return state_digest(state) if final else None
+        durable = len(uncommitted) if final or not cfg.checkpoint.async_save else len(uncommitted) - 1
+        for record in uncommitted[:durable]:
+            recorder.commit(*record)
+        del uncommitted[:durable]
+        return digest
 
     # ---- the loop ----
     bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
@@ -345,20 +354,6 @@ def _replica_digest(model: torch.nn.Module, strategy: str) -> str | None:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def _run_tags(identity: dict) -> dict[str, str]:
-    code = identity["code_version"]
-    return {
-        "worldpipe.version": str(code["worldpipe"]),
-        "worldpipe.git_sha": str(code["git_sha"]),
-        "worldpipe.git_dirty": str(code["git_dirty"]),
-        "worldpipe.dataset_hash": identity["dataset_hash"],
-        "worldpipe.config_hash": identity["config_hash"],
-        "worldpipe.world_size": str(identity["world_size"]),
-        "worldpipe.strategy": identity["parallel_layout"]["strategy"],
-        "worldpipe.host": ident.host(),
-    }
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

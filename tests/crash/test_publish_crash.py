@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -116,17 +115,8 @@ def test_kill9_at_random_moments(tmp_path, seed):
 
 
 @pytest.fixture(scope="module")
-def s3_options():
-    pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
-    server.stop()
+def s3_options(moto_endpoint):
+    yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": moto_endpoint}}
 
 
 @pytest.mark.parametrize("phase, expect", [("mid_files", 1), ("after_files", 1), ("after_manifest", 2)])

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import SMOKE_SPEC, build_dataset
 
+from datasets import SMOKE_SPEC, build_dataset
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
@@ -201,3 +201,27 @@ def test_uninterrupted_runs_are_bitwise_reproducible(tmp_path, smoke_dataset, en
     a = np.concatenate([t.flatten().numpy() for t in _final_model(run_dir).values()])
     b = np.concatenate([t.flatten().numpy() for t in _final_model(reference[2]["dir"]).values()])
     assert a.tobytes() == b.tobytes()
+
+
+def test_async_saves_give_the_same_state(tmp_path, smoke_dataset, env_with_venv, reference):
+    run_dir = tmp_path / "async"
+    proc = run_train(run_dir, smoke_dataset, env_with_venv, "checkpoint.async_save=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint_digest(run_dir / "checkpoints") == reference[2]["digest"]
+    assert json.loads((run_dir / "train_done.json").read_text())["digest"] == reference[2]["digest"]
+
+
+def test_corrupt_shard_stops_training_naming_the_file(tmp_path, smoke_dataset, env_with_venv):
+    store, manifest = smoke_dataset
+    copy = tmp_path / "data"
+    subprocess.run(["cp", "-r", str(store.parent), str(copy)], check=True)
+    shard = sorted(p for p in (copy / "store.zarr" / "obs").rglob("*") if p.is_file() and p.name != "zarr.json")[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    shard.write_bytes(bytes(data))
+    proc = run_train(tmp_path / "run", (copy / "store.zarr", copy / "manifest.json"), env_with_venv)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "CorruptShardError" in output
+    assert str(shard.relative_to(copy / "store.zarr")) in output
+    assert not (tmp_path / "run" / "checkpoints" / "latest").exists()

@@ -18,20 +18,6 @@ SPEC = DatasetSpec(
 )
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] not installed")
-    pytest.importorskip("s3fs", reason="s3fs not installed")
-    try:
-        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-    except OSError as exc:  # pragma: no cover - environment dependent
-        pytest.skip(f"cannot start a moto S3 server on 127.0.0.1: {exc}")
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def s3(moto_endpoint, monkeypatch):
     import s3fs

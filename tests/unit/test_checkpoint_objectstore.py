@@ -3,7 +3,6 @@
 Runs on ``memory://`` and on a local moto S3 server through s3fs.
 """
 
-import socket
 import uuid
 
 import pytest
@@ -11,20 +10,6 @@ import torch
 
 from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, state_digest
 from worldpipe.checkpoint.testing import example_state
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(params=["memory", "s3"])

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from worldpipe.atomic import fsync_dir
+
 from . import fault, layout
 from .codec import PendingFile
 from .errors import CheckpointWriteError
@@ -86,15 +88,6 @@ def _forget_fsync_pool_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_fsync_pool_in_child)
-
-
-def fsync_dir(path: str) -> None:
-    """``fsync`` a directory, making the names it contains (creations, renames, removals) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Cursor:

@@ -8,7 +8,7 @@ from typing import Any
 
 import fsspec
 
-from worldpipe.data.atomic_file import fsync_tree, write_atomic
+from worldpipe.atomic import fsync_tree, write_atomic
 from worldpipe.data.locations import list_files, local_path, open_filesystem
 from worldpipe.data.store import TrajectoryStore, array_layout
 

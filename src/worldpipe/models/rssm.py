@@ -67,10 +67,13 @@ class RSSM(nn.Module):
         mean, raw_std = stats.chunk(2, dim=-1)
         return mean, F.softplus(raw_std) + self.cfg.min_std
 
-    def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero (h, z) for a batch: ([B, D], [B, S])."""
-        weight = self.cell.weight_hh
-        return weight.new_zeros(batch, self.cfg.deter), weight.new_zeros(batch, self.cfg.stoch)
+    def initial_state(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero (h, z) ([B, D], [B, S]) with the batch size, dtype and device of `like` [B, ...].
+
+        Built from the input, not from a parameter: under FSDP2 parameters are sharded DTensors.
+        """
+        batch = like.shape[0]
+        return like.new_zeros(batch, self.cfg.deter), like.new_zeros(batch, self.cfg.stoch)
 
     def transition(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """h_{t+1} from (h_t [B,D], z_t [B,S], a_t [B,A])."""
@@ -82,9 +85,9 @@ class RSSM(nn.Module):
         obs [B,T,O], action [B,T,A], noise [B,T,S] standard normal. Returns h, z [B,T,D|S] and the prior and
         posterior Gaussians (mean, std) [B,T,S].
         """
-        batch, steps, _ = obs.shape
+        steps = obs.shape[1]
         embed = self.encoder(obs)  # [B,T,E]
-        h, z = self.initial_state(batch)
+        h, z = self.initial_state(obs)
         out: dict[str, list[torch.Tensor]] = {k: [] for k in ("h", "z", "prior_mean", "prior_std", "post_mean", "post_std")}
         for t in range(steps):
             if t > 0:

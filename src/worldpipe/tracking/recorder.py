@@ -1,19 +1,39 @@
-"""One MLflow run per training run, written by rank 0 only.
+"""One MLflow run per training run, written by rank 0 only, through a durable spool in the run directory.
 
-Metrics are buffered in memory and flushed only up to a step whose checkpoint is durable. A run that dies
-after its last checkpoint therefore never logged the steps it will recompute on resume, and the resumed run's
-history ends equal to an uninterrupted run's, without duplicates.
+Every record is appended to ``RUN_DIR/tracking/journal.jsonl`` (fsync) before it is sent, so a tracking server
+that is down at start or mid-run costs nothing: training goes on, a warning says where the records wait, and
+the next successful contact (or ``worldpipe tracking sync RUN_DIR``) replays them idempotently.
+
+Delivery runs in a background thread (records are durable before it sees them), so a slow or hanging server
+never stalls the training loop; only the start (to learn the run id) and the end deliver synchronously.
+
+Metrics are buffered in memory and *staged* into the journal just before the checkpoint of a step is published
+(``stage(step)``), then *committed* once it is durable (``commit(step)``). Staged metrics of a checkpoint that
+never became durable are voided by the next start (which resumes from an earlier step and recomputes them), so
+a resumed run's history ends equal to an uninterrupted run's: nothing lost, nothing duplicated.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from worldpipe.tracking.delivery import DeliveryReport, deliver
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
+from worldpipe.tracking.spool import Spool
 
-MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
+log = logging.getLogger("worldpipe.tracking")
+
+# The training process must not stall for minutes on an unreachable server (MLflow's defaults retry 7 times
+# with exponential backoff and wait 120 s per request); records are spooled, so fail fast and retry later.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
@@ -25,100 +45,229 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return f"sqlite:///{Path('results').resolve() / 'mlflow.db'}"
 
 
-class RunRecorder:
-    """Rank-0 MLflow run with step-gated metric flushing. A disabled recorder does nothing."""
+def group_files(files: Mapping[str, bytes]) -> dict[str, dict[str, bytes]]:
+    """Split artifact paths into {artifact directory: {file name: content}} (one upload per directory)."""
+    groups: dict[str, dict[str, bytes]] = {}
+    for path, data in files.items():
+        directory, _, name = path.rpartition("/")
+        groups.setdefault(directory, {})[name] = data
+    return groups
 
-    def __init__(self, enabled: bool, uri: str | None, experiment: str):
+
+class RunRecorder:
+    """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
+
+    def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
+                 retry_s: float = 30.0, join_s: float = 60.0):
         self.enabled = enabled
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self.experiment = experiment
-        self.run_id: str | None = None
+        self.retry_s = retry_s
         self._pending: list[tuple[int, str, float, int]] = []  # (step, key, value, timestamp_ms)
+        self._spool: Spool | None = None
+        if enabled:
+            self._spool = Spool(run_dir if run_dir is not None else tempfile.mkdtemp(prefix="worldpipe-spool-"))
+        self.join_s = join_s
+        self._last_failure: float | None = None
+        self._offline = False
         self._client = None
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
 
-    def start(self, run_id: str | None, run_name: str, tags: dict[str, str]) -> str | None:
-        """Create the run, or reopen `run_id` when resuming. Returns the run id."""
+    @property
+    def spool(self) -> Spool | None:
+        return self._spool
+
+    @property
+    def run_id(self) -> str | None:
+        return self._spool.state()["run_id"] if self._spool else None
+
+    # ---- lifecycle ----
+    def start(self, run_id: str | None, run_name: str, tags: dict[str, str], resume_step: int = 0,
+              checkpoint_dir: str | None = None) -> str | None:
+        """Open a segment: create the run, or reopen `run_id` (from the checkpoint) or the run directory's run.
+
+        Returns the run id, or None while the tracking server has not been reached.
+        """
         if not self.enabled:
             return None
         os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-        from mlflow.tracking import MlflowClient
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        self._spool.hold_active()
+        self._spool.append("open", experiment=self.experiment, run_name=run_name, tags=dict(tags),
+                           reopen_run_id=run_id, record_key=self._spool.record_key(), resume_step=int(resume_step),
+                           checkpoint_dir=checkpoint_dir, uri=self.uri)
+        self.deliver(force=True)
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._deliver_loop, name="worldpipe-tracking", daemon=True)
+            self._thread.start()
+        return self.run_id
 
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self._client = MlflowClient(tracking_uri=self.uri)
-        if run_id is None:
-            experiment = self._client.get_experiment_by_name(self.experiment)
-            experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(self.experiment)
-            run = self._client.create_run(experiment_id, run_name=run_name, tags=tags)
-            run_id = run.info.run_id
-        else:
-            self._client.update_run(run_id, status="RUNNING")
-            for key, value in tags.items():
-                self._client.set_tag(run_id, key, value)
-        self.run_id = run_id
-        return run_id
+    def end(self, status: str = "FINISHED") -> None:
+        """Mark the run terminated (FINISHED, FAILED or KILLED) and replay what is still spooled."""
+        if not self.enabled:
+            return
+        self._spool.append("end", status=status)
+        self._stop_thread()
+        report = self.deliver(force=True) if self._thread is None else None
+        if report is None or report.pending:
+            log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
+                        "worldpipe tracking sync %s", report.pending if report else len(self._spool.pending()),
+                        self._spool.journal, self._spool.run_dir)
+        self._spool.release_active()
 
+    # ---- params, tags, artifacts ----
     def log_params(self, flat: dict[str, Any]) -> None:
-        """Log every key; values beyond MLflow's limit are stored whole as artifacts."""
-        if not self.run_id:
+        """Log every key; values beyond MLflow's limit are stored whole as artifacts and the param points there."""
+        if not self.enabled:
             return
-        from mlflow.entities import Param
-
         fitting, overflow = split_params(flat)
-        existing = self._client.get_run(self.run_id).data.params
-        fresh = [Param(k, v) for k, v in sorted(fitting.items()) if k not in existing]
-        for start in range(0, len(fresh), 100):
-            self._client.log_batch(self.run_id, params=fresh[start : start + 100])
-        for key, text in overflow.items():
-            self.log_text(text, f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt")
+        if overflow:
+            self.log_files({f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt": text.encode() for key, text in overflow.items()},
+                           deliver=False)
+        self._spool.append("params", params=fitting)
+        self.deliver()
 
-    def log_text(self, text: str, artifact_file: str) -> None:
-        """Store a text artifact at a path inside the run."""
-        if self.run_id:
-            self._client.log_text(self.run_id, text, artifact_file)
-
-    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        """Upload a local file or directory."""
-        if not self.run_id:
-            return
-        if Path(path).is_dir():
-            self._client.log_artifacts(self.run_id, str(path), artifact_path)
-        else:
-            self._client.log_artifact(self.run_id, str(path), artifact_path)
-
-    def log_dict(self, payload: dict, artifact_file: str) -> None:
-        """Store a JSON/YAML artifact."""
-        if self.run_id:
-            self._client.log_dict(self.run_id, payload, artifact_file)
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        if self.enabled and tags:
+            self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
+            self.deliver()
 
     def set_tag(self, key: str, value: str) -> None:
-        if self.run_id:
-            self._client.set_tag(self.run_id, key, value)
+        self.set_tags({key: value})
 
+    def log_files(self, files: Mapping[str, bytes], deliver: bool = True) -> None:
+        """Record artifacts given as {artifact path: content}; contents are spooled before upload."""
+        if not self.enabled:
+            return
+        for directory, group in sorted(group_files(files).items()):
+            self._spool.append("artifacts", files=group, path=directory)
+        if deliver:
+            self.deliver()
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.log_files({artifact_file: text.encode()})
+
+    def log_dict(self, payload: dict, artifact_file: str) -> None:
+        import json
+
+        import yaml
+
+        if artifact_file.endswith((".yaml", ".yml")):
+            text = yaml.safe_dump(payload, sort_keys=False)
+        else:
+            text = json.dumps(payload, indent=1, sort_keys=True, default=str)
+        self.log_text(text, artifact_file)
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Record a local file or directory (its content is spooled now)."""
+        path = Path(path)
+        prefix = f"{artifact_path.strip('/')}/" if artifact_path else ""
+        if path.is_dir():
+            files = {f"{prefix}{p.relative_to(path).as_posix()}": p.read_bytes()
+                     for p in sorted(path.rglob("*")) if p.is_file()}
+        else:
+            files = {f"{prefix}{path.name}": path.read_bytes()}
+        self.log_files(files)
+
+    # ---- metrics ----
     def add_metrics(self, step: int, values: dict[str, float], timestamp_ms: int) -> None:
-        """Buffer metrics of a step; they reach MLflow at the next flush covering that step."""
+        """Buffer metrics of a step; they are staged with the next checkpoint covering that step."""
         if self.enabled:
             self._pending.extend((step, key, float(value), timestamp_ms) for key, value in values.items())
 
-    def flush(self, up_to_step: int) -> None:
-        """Send buffered metrics of steps <= up_to_step (called once that step's checkpoint is durable)."""
-        if not self.run_id:
+    def stage(self, step: int) -> None:
+        """Durably journal buffered metrics of steps <= `step`, gated on checkpoint `step` (call before publishing)."""
+        if not self.enabled:
             return
-        from mlflow.entities import Metric
+        ready = [[s, k, v, ts] for s, k, v, ts in self._pending if s <= step]
+        self._pending = [m for m in self._pending if m[0] > step]
+        if ready:
+            self._spool.append("metrics", gate=int(step), metrics=ready)
 
-        ready = [m for m in self._pending if m[0] <= up_to_step]
-        self._pending = [m for m in self._pending if m[0] > up_to_step]
-        metrics = [Metric(key, value, ts, step) for step, key, value, ts in ready]
-        for start in range(0, len(metrics), MAX_BATCH):
-            self._client.log_batch(self.run_id, metrics=metrics[start : start + MAX_BATCH])
+    def commit(self, step: int, files: Mapping[str, bytes] | None = None, tags: Mapping[str, str] | None = None) -> None:
+        """Checkpoint `step` is durable: release its staged metrics, record its artifacts and tags, replay."""
+        if not self.enabled:
+            return
+        self._spool.append("commit", step=int(step))
+        if files:
+            self.log_files(files, deliver=False)
+        if tags:
+            self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
+        self.deliver()
 
-    def end(self, status: str = "FINISHED") -> None:
-        """Mark the run terminated (FINISHED, FAILED or KILLED)."""
-        if self.run_id:
-            self._client.set_terminated(self.run_id, status=status)
+    def flush(self, up_to_step: int) -> None:
+        """stage + commit: for a caller whose checkpoint of `up_to_step` is already durable."""
+        self.stage(up_to_step)
+        self.commit(up_to_step)
+
+    # ---- delivery ----
+    def deliver(self, force: bool = False) -> DeliveryReport | None:
+        """Replay spooled records: `force` now in this thread, else wake the background thread (no waiting)."""
+        if not self.enabled:
+            return None
+        if force or self._thread is None:
+            return self._deliver_now()
+        self._wake.set()
+        return None
+
+    def _deliver_loop(self) -> None:
+        """Background delivery: on every wake-up, and every `retry_s` while records wait after a failure."""
+        while not self._stopping:
+            self._wake.wait(self.retry_s if self._last_failure is not None else None)
+            self._wake.clear()
+            if self._stopping:
+                break
+            if self._last_failure is not None and time.monotonic() - self._last_failure < self.retry_s:
+                continue
+            try:
+                self._deliver_now()
+            except Exception as err:  # noqa: BLE001 - the thread must survive anything; records stay spooled
+                self._last_failure = time.monotonic()
+                log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
+
+    def _stop_thread(self) -> None:
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(self.join_s)
+        if not self._thread.is_alive():
+            self._thread = None
+        else:
+            log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
+
+    def _deliver_now(self) -> DeliveryReport:
+        report = deliver(self._spool, self.uri)
+        if report.error:
+            self._last_failure = time.monotonic()
+            if not self._offline:
+                log.warning(
+                    "MLflow tracking at %s is unreachable (%s). Training continues; %d record(s) are spooled "
+                    "durably in %s and will be replayed when the server answers again, or run: "
+                    "worldpipe tracking sync %s", self.uri, report.error, report.pending, self._spool.journal,
+                    self._spool.run_dir)
+            self._offline = True
+        else:
+            self._last_failure = None
+            if self._offline:
+                log.warning("MLflow tracking at %s is reachable again: replayed %d spooled record(s)", self.uri,
+                            report.delivered)
+            self._offline = False
+        return report
+
+    # ---- reading back ----
+    def _read_client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
 
     def metric_history(self, key: str) -> list[tuple[int, float]]:
         """(step, value) pairs recorded for a metric, by step."""
-        history = self._client.get_metric_history(self.run_id, key)
+        history = self._read_client().get_metric_history(self.run_id, key)
         return sorted((m.step, m.value) for m in history)
-

@@ -1,0 +1,182 @@
+"""Reading runs back from MLflow: recorded config and identity, metric histories, comparisons."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from worldpipe.config import flatten
+from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
+from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
+from worldpipe.tracking.records import TIMING_METRICS
+
+
+class RecordError(RuntimeError):
+    """The MLflow records of a run are missing or inconsistent."""
+
+
+def client_for(uri: str | None):
+    from mlflow.tracking import MlflowClient
+
+    from worldpipe.tracking.recorder import resolve_tracking_uri
+
+    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+
+
+def read_artifact(client, run_id: str, path: str) -> bytes:
+    """Bytes of one artifact file of a run; RecordError if it is not there."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    with tempfile.TemporaryDirectory(prefix="worldpipe-artifact-") as tmp:
+        try:
+            local = client.download_artifacts(run_id, path, tmp)
+        except Exception as err:  # noqa: BLE001 - MLflow raises several kinds for a missing file
+            raise RecordError(f"run {run_id} has no artifact {path!r} ({type(err).__name__}: {err})") from err
+        return Path(local).read_bytes()
+
+
+def histories(client, run_id: str, keys: Iterable[str] | None = None) -> dict[str, list[tuple[int, int, float]]]:
+    """{metric: [(step, timestamp, value), ...] sorted by step then timestamp}."""
+    if keys is None:
+        keys = client.get_run(run_id).data.metrics.keys()
+    return {key: sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
+            for key in sorted(keys)}
+
+
+def duplicate_steps(history: Mapping[str, list[tuple[int, int, float]]]) -> dict[str, list[int]]:
+    """Steps recorded more than once, per metric (empty when the history is clean)."""
+    out = {}
+    for key, points in history.items():
+        steps = [p[0] for p in points]
+        dups = sorted({s for s in steps if steps.count(s) > 1})
+        if dups:
+            out[key] = dups
+    return out
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[str, list[tuple[int, int, float]]],
+                     ignore: Iterable[str] = TIMING_METRICS) -> tuple[int, str, Any, Any] | None:
+    """First (step, metric, value_a, value_b) where two histories differ bitwise; None if identical.
+
+    Values are compared per step (timestamps ignored); a step or metric present on one side only is a
+    difference (its missing side shown as None). Steps are visited in order, metrics by name within a step.
+    """
+    skip = set(ignore)
+    keys = sorted((set(a) | set(b)) - skip)
+    by_step: dict[int, dict[str, tuple[Any, Any]]] = {}
+    for key in keys:
+        va = {s: v for s, _, v in a.get(key, [])}
+        vb = {s: v for s, _, v in b.get(key, [])}
+        for step in set(va) | set(vb):
+            by_step.setdefault(step, {})[key] = (va.get(step), vb.get(step))
+    for step in sorted(by_step):
+        for key in sorted(by_step[step]):
+            x, y = by_step[step][key]
+            if x is None or y is None or not _same(x, y):
+                return step, key, x, y
+    return None
+
+
+@dataclass
+class RecordedRun:
+    """Everything `rerun`/`resume` rebuild a run from, read from MLflow alone."""
+
+    run_id: str
+    run: Any
+    config: dict
+    identity: dict
+    manifest: dict | None
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return self.run.data.tags
+
+    @property
+    def world_size(self) -> int:
+        return int(self.identity.get("world_size") or self.tags.get("worldpipe.world_size") or 1)
+
+
+def load_recorded_run(client, run_id: str) -> RecordedRun:
+    """Config (type-exact, from config.yaml, checked against the params), identity and dataset manifest."""
+    try:
+        run = client.get_run(run_id)
+    except Exception as err:  # noqa: BLE001
+        raise RecordError(f"no MLflow run {run_id} at {client.tracking_uri}: {err}") from err
+    config = yaml.safe_load(read_artifact(client, run_id, "config.yaml"))
+    identity = json.loads(read_artifact(client, run_id, "identity.json"))
+    try:
+        manifest = json.loads(read_artifact(client, run_id, "dataset/manifest.json"))
+    except RecordError:
+        manifest = None
+    check_params(client, run, config)
+    return RecordedRun(run_id, run, config, identity, manifest)
+
+
+def check_params(client, run, config: Mapping) -> None:
+    """Every flattened config key is a param with the same text (overflowed ones: the artifact's content).
+
+    A key whose value changed on a resume keeps its first value as the param (MLflow never changes one) and
+    carries the latest in the tag `worldpipe.changed.<key>`; config.yaml is the latest segment's config.
+    """
+    params, tags = run.data.params, run.data.tags
+    fitting, overflow = split_params(flatten(config))
+    problems = []
+    for key, text in fitting.items():
+        if key in overflow:
+            if params.get(key) != text:
+                problems.append(f"{key}: param {params.get(key)!r} is not the overflow pointer {text!r}")
+            elif read_artifact(client, run.info.run_id, f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt").decode() != overflow[key]:
+                problems.append(f"{key}: {OVERFLOW_ARTIFACT_DIR}/{key}.txt differs from config.yaml")
+            continue
+        recorded = tags.get(f"{CHANGED_TAG_PREFIX}{key}", params.get(key))
+        if recorded != text:
+            problems.append(f"{key}: param {recorded!r} != config.yaml {text!r}")
+    if problems:
+        raise RecordError(f"params of run {run.info.run_id} disagree with its config.yaml:\n  " + "\n  ".join(problems))
+
+
+def compare_table(client, run_ids: list[str], width: int = 28) -> str:
+    """Param differences and final metrics of runs side by side (plain text)."""
+    runs = [client.get_run(r) for r in run_ids]
+
+    def cell(value: Any) -> str:
+        text = "—" if value is None else str(value)
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    def table(title: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
+        if not rows:
+            return [f"{title}: none"]
+        key_w = max(len(title), *(len(k) for k, _ in rows))
+        head = f"{title:<{key_w}}  " + "  ".join(f"{cell(r.info.run_id[:12] + ' ' + (r.info.run_name or '')):<{width}}"
+                                                 for r in runs)
+        lines = [head, "-" * len(head)]
+        lines += [f"{k:<{key_w}}  " + "  ".join(f"{cell(v):<{width}}" for v in vals) for k, vals in rows]
+        return lines
+
+    param_keys = sorted(set().union(*(r.data.params for r in runs)))
+    differing = [(k, [r.data.params.get(k) for r in runs]) for k in param_keys
+                 if len({r.data.params.get(k) for r in runs}) > 1]
+    identity_keys = ("worldpipe.git_sha", "worldpipe.git_dirty", "worldpipe.dataset_hash", "worldpipe.config_hash",
+                     "worldpipe.world_size", "worldpipe.checkpoint.step", "worldpipe.checkpoint.digest",
+                     "worldpipe.rerun_of", "worldpipe.resumed_from", "worldpipe.resumed_at_step",
+                     "worldpipe.code_drift")
+    identity = [(k, [r.data.tags.get(k) for r in runs]) for k in identity_keys
+                if len({r.data.tags.get(k) for r in runs}) > 1]
+    metric_keys = sorted(set().union(*(r.data.metrics for r in runs)))
+    final = [(k, [r.data.metrics.get(k) for r in runs]) for k in metric_keys]
+    out = table("param differences", differing) + [""] + table("identity differences", identity) + [""]
+    out += table("final metrics", final)
+    status = [(k, [getattr(r.info, k) for r in runs]) for k in ("status",)]
+    out += [""] + table("run", status)
+    return "\n".join(out)

@@ -1,0 +1,168 @@
+"""What a training run records besides params and metrics: identity tags and artifacts.
+
+Artifact layout of a run (everything `worldpipe rerun` needs is here)::
+
+    config.yaml                          resolved config of the latest segment (types exact)
+    identity.json                        config hash, dataset hash, code version, versions, world size, ...
+    hydra/{overrides,config,hydra}.yaml  Hydra's record of the command line (run_dir/hydra)
+    dataset/manifest.json                the dataset manifest, including its generation spec
+    environment/packages.txt             every installed distribution, `name==version`
+    environment/requirements.lock        the lock file the install used
+    code/git_diff.patch                  uncommitted changes (only when the tree was dirty)
+    segments/start-NNNNNN.json           one per start/resume: step, world size, host, code, command line
+    params_overflow/<key>.txt            param values longer than MLflow allows
+    checkpoints/step-NNNNNN/
+        MANIFEST.json                    the published checkpoint's manifest
+        digest.json                      state digest + manifest sha256
+        train_state.json                 progress and sampler state
+        rng/rank-NNNNN.json              every rank's RNG state (readable, reversible JSON)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from worldpipe import identity as ident
+from worldpipe.tracking.jsonable import to_jsonable
+
+# Metrics measured with a clock: they differ between bit-identical runs and are not compared by `rerun`.
+TIMING_METRICS = ("samples_per_s", "step_time_s", "data_wait_s")
+CHECKPOINT_ARTIFACT_DIR = "checkpoints"
+RULE_ENV, JOB_ENV = "WORLDPIPE_RULE", "WORLDPIPE_JOB"
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]:
+    """Identity tags (searchable, shown in the UI); set at every start so they describe the latest segment."""
+    code = identity["code_version"]
+    versions = identity.get("versions", {})
+    config = identity.get("config", {})
+    layout = identity.get("parallel_layout", {})
+    tags = {
+        "worldpipe.version": str(code.get("worldpipe")),
+        "worldpipe.git_sha": str(code.get("git_sha")),
+        "worldpipe.git_dirty": str(code.get("git_dirty")),
+        "worldpipe.dataset_hash": str(identity.get("dataset_hash")),
+        "worldpipe.config_hash": str(identity.get("config_hash")),
+        "worldpipe.lock_hash": str(identity.get("lock_hash")),
+        "worldpipe.world_size": str(identity.get("world_size")),
+        "worldpipe.strategy": str(layout.get("strategy")),
+        "worldpipe.parallel_layout": json.dumps(layout, sort_keys=True),
+        "worldpipe.seed": str(config.get("seed")),
+        "worldpipe.host": ident.host(),
+        "worldpipe.cwd": os.getcwd(),
+        "worldpipe.run_dir": str(Path(config.get("run_dir", ".")).resolve()),
+        "worldpipe.start_step": str(start_step),
+        "worldpipe.timing_metrics": ",".join(TIMING_METRICS),
+        "mlflow.source.type": "JOB",
+        "mlflow.source.name": "worldpipe.train",
+    }
+    for name in ("python", "torch", "numpy"):
+        tags[f"worldpipe.{name}_version"] = str(versions.get(name, platform.python_version() if name == "python" else None))
+    if code.get("git_sha"):
+        tags["mlflow.source.git.commit"] = str(code["git_sha"])
+    if code.get("git_dirty"):
+        tags["worldpipe.git_diff_sha256"] = hashlib.sha256(ident.git_diff().encode()).hexdigest()
+    if os.environ.get(RULE_ENV):
+        tags["worldpipe.snakemake.rule"] = os.environ[RULE_ENV]
+    if os.environ.get(JOB_ENV):
+        tags["worldpipe.snakemake.job"] = os.environ[JOB_ENV]
+    if os.environ.get("SLURM_JOB_ID"):
+        tags["worldpipe.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    return tags
+
+
+def installed_packages() -> str:
+    """`name==version` of every installed distribution (pip freeze without pip)."""
+    seen = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name.lower() not in seen:
+            seen[name.lower()] = f"{name}=={dist.version}"
+    return "\n".join(seen[k] for k in sorted(seen)) + "\n"
+
+
+def _json(obj: Any) -> bytes:
+    return (json.dumps(to_jsonable(obj), indent=1, sort_keys=True) + "\n").encode()
+
+
+def start_artifacts(identity: Mapping[str, Any], manifest: Mapping[str, Any] | None, run_dir: str | os.PathLike,
+                    start_step: int = 0) -> dict[str, bytes]:
+    """Artifacts logged at every start (relative artifact path -> content)."""
+    run_dir = Path(run_dir)
+    files = {
+        "config.yaml": yaml.safe_dump(identity["config"], sort_keys=False).encode(),
+        "identity.json": _json(identity),
+        "environment/packages.txt": installed_packages().encode(),
+    }
+    if manifest is not None:
+        files["dataset/manifest.json"] = _json(manifest)
+    if ident.LOCK_FILE.exists():
+        files["environment/requirements.lock"] = ident.LOCK_FILE.read_bytes()
+    hydra_dir = run_dir / "hydra"
+    if hydra_dir.is_dir():
+        for path in sorted(hydra_dir.glob("*.yaml")):
+            files[f"hydra/{path.name}"] = path.read_bytes()
+    if identity["code_version"].get("git_dirty"):
+        files["code/git_diff.patch"] = ident.git_diff().encode()
+    segment = {
+        "start_step": start_step, "world_size": identity.get("world_size"),
+        "parallel_layout": identity.get("parallel_layout"), "code_version": identity["code_version"],
+        "versions": identity.get("versions"), "host": ident.host(), "time_ms": int(time.time() * 1000),
+        "argv": sys.argv, "cwd": os.getcwd(),
+        "snakemake": {"rule": os.environ.get(RULE_ENV), "job": os.environ.get(JOB_ENV)},
+    }
+    files[f"segments/start-{start_step:06d}.json"] = _json(segment)
+    return files
+
+
+def read_checkpoint_manifest(checkpoint_dir: str, step: int) -> bytes | None:
+    """Raw MANIFEST.json of a published step (local path or fsspec URL); None if unreadable."""
+    location = f"{str(checkpoint_dir).rstrip('/')}/{step_dir(step)}/MANIFEST.json"
+    try:
+        if "://" in location:
+            import fsspec
+
+            with fsspec.open(location, "rb") as handle:
+                return handle.read()
+        return Path(location).read_bytes()
+    except OSError:
+        return None
+
+
+def checkpoint_artifacts(step: int, state: Mapping[str, Any], digest: str | None,
+                         checkpoint_dir: str) -> dict[str, bytes]:
+    """Artifacts logged beside a published checkpoint: manifest, digest, sampler/progress, every rank's RNG."""
+    base = f"{CHECKPOINT_ARTIFACT_DIR}/{step_dir(step)}"
+    manifest = read_checkpoint_manifest(checkpoint_dir, step)
+    files = {
+        f"{base}/digest.json": _json({
+            "step": step, "state_digest": digest,
+            "manifest_sha256": hashlib.sha256(manifest).hexdigest() if manifest is not None else None,
+            "checkpoint_dir": str(checkpoint_dir),
+        }),
+        f"{base}/train_state.json": _json({"progress": state.get("progress"), "sampler": state.get("sampler")}),
+    }
+    if manifest is not None:
+        files[f"{base}/MANIFEST.json"] = manifest
+    for rank, rng in enumerate(state.get("rng") or []):
+        files[f"{base}/rng/rank-{rank:05d}.json"] = _json(rng)
+    return files
+
+
+def checkpoint_tags(step: int, digest: str | None) -> dict[str, str]:
+    return {"worldpipe.checkpoint.step": str(step), "worldpipe.checkpoint.digest": str(digest)}

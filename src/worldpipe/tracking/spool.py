@@ -1,0 +1,209 @@
+"""The durable outbox of a run's records: an append-only journal in ``RUN_DIR/tracking/``.
+
+Every record a run sends to MLflow is first appended here (one JSON line, ``fsync``), with a sequence number;
+files an artifact record uploads are copied into ``blobs/<seq>/`` first, so later changes (retention deleting a
+checkpoint) cannot change what gets recorded. ``state.json`` (replaced atomically) holds the highest
+acknowledged sequence number and the MLflow run id once known. Delivery (``worldpipe.tracking.delivery``)
+replays records after the acknowledged one, in order, and acknowledges each after MLflow accepted it; every
+record kind is applied idempotently, so a crash between applying and acknowledging duplicates nothing.
+
+Layout::
+
+    tracking/journal.jsonl   {"seq": n, "op": ..., "time_ms": ...} per line, append-only
+    tracking/state.json      {"acked": n, "offset": bytes, "run_id": ..., "record_key": ..., ...}
+    tracking/blobs/<seq>/    files of artifact record <seq> (removed once acknowledged)
+    tracking/.append.lock    flock: one appender at a time (sequence numbers)
+    tracking/.deliver.lock   flock: one deliverer at a time (acknowledgements in state.json)
+    tracking/.active         flock held by a live training process for its whole life
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from worldpipe.atomic import fsync_dir, write_text_atomic
+
+TRACKING_DIR = "tracking"
+JOURNAL_NAME = "journal.jsonl"
+STATE_NAME = "state.json"
+BLOBS_DIR = "blobs"
+
+
+def default_state() -> dict[str, Any]:
+    return {"acked": 0, "offset": 0, "run_id": None, "record_key": None, "experiment_id": None,
+            "uri": None, "rejected": [], "new_run": None}
+
+
+class Spool:
+    """The journal, blobs and acknowledgement state of one run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / TRACKING_DIR
+        self.journal = self.dir / JOURNAL_NAME
+        self.state_path = self.dir / STATE_NAME
+        self._active_fd: int | None = None
+
+    # ---- locking ----
+    @contextlib.contextmanager
+    def locked(self, kind: str = "deliver") -> Iterator[None]:
+        """Exclusive lock: "append" orders journal writes; "deliver" guards state.json (acknowledgements).
+
+        Separate locks let the training thread append while a delivery (network calls) is in progress.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / f".{kind}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def hold_active(self) -> None:
+        """Mark a live writer (the training process) until release_active or process exit."""
+        if self._active_fd is not None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".active", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"another process is recording into {self.dir}") from None
+        self._active_fd = fd
+
+    def release_active(self) -> None:
+        if self._active_fd is not None:
+            fcntl.flock(self._active_fd, fcntl.LOCK_UN)
+            os.close(self._active_fd)
+            self._active_fd = None
+
+    def writer_alive(self) -> bool:
+        """True while a training process holds this run directory's records."""
+        path = self.dir / ".active"
+        if not path.exists():
+            return False
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    # ---- state ----
+    def state(self) -> dict[str, Any]:
+        state = default_state()
+        if self.state_path.exists():
+            state.update(json.loads(self.state_path.read_text()))
+        return state
+
+    def save_state(self, state: Mapping[str, Any]) -> None:
+        write_text_atomic(self.state_path, json.dumps(state, indent=1, sort_keys=True))
+
+    def record_key(self) -> str:
+        """Stable id of this run directory's record (tags the MLflow run, so creating it is idempotent)."""
+        with self.locked():
+            state = self.state()
+            if not state["record_key"]:
+                state["record_key"] = uuid.uuid4().hex
+                self.save_state(state)
+            return state["record_key"]
+
+    # ---- journal ----
+    def read(self, offset: int = 0) -> list[tuple[dict, int]]:
+        """Complete records from byte ``offset`` on, each with the offset just after it (a torn tail is ignored)."""
+        if not self.journal.exists():
+            return []
+        out = []
+        with open(self.journal, "rb") as handle:
+            handle.seek(offset)
+            position = offset
+            for line in handle:
+                if not line.endswith(b"\n"):
+                    break  # torn write of a crashed process: never acknowledged, never delivered
+                position += len(line)
+                out.append((json.loads(line), position))
+        return out
+
+    def records(self) -> list[dict]:
+        return [record for record, _ in self.read()]
+
+    def _repair_tail(self) -> int:
+        """Cut a torn last line; returns the last complete sequence number."""
+        if not self.journal.exists():
+            return 0
+        size = self.journal.stat().st_size
+        window = 1 << 16
+        with open(self.journal, "r+b") as handle:
+            while True:
+                start = max(0, size - window)
+                handle.seek(start)
+                data = handle.read()
+                cut = data.rfind(b"\n")
+                # Need the last newline and the one before it (or the file start) inside the window.
+                if start == 0 or (cut > 0 and data.rfind(b"\n", 0, cut) >= 0):
+                    break
+                window *= 4
+            end = start + cut + 1 if cut >= 0 else 0
+            if end != size:
+                handle.truncate(end)
+                handle.flush()
+                os.fsync(handle.fileno())
+        if end == 0:
+            return 0
+        complete = data[: cut]
+        last = complete[complete.rfind(b"\n") + 1:]
+        return int(json.loads(last)["seq"])
+
+    def append(self, op: str, files: Mapping[str, bytes] | None = None, **fields: Any) -> int:
+        """Durably append one record (its files first); returns its sequence number."""
+        with self.locked("append"):
+            seq = self._repair_tail() + 1
+            if files:
+                blob = self.blob_dir(seq)
+                if blob.exists():  # left by a crash between writing blobs and the journal line
+                    shutil.rmtree(blob)
+                for relpath, data in files.items():
+                    target = blob / relpath
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "wb") as handle:
+                        handle.write(data)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                    fsync_dir(target.parent)
+                fsync_dir(blob.parent)
+            record = {"seq": seq, "op": op, "time_ms": int(time.time() * 1000), **fields}
+            line = (json.dumps(record, sort_keys=True, allow_nan=True) + "\n").encode()
+            fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if seq == 1:
+                fsync_dir(self.dir)
+            return seq
+
+    def blob_dir(self, seq: int) -> Path:
+        return self.dir / BLOBS_DIR / f"{seq:08d}"
+
+    def drop_blobs(self, seq: int) -> None:
+        shutil.rmtree(self.blob_dir(seq), ignore_errors=True)
+
+    def pending(self) -> list[dict]:
+        """Records not yet acknowledged."""
+        return [record for record, _ in self.read(self.state()["offset"])]

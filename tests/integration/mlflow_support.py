@@ -1,0 +1,68 @@
+"""A real `mlflow server` on 127.0.0.1 for tests, and smoke training runs that record to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server --workers 1` with a SQLite backend and proxied artifacts under `root`."""
+
+    def __init__(self, root: Path, port: int | None = None):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 60.0) -> MlflowServer:
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        env.pop("MLFLOW_TRACKING_URI", None)
+        self.starts += 1
+        log = open(self.root / f"server-{self.starts}.log", "wb")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts")],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / f'server-{self.starts}.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        self.kill()
+        raise RuntimeError(f"mlflow server did not answer on {self.url} within {timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers (a crash, not a shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+def train_command(run_dir: Path, dataset: tuple[Path, Path], uri: str, *extra: str) -> list[str]:
+    store, manifest = dataset
+    return [str(BIN / "worldpipe"), "train", "experiment=smoke", f"run_dir={run_dir}", f"data.store={store}",
+            f"data.manifest={manifest}", f"tracking.uri={uri}", "trainer.progress_bar=false", *extra]

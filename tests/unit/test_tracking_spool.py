@@ -1,0 +1,215 @@
+"""The durable spool and its replay into a real MLflow SQLite backend: nothing lost, nothing duplicated."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from worldpipe.cli import main as cli_main
+from worldpipe.tracking.delivery import RECORD_KEY_TAG, deliver, metric_fate
+from worldpipe.tracking.history import duplicate_steps, histories
+from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
+from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.spool import Spool
+
+
+@pytest.fixture(scope="module")
+def sqlite_uri(tmp_path_factory) -> str:
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()  # create the schema once for the module
+    return uri
+
+
+@pytest.fixture
+def dead_uri() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there
+
+
+def _metrics(step: int, offset: float = 0.0) -> dict[str, float]:
+    return {"loss/total": 1.0 / step + offset, "lr": 1e-3 * step}
+
+
+def _simulate(recorder: RunRecorder, steps, every: int, crash_after_stage: int | None = None, ts: int = 0):
+    """Training-loop order: add metrics each step; at each checkpoint stage, (publish), commit."""
+    for step in steps:
+        recorder.add_metrics(step, _metrics(step), ts + step)
+        if step % every == 0:
+            recorder.stage(step)
+            if step == crash_after_stage:
+                return  # died after journaling, before the checkpoint was published
+            recorder.commit(step, {f"checkpoints/step-{step:06d}/digest.json": b'{"step": %d}' % step})
+
+
+def test_journal_sequence_and_torn_tail(tmp_path):
+    spool = Spool(tmp_path)
+    assert [spool.append("tags", tags={"a": str(i)}) for i in range(3)] == [1, 2, 3]
+    with open(spool.journal, "ab") as handle:
+        handle.write(b'{"seq": 4, "op": "ta')  # a write torn by a crash
+    assert [r["seq"] for r in spool.records()] == [1, 2, 3]
+    assert spool.append("tags", tags={"b": "1"}) == 4
+    assert [r["seq"] for r in spool.records()] == [1, 2, 3, 4]
+    assert spool.journal.read_bytes().endswith(b"\n")
+
+
+def test_metric_fate_rules():
+    staged = {"op": "metrics", "gate": 20}
+    assert metric_fate([staged, {"op": "commit", "step": 20}], 0, None) == "deliver"
+    assert metric_fate([staged, {"op": "open", "resume_step": 20}], 0, None) == "deliver"
+    assert metric_fate([staged, {"op": "open", "resume_step": 10}], 0, None) == "void"
+    assert metric_fate([staged, {"op": "tags"}], 0, None) is None
+    assert metric_fate([staged], 0, lambda gate: gate <= 30) == "deliver"
+    assert metric_fate([staged], 0, lambda gate: False) == "void"
+
+
+def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_path, dead_uri, sqlite_uri, caplog):
+    run_dir = tmp_path / "run"
+    recorder = RunRecorder(True, dead_uri, "spool-offline", run_dir=run_dir)
+    assert recorder.start(None, "offline", {"worldpipe.seed": "0"}, checkpoint_dir=str(run_dir / "ckpt")) is None
+    assert "unreachable" in caplog.text and "worldpipe tracking sync" in caplog.text
+    long = "z" * (MAX_PARAM_VALUE_LENGTH + 10)
+    recorder.log_params({"trainer.steps": 40, "model.name": "rssm", "notes": long})
+    _simulate(recorder, range(1, 41), every=10)
+    recorder.end("FINISHED")
+    assert recorder.run_id is None and len(Spool(run_dir).pending()) > 10
+
+    assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
+    state = Spool(run_dir).state()
+    client = MlflowClient(sqlite_uri)
+    run = client.get_run(state["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "offline"
+    assert run.data.params["trainer.steps"] == "40" and run.data.params["notes"].startswith("<artifact:")
+    local = client.download_artifacts(run.info.run_id, "params_overflow/notes.txt", str(tmp_path))
+    assert Path(local).read_text() == long
+    history = histories(client, run.info.run_id)
+    assert [s for s, _, _ in history["loss/total"]] == list(range(1, 41))
+    assert not duplicate_steps(history)
+    assert len(client.list_artifacts(run.info.run_id, "checkpoints")) == 4
+    assert not list((run_dir / "tracking" / "blobs").iterdir())  # uploaded blobs are dropped
+    # A second sync has nothing to do and changes nothing.
+    assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
+    assert histories(client, run.info.run_id) == history
+
+
+def test_replay_after_a_lost_acknowledgement_duplicates_nothing(tmp_path, sqlite_uri, dead_uri):
+    run_dir = tmp_path / "run"
+    recorder = RunRecorder(True, dead_uri, "spool-lost-ack", run_dir=run_dir)
+    recorder.start(None, "lost-ack", {})
+    recorder.log_params({"a": 1})
+    _simulate(recorder, range(1, 21), every=10)
+    recorder.end("FINISHED")
+    before = tmp_path / "before"
+    shutil.copytree(run_dir / "tracking", before)
+    first = deliver(Spool(run_dir), sqlite_uri)
+    assert first.ok and first.pending == 0
+    # The delivering process died before it could write any acknowledgement: everything is replayed.
+    shutil.rmtree(run_dir / "tracking")
+    shutil.copytree(before, run_dir / "tracking")
+    second = deliver(Spool(run_dir), sqlite_uri)
+    assert second.ok and second.run_id == first.run_id  # found by its record key, not created again
+    client = MlflowClient(sqlite_uri)
+    experiment = client.get_experiment_by_name("spool-lost-ack")
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+    run = client.get_run(first.run_id)
+    assert run.data.tags[RECORD_KEY_TAG] == Spool(run_dir).state()["record_key"]
+    history = histories(client, first.run_id)
+    assert not duplicate_steps(history) and len(history["lr"]) == 20
+
+
+def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
+    client = MlflowClient(sqlite_uri)
+    straight = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "straight")
+    straight.start(None, "straight", {})
+    _simulate(straight, range(1, 41), every=10)
+    straight.end()
+
+    crashed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
+    run_id = crashed.start(None, "crashed", {})
+    # Steps 21..30 are staged but checkpoint 30 never became durable; 31..33 were only in memory.
+    _simulate(crashed, range(1, 34), every=10, crash_after_stage=30)
+    crashed._stop_thread()  # the process died: no delivery thread, no live writer
+    crashed.spool.release_active()
+    resumed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
+    assert resumed.start(run_id, "crashed", {}, resume_step=20) == run_id
+    _simulate(resumed, range(21, 41), every=10, ts=1000)  # recomputed: same values, later timestamps
+    resumed.end()
+
+    a, b = histories(client, straight.run_id), histories(client, run_id)
+    assert {k: [(s, v) for s, _, v in p] for k, p in a.items()} == {k: [(s, v) for s, _, v in p] for k, p in b.items()}
+    assert not duplicate_steps(b)
+    assert all(ts > 1000 for s, ts, _ in b["lr"] if s > 20)  # the recomputed values, not the staged ones
+
+
+def test_changed_param_on_resume_is_recorded_as_tag(tmp_path, sqlite_uri):
+    recorder = RunRecorder(True, sqlite_uri, "spool-params", run_dir=tmp_path)
+    run_id = recorder.start(None, "params", {})
+    recorder.log_params({"trainer.steps": 40, "seed": 0})
+    recorder.end()
+    again = RunRecorder(True, sqlite_uri, "spool-params", run_dir=tmp_path)
+    again.start(run_id, "params", {}, resume_step=40)
+    again.log_params({"trainer.steps": 80, "seed": 0, "new.key": "x"})
+    again.end()
+    run = MlflowClient(sqlite_uri).get_run(run_id)
+    assert run.data.params == {"trainer.steps": "40", "seed": "0", "new.key": "x"}
+    assert run.data.tags["worldpipe.changed.trainer.steps"] == "80"
+    assert "worldpipe.changed.seed" not in run.data.tags
+
+
+def test_status_command_lists_pending_records(tmp_path, dead_uri, capsys):
+    recorder = RunRecorder(True, dead_uri, "spool-status", run_dir=tmp_path)
+    recorder.start(None, "status", {})
+    recorder.spool.release_active()
+    assert cli_main(["tracking", "status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pending: 1" in out and "open" in out
+    assert json.loads((tmp_path / "tracking" / "state.json").read_text())["acked"] == 0
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_sync_decides_a_dead_writers_staged_metrics_by_its_checkpoints(tmp_path, dead_uri, sqlite_uri, published):
+    from worldpipe.checkpoint import CheckpointManager
+    from worldpipe.checkpoint.testing import example_state
+
+    run_dir, ckpt_dir = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    recorder = RunRecorder(True, dead_uri, f"spool-dead-writer-{published}", run_dir=run_dir)
+    recorder.start(None, "dead", {}, checkpoint_dir=str(ckpt_dir))
+    for step in range(1, 11):
+        recorder.add_metrics(step, _metrics(step), step)
+    recorder.stage(10)
+    if published:  # the checkpoint became durable, the process died before journaling the commit
+        CheckpointManager(str(ckpt_dir)).save(10, example_state())
+    recorder._stop_thread()
+    recorder.spool.release_active()
+
+    assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri, "--mark-killed"]) == 0
+    run_id = Spool(run_dir).state()["run_id"]
+    client = MlflowClient(sqlite_uri)
+    steps = [s for s, _, _ in histories(client, run_id).get("lr", [])]
+    assert steps == (list(range(1, 11)) if published else [])
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
+def test_next_successful_start_replays_what_an_offline_segment_spooled(tmp_path, dead_uri, sqlite_uri):
+    offline = RunRecorder(True, dead_uri, "spool-next-start", run_dir=tmp_path)
+    offline.start(None, "segments", {})
+    offline.log_params({"seed": 0})
+    _simulate(offline, range(1, 21), every=10)
+    offline._stop_thread()  # preempted/crashed without reaching the server
+    offline.spool.release_active()
+
+    online = RunRecorder(True, sqlite_uri, "spool-next-start", run_dir=tmp_path)
+    run_id = online.start(None, "segments", {}, resume_step=20)  # the checkpoint held no run id
+    assert run_id is not None
+    _simulate(online, range(21, 41), every=10)
+    online.end()
+    client = MlflowClient(sqlite_uri)
+    history = histories(client, run_id)
+    assert [s for s, _, _ in history["lr"]] == list(range(1, 41)) and not duplicate_steps(history)
+    assert client.get_run(run_id).data.params == {"seed": "0"}

@@ -1,0 +1,132 @@
+"""Screenshot the MLflow UI's run list of an experiment with headless Chromium (Debian's `chromium`).
+
+    python workflow/scripts/screenshot_mlflow_ui.py                      # results/mlflow.db -> results/mlflow_ui.png
+    python workflow/scripts/screenshot_mlflow_ui.py --tracking-uri http://127.0.0.1:5000 --out /tmp/ui.png
+
+With a database URI (default: the embedded sqlite:///results/mlflow.db) a temporary `mlflow server` serves the
+UI on a free local port. `--install` apt-installs chromium when it is missing (needs root). The page's DOM is
+dumped too, and the run names of the experiment must appear in it: an empty or broken page is an error.
+Prints a JSON summary; exit 0 on success, 3 when Chromium is unavailable, 1 on any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run", "--disable-sync", "--hide-scrollbars"]
+EXIT_NO_CHROMIUM = 3
+
+
+def find_chromium(install: bool) -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if install and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True, timeout=1200)
+        return shutil.which("chromium")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_ui_server(backend_uri: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    mlflow = Path(sys.executable).parent / "mlflow"
+    proc = subprocess.Popen(
+        [str(mlflow if mlflow.exists() else "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", backend_uri, "--artifacts-destination", str(workdir / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"mlflow server for {backend_uri} did not start")
+
+
+def chromium(binary: str, url: str, profile: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1600,1000",
+           "--virtual-time-budget=20000", *args, url]
+    return subprocess.run(cmd, capture_output=True, timeout=timeout)
+
+
+def screenshot(url: str, experiment: str, out: Path, binary: str) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise RuntimeError(f"no experiment {experiment!r} at {url}")
+    runs = client.search_runs([exp.experiment_id], max_results=50)
+    names = sorted({r.info.run_name for r in runs if r.info.run_name})
+    page = f"{url}/#/experiments/{exp.experiment_id}/runs"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="worldpipe-chromium-") as tmp:
+        dom = chromium(binary, page, Path(tmp) / "profile-dom", "--dump-dom").stdout.decode(errors="replace")
+        shot = chromium(binary, page, Path(tmp) / "profile-shot", f"--screenshot={out}")
+    if shot.returncode != 0 or not out.exists():
+        raise RuntimeError(f"chromium failed ({shot.returncode}): {shot.stderr.decode(errors='replace')[-1000:]}")
+    shown = [name for name in names if f">{name}<" in dom]
+    if names and not shown:
+        raise RuntimeError(f"the UI at {page} shows none of the runs {names}")
+    return {"page": page, "screenshot": str(out), "bytes": out.stat().st_size, "runs": len(runs), "shown": shown}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tracking-uri", default=None,
+                        help="http(s) URL of a running server, or a database URI (default sqlite:///results/mlflow.db)")
+    parser.add_argument("--experiment", default="worldpipe")
+    parser.add_argument("--out", default="results/mlflow_ui.png")
+    parser.add_argument("--install", action="store_true", help="apt-get install chromium if missing (root)")
+    args = parser.parse_args(argv)
+
+    binary = find_chromium(args.install)
+    if binary is None:
+        print(json.dumps({"error": "chromium is not installed (apt-get install chromium, or pass --install)"}))
+        return EXIT_NO_CHROMIUM
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('results/mlflow.db').resolve()}"
+    server = None
+    with tempfile.TemporaryDirectory(prefix="worldpipe-ui-") as tmp:
+        try:
+            if not uri.startswith(("http://", "https://")):
+                server, url = start_ui_server(uri, Path(tmp))
+            else:
+                url = uri
+            summary = screenshot(url, args.experiment, Path(args.out), binary)
+        except Exception as err:  # noqa: BLE001 - report any failure as JSON
+            print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+            return 1
+        finally:
+            if server is not None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(timeout=30)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
