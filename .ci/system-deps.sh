@@ -5,6 +5,9 @@ needed=()
 command -v strace >/dev/null || needed+=(strace)
 command -v fiu-run >/dev/null || needed+=(fiu-utils)
 command -v chromium >/dev/null || needed+=(chromium)
+# a real SLURM cluster on localhost for tests/slurm (slurmctld, slurmd, client commands) and its auth daemon
+{ command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null || needed+=(slurm-wlm)
+{ command -v munged && command -v munge; } >/dev/null || needed+=(munge)
 if [ ${#needed[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
     echo "system-deps: missing ${needed[*]} and not root; the tests that need them will skip" >&2

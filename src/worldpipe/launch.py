@@ -1,7 +1,8 @@
 """Start training under torchrun: compose and validate the config first, then one process per rank.
 
 On a workstation this is `torchrun --standalone`; inside a SLURM allocation spanning several nodes it is one
-torchrun per node with c10d rendezvous at the allocation's first host (see workflow/scripts/).
+torchrun per node (one srun task each) with c10d rendezvous at the allocation's first host: the endpoint and
+rendezvous id come from WORLDPIPE_RDZV_ENDPOINT / WORLDPIPE_RDZV_ID (set by workflow/scripts/launch_training.sh).
 """
 
 from __future__ import annotations
@@ -49,19 +50,36 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> i
     preflight_resume(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(torchrun_command(cfg, overrides, rdzv_endpoint))
+    cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe")
+    # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
+    # the job step, torchrun included. An ignored disposition survives exec, so torchrun starts with SIGUSR1
+    # ignored; the workers install their own handler (PreemptionFlag).
+    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
+    try:
+        proc = subprocess.Popen(cmd)
+    except BaseException:
+        signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
+        raise
+    received: list[int] = []
 
     def forward(signum, _frame):
         # torchrun turns SIGTERM into SIGTERM for every worker; the workers finish their step and checkpoint.
+        received.append(signum)
         proc.send_signal(signal.SIGTERM if signum == signal.SIGUSR1 else signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        previous.setdefault(sig, signal.getsignal(sig))
+        signal.signal(sig, forward)
     try:
         code = proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if code != 0 and (run_dir / PREEMPTED_RECORD).exists():
+        return EXIT_PREEMPTED
+    if code != 0 and any(sig in (signal.SIGTERM, signal.SIGUSR1) for sig in received):
+        # Stopped on a preemption signal. On another node than rank 0's, torchrun may end before rank 0 has
+        # written PREEMPTED; the run resumes from its newest intact checkpoint either way.
         return EXIT_PREEMPTED
     return code
 

@@ -9,6 +9,8 @@ rule init_store:
         store="results/data/{dataset}/store.zarr",
     conda:
         "../envs/worldpipe.yaml"
+    resources:
+        **(config["resources"]["default"] | config["resources"].get("init_store", {})),
     log:
         "logs/init_store/{dataset}.log",
     benchmark:
@@ -29,6 +31,8 @@ rule simulate_episodes:
         shards=shard_range,
     conda:
         "../envs/worldpipe.yaml"
+    resources:
+        **(config["resources"]["default"] | config["resources"].get("simulate_episodes", {})),
     log:
         "logs/simulate_episodes/{dataset}-{part}.log",
     benchmark:
@@ -47,6 +51,8 @@ rule seal_dataset:
         store="results/data/{dataset}/store.zarr",
     conda:
         "../envs/worldpipe.yaml"
+    resources:
+        **(config["resources"]["default"] | config["resources"].get("seal_dataset", {})),
     log:
         "logs/seal_dataset/{dataset}.log",
     benchmark:

@@ -19,6 +19,8 @@ rule evaluate_model:
         horizon=config["evaluate"]["horizon"],
     conda:
         "../envs/worldpipe.yaml"
+    resources:
+        **(config["resources"]["default"] | config["resources"].get("evaluate_model", {})),
     log:
         "logs/evaluate_model/{experiment}.log",
     benchmark:
@@ -42,6 +44,8 @@ rule plot_loss_curve:
         tracking=tracking_uri(),
     conda:
         "../envs/worldpipe.yaml"
+    resources:
+        **(config["resources"]["default"] | config["resources"].get("plot_loss_curve", {})),
     log:
         "logs/plot_loss_curve/{experiment}.log",
     benchmark:

@@ -16,6 +16,27 @@ rule train_model:
         overrides=" ".join(config["train"].get("overrides", [])),
         launcher=LAUNCH_TRAINING,
     threads: config["train"]["nproc_per_node"]
+    # SLURM: one job of train.nnodes nodes, one task (one torchrun) per node. The `mpi` key makes the executor
+    # plugin run this rule in the batch step, so launch_training.sh starts training as a job step of its own,
+    # the one the warning signal (--signal=USR1@N) reaches; its empty value keeps the plugin's MPI check
+    # (tasks > 1) away from single-node jobs. Requests are per node.
+    resources:
+        **{
+            key: value
+            for key, value in (config["resources"]["default"] | config["resources"]["train_model"]).items()
+            if key not in ("gpu", "gpus_per_node", "preempt_signal_s", "slurm_extra")
+        },
+        nodes=config["train"]["nnodes"],
+        tasks=config["train"]["nnodes"],
+        mpi="",
+        slurm_extra=" ".join(
+            ["--ntasks-per-node=1"]
+            + [f"--signal=USR1@{config['resources']['train_model']['preempt_signal_s']}"]
+            * (config["resources"]["train_model"]["preempt_signal_s"] > 0)
+            + [f"--gpus-per-node={config['resources']['train_model']['gpus_per_node']}"]
+            * (config["resources"]["train_model"]["gpus_per_node"] > 0)
+            + [(config["resources"]["default"] | config["resources"]["train_model"]).get("slurm_extra", "")]
+        ).strip(),
     conda:
         "../envs/worldpipe.yaml"
     log:
