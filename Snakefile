@@ -1,11 +1,14 @@
 # worldpipe: simulate -> shard (zarr + manifest) -> train (torchrun, Hydra) -> evaluate -> report.
 # This file only wires; rules live in workflow/rules/, their code in src/worldpipe/ and workflow/scripts/.
+import os
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 
-configfile: "conf/pipeline/default.yaml"
+# Relative to this file, so `snakemake -s .../Snakefile --directory elsewhere` finds its defaults.
+configfile: os.path.join(workflow.basedir, "conf", "pipeline", "default.yaml")
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

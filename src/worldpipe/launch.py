@@ -50,6 +50,8 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> i
     preflight_resume(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
+    (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
     cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe")
     # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
     # the job step, torchrun included. An ignored disposition survives exec, so torchrun starts with SIGUSR1

@@ -42,6 +42,34 @@ def tracking_uri():
     return uri or f"sqlite:///{os.path.abspath('results/mlflow.db')}"
 
 
+def rule_resources(rule_name):
+    """Resources of a rule: the config's `resources.default`, overridden key by key by its own section."""
+    return config["resources"]["default"] | config["resources"].get(rule_name, {})
+
+
+# Keys of the train_model section that become sbatch options through slurm_extra, not Snakemake resources.
+TRAINING_SBATCH_KEYS = ("gpu", "gpus_per_node", "preempt_signal_s", "slurm_extra")
+
+
+def training_resources():
+    """train_model's resources: one task per node on `train.nnodes` nodes, warning signal, GPUs per node.
+
+    `mpi` is present (empty) so the SLURM plugin runs the rule in the batch step and the training job step
+    started by launch_training.sh is the only one the warning signal reaches.
+    """
+    merged = rule_resources("train_model")
+    extra = ["--ntasks-per-node=1"]
+    if merged.get("preempt_signal_s", 0) > 0:
+        extra.append(f"--signal=USR1@{merged['preempt_signal_s']}")
+    if merged.get("gpus_per_node", 0) > 0:
+        extra.append(f"--gpus-per-node={merged['gpus_per_node']}")
+    if merged.get("slurm_extra"):
+        extra.append(merged["slurm_extra"])
+    nodes = config["train"]["nnodes"]
+    plain = {key: value for key, value in merged.items() if key not in TRAINING_SBATCH_KEYS}
+    return plain | {"nodes": nodes, "tasks": nodes, "mpi": "", "slurm_extra": " ".join(extra)}
+
+
 LAUNCH_TRAINING = os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh")
 TRAIN_DATASET = config["dataset"]["name"]
 HELDOUT_DATASET = f"{TRAIN_DATASET}-heldout"

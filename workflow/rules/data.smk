@@ -10,7 +10,7 @@ rule init_store:
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **(config["resources"]["default"] | config["resources"].get("init_store", {})),
+        **rule_resources("init_store"),
     log:
         "logs/init_store/{dataset}.log",
     benchmark:
@@ -32,7 +32,7 @@ rule simulate_episodes:
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **(config["resources"]["default"] | config["resources"].get("simulate_episodes", {})),
+        **rule_resources("simulate_episodes"),
     log:
         "logs/simulate_episodes/{dataset}-{part}.log",
     benchmark:
@@ -52,7 +52,7 @@ rule seal_dataset:
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **(config["resources"]["default"] | config["resources"].get("seal_dataset", {})),
+        **rule_resources("seal_dataset"),
     log:
         "logs/seal_dataset/{dataset}.log",
     benchmark:

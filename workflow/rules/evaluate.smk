@@ -20,7 +20,7 @@ rule evaluate_model:
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **(config["resources"]["default"] | config["resources"].get("evaluate_model", {})),
+        **rule_resources("evaluate_model"),
     log:
         "logs/evaluate_model/{experiment}.log",
     benchmark:
@@ -45,7 +45,7 @@ rule plot_loss_curve:
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **(config["resources"]["default"] | config["resources"].get("plot_loss_curve", {})),
+        **rule_resources("plot_loss_curve"),
     log:
         "logs/plot_loss_curve/{experiment}.log",
     benchmark:

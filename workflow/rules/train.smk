@@ -21,22 +21,7 @@ rule train_model:
     # the one the warning signal (--signal=USR1@N) reaches; its empty value keeps the plugin's MPI check
     # (tasks > 1) away from single-node jobs. Requests are per node.
     resources:
-        **{
-            key: value
-            for key, value in (config["resources"]["default"] | config["resources"]["train_model"]).items()
-            if key not in ("gpu", "gpus_per_node", "preempt_signal_s", "slurm_extra")
-        },
-        nodes=config["train"]["nnodes"],
-        tasks=config["train"]["nnodes"],
-        mpi="",
-        slurm_extra=" ".join(
-            ["--ntasks-per-node=1"]
-            + [f"--signal=USR1@{config['resources']['train_model']['preempt_signal_s']}"]
-            * (config["resources"]["train_model"]["preempt_signal_s"] > 0)
-            + [f"--gpus-per-node={config['resources']['train_model']['gpus_per_node']}"]
-            * (config["resources"]["train_model"]["gpus_per_node"] > 0)
-            + [(config["resources"]["default"] | config["resources"]["train_model"]).get("slurm_extra", "")]
-        ).strip(),
+        **training_resources(),
     conda:
         "../envs/worldpipe.yaml"
     log:
