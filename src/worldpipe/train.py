@@ -273,76 +273,81 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         return digest
 
     # ---- the loop ----
-    bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
-               desc="train", dynamic_ncols=True, file=sys.stderr,
-               mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
-    digest, preempted = None, False
-    window_start = time.perf_counter()
-    while progress["step"] < t_cfg.steps:
-        step = progress["step"]
-        t0 = time.perf_counter()
-        batch = loader.next_batch()
-        t_data = time.perf_counter() - t0
-        obs, action = batch["obs"].to(rt.device), batch["action"].to(rt.device)  # [b,T,O], [b,T,A]
-        reward, mask = batch["reward"].to(rt.device), batch["mask"].to(rt.device)  # [b,T]
-        noise = latent_noise(cfg.seed, batch["sample_index"], obs.shape[1], model_cfg.stoch, noise_gen).to(rt.device)
+    try:
+        bar = tqdm(total=t_cfg.steps, initial=progress["step"], disable=not (rt.is_main and t_cfg.progress_bar),
+                   desc="train", dynamic_ncols=True, file=sys.stderr,
+                   mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
+        digest, preempted = None, False
+        window_start = time.perf_counter()
+        while progress["step"] < t_cfg.steps:
+            step = progress["step"]
+            t0 = time.perf_counter()
+            batch = loader.next_batch()
+            t_data = time.perf_counter() - t0
+            obs, action = batch["obs"].to(rt.device), batch["action"].to(rt.device)  # [b,T,O], [b,T,A]
+            reward, mask = batch["reward"].to(rt.device), batch["mask"].to(rt.device)  # [b,T]
+            noise = latent_noise(cfg.seed, batch["sample_index"], obs.shape[1], model_cfg.stoch, noise_gen).to(rt.device)
 
-        sums = model(obs, action, reward, mask, noise)  # forward = per-term loss sums over valid steps
-        # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
-        loss = sums["total"] * (rt.world_size / batch["global_valid"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
+            sums = model(obs, action, reward, mask, noise)  # forward = per-term loss sums over valid steps
+            # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
+            loss = sums["total"] * (rt.world_size / batch["global_valid"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
 
-        progress["step"] = step + 1
-        progress["samples_seen"] += batch["global_batch_size"]
-        progress["tokens_seen"] += batch["global_valid"]
-        progress["epoch"] = loader.state_dict()["epoch"]
+            progress["step"] = step + 1
+            progress["samples_seen"] += batch["global_batch_size"]
+            progress["tokens_seen"] += batch["global_valid"]
+            progress["epoch"] = loader.state_dict()["epoch"]
 
-        if progress["step"] % t_cfg.log_every == 0 or progress["step"] == t_cfg.steps:
-            totals = all_reduce_sum(rt, torch.stack([sums[k].detach() for k in LOSS_TERMS]).cpu())
-            elapsed = time.perf_counter() - window_start
-            window_start = time.perf_counter()
-            metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(LOSS_TERMS, totals, strict=True)}
-            metrics.update({
-                "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
-                "samples_per_s": t_cfg.log_every * t_cfg.batch_size / elapsed,
-                "step_time_s": time.perf_counter() - t0, "data_wait_s": t_data,
-            })
-            recorder.add_metrics(progress["step"], metrics, int(time.time() * 1000))
-            bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", refresh=False)
-        bar.update(1)
+            if progress["step"] % t_cfg.log_every == 0 or progress["step"] == t_cfg.steps:
+                totals = all_reduce_sum(rt, torch.stack([sums[k].detach() for k in LOSS_TERMS]).cpu())
+                elapsed = time.perf_counter() - window_start
+                window_start = time.perf_counter()
+                metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(LOSS_TERMS, totals, strict=True)}
+                metrics.update({
+                    "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
+                    "samples_per_s": t_cfg.log_every * t_cfg.batch_size / elapsed,
+                    "step_time_s": time.perf_counter() - t0, "data_wait_s": t_data,
+                })
+                recorder.add_metrics(progress["step"], metrics, int(time.time() * 1000))
+                bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", refresh=False)
+            bar.update(1)
 
-        preempted = any_rank(rt, preemption.raised)
-        final = progress["step"] == t_cfg.steps or preempted
-        if progress["step"] % cfg.checkpoint.every == 0 or final:
-            digest = save(progress["step"], final)
+            preempted = any_rank(rt, preemption.raised)
+            final = progress["step"] == t_cfg.steps or preempted
+            if progress["step"] % cfg.checkpoint.every == 0 or final:
+                digest = save(progress["step"], final)
+            if preempted:
+                break
+        bar.close()
+        loader.close()
+        ckpt.close()
+        if digest is None and rt.is_main:  # resumed from the final checkpoint: nothing left to train
+            digest = checkpoint_digest(cfg.checkpoint.dir, progress["step"])
+
+        # Replicas must agree bit for bit; recorded so a test (or a user) can check it after the fact.
+        replica_digests = gather_objects(rt, _replica_digest(model, cfg.parallel.strategy))
+        record = {"final_step": progress["step"], "target_steps": t_cfg.steps, "digest": digest,
+                  "replica_digests": replica_digests, "mlflow_run_id": run_id, "dataset_hash": dataset_hash, "world_size": rt.world_size,
+                  "checkpoint_dir": str(cfg.checkpoint.dir)}
         if preempted:
-            break
-    bar.close()
-    loader.close()
-    ckpt.close()
-    if digest is None and rt.is_main:  # resumed from the final checkpoint: nothing left to train
-        digest = checkpoint_digest(cfg.checkpoint.dir, progress["step"])
-
-    # Replicas must agree bit for bit; recorded so a test (or a user) can check it after the fact.
-    replica_digests = gather_objects(rt, _replica_digest(model, cfg.parallel.strategy))
-    record = {"final_step": progress["step"], "replica_digests": replica_digests, "target_steps": t_cfg.steps, "digest": digest,
-              "mlflow_run_id": run_id, "dataset_hash": dataset_hash, "world_size": rt.world_size,
-              "checkpoint_dir": str(cfg.checkpoint.dir)}
-    if preempted:
+            if rt.is_main:
+                write_text_atomic(run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
+                recorder.end("KILLED")
+                log.warning("preempted by signal %s: checkpoint at step %d published", preemption.signal, progress["step"])
+            raise SystemExit(EXIT_PREEMPTED)
         if rt.is_main:
-            write_text_atomic(run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
-            recorder.end("KILLED")
-            log.warning("preempted by signal %s: checkpoint at step %d published", preemption.signal, progress["step"])
-        raise SystemExit(EXIT_PREEMPTED)
-    if rt.is_main:
-        (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
-        write_text_atomic(run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
-        recorder.end("FINISHED")
-    return record
+            (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+            write_text_atomic(run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
+            recorder.end("FINISHED")
+        return record
+    except Exception:
+        if rt.is_main:  # the MLflow run says FAILED rather than RUNNING forever; a resume reopens it
+            recorder.end("FAILED")
+        raise
 
 
 def _replica_digest(model: torch.nn.Module, strategy: str) -> str | None:
