@@ -12,7 +12,7 @@ import zarr
 
 from worldpipe.data.build import build_dataset
 from worldpipe.data.episodes import simulate_episode
-from worldpipe.data.manifest import seal_dataset
+from worldpipe.data.manifest import load_manifest, seal_dataset, verify_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.data.store import TrajectoryStore, init_store, write_shards
 
@@ -181,3 +181,14 @@ def test_init_refuses_foreign_directory(tmp_path):
     with pytest.raises(ValueError, match="non-zarr"):
         init_store(str(victim), SPEC)
     assert (victim / "precious.txt").exists()
+
+
+def test_file_url_matches_local_path(tmp_path):
+    local, remote = str(tmp_path / "local.zarr"), f"file://{tmp_path}/nested/remote.zarr"
+    build_dataset(local, SPEC, manifest_path=str(tmp_path / "local.json"))
+    build_dataset(remote, SPEC, manifest_path=str(tmp_path / "remote.json"))
+    a, b = load_manifest(str(tmp_path / "local.json")), load_manifest(str(tmp_path / "remote.json"))
+    assert a["dataset_hash"] == b["dataset_hash"]
+    assert all(s["status"] == "ok" for s in verify_dataset(remote, str(tmp_path / "remote.json")))
+    store = TrajectoryStore.open(remote, manifest=b)
+    assert store.read_episodes(0, 2)["obs"].shape == TrajectoryStore.open(local).read_episodes(0, 2)["obs"].shape
