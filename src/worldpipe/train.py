@@ -156,10 +156,11 @@ def check_resume_identity(saved: dict, cfg: DictConfig, dataset_hash: str, step:
 
 def preflight_resume(cfg: DictConfig) -> int | None:
     """Before any process starts: the step a run would resume from, after the identity check."""
-    manager = CheckpointManager(cfg.checkpoint.dir, keep_last=cfg.checkpoint.keep_last, verify=cfg.checkpoint.verify)
+    # Sizes only and the identity file only: the ranks verify and load the full state themselves.
+    manager = CheckpointManager(cfg.checkpoint.dir, keep_last=cfg.checkpoint.keep_last, verify="size")
     step = manager.latest_intact()
     if step is not None:
-        identity = manager.load(step)["identity"]
+        identity = manager.load(step, keys=["identity"])["identity"]
         check_resume_identity(identity, cfg, load_manifest(cfg.data.manifest)["dataset_hash"], step)
     return step
 
