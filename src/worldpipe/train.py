@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,10 +27,8 @@ from worldpipe.atomic import write_text_atomic
 from worldpipe.checkpoint import CheckpointManager, capture_rng, checkpoint_digest, restore_rng, state_digest
 from worldpipe.config import (
     ConfigError,
-    config_diff,
     config_hash,
     flatten,
-    identity_config,
     to_container,
     validate_config,
 )
@@ -57,38 +54,16 @@ from worldpipe.parallel.wrap import (
     unwrap,
     wrap_model,
 )
+from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD, PreemptionFlag
+from worldpipe.resume import ResumeRefused, check_resume_identity
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
 log = logging.getLogger("worldpipe.train")
 
 CONF_DIR = ident.PROJECT_ROOT / "conf"
-# Exit status of a run that stopped on SIGTERM/SIGUSR1 after publishing a checkpoint (EX_TEMPFAIL):
-# a scheduler or Snakemake retry should start it again, and it resumes.
-EXIT_PREEMPTED = 75
 COMPLETION_RECORD = "train_done.json"
-PREEMPTED_RECORD = "PREEMPTED"
 LOSS_TERMS = ("total", "recon", "reward", "kl")
-
-
-class ResumeRefused(RuntimeError):
-    """The checkpoint on disk belongs to a different run (config or dataset changed)."""
-
-
-class PreemptionFlag:
-    """Set by SIGTERM/SIGUSR1; the loop finishes its step, checkpoints and exits with EXIT_PREEMPTED."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame) -> None:
-        self.signal = signum
-
-    @property
-    def raised(self) -> bool:
-        return self.signal is not None
 
 
 def latent_noise(seed: int, sample_index: torch.Tensor, steps: int, stoch: int, gen: torch.Generator) -> torch.Tensor:
@@ -132,37 +107,6 @@ def build_identity(cfg: DictConfig, dataset_hash: str, runtime: Runtime, run_id:
         "parallel_layout": {"strategy": cfg.parallel.strategy, "world_size": runtime.world_size},
         "mlflow_run_id": run_id,
     }
-
-
-def check_resume_identity(saved: dict, cfg: DictConfig, dataset_hash: str, step: int) -> None:
-    """Refuse to resume a checkpoint written by a different config (beyond safe keys) or dataset."""
-    if saved["dataset_hash"] != dataset_hash:
-        raise ResumeRefused(
-            f"checkpoint step {step} was trained on dataset {saved['dataset_hash'][:16]}…, "
-            f"but data.manifest now has {dataset_hash[:16]}…; use a new run_dir or the original data"
-        )
-    old = identity_config(saved["config"])
-    new = identity_config(cfg)
-    diff = config_diff(old, new)
-    if diff and not cfg.checkpoint.allow_config_change:
-        raise ResumeRefused(
-            f"checkpoint step {step} was written with a different config:\n"
-            + "\n".join(diff)
-            + "\nresume with the original values, or pass checkpoint.allow_config_change=true to accept them"
-        )
-    if diff:
-        log.warning("resuming step %d with changed config (allowed):\n%s", step, "\n".join(diff))
-
-
-def preflight_resume(cfg: DictConfig) -> int | None:
-    """Before any process starts: the step a run would resume from, after the identity check."""
-    # Sizes only and the identity file only: the ranks verify and load the full state themselves.
-    manager = CheckpointManager(cfg.checkpoint.dir, keep_last=cfg.checkpoint.keep_last, verify="size")
-    step = manager.latest_intact()
-    if step is not None:
-        identity = manager.load(step, keys=["identity"])["identity"]
-        check_resume_identity(identity, cfg, load_manifest(cfg.data.manifest)["dataset_hash"], step)
-    return step
 
 
 def train(cfg: DictConfig) -> dict:

@@ -31,7 +31,7 @@ def _train(args) -> int:
 
     from worldpipe.config import ConfigError
     from worldpipe.launch import launch_training, main_env_endpoint
-    from worldpipe.train import ResumeRefused
+    from worldpipe.resume import ResumeRefused
 
     try:
         return launch_training(args.overrides, main_env_endpoint())
