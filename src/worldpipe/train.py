@@ -162,11 +162,10 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         load_full_state(model, optimizer, state["model"], state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["sampler"])
-        rank_rng = state["rng"][rt.rank] if rt.rank < len(state["rng"]) else None
         # On another world size ranks map to different data; their streams start fresh (latent noise is
         # keyed by sample index, not by rank, so the training math does not depend on them).
-        if rank_rng is not None and len(state["rng"]) == rt.world_size:
-            restore_rng(rank_rng, {}, torch_generators)
+        if len(state["rng"]) == rt.world_size:
+            restore_rng(state["rng"][rt.rank], {}, torch_generators)
         progress = dict(state["progress"])
         run_id = state["identity"].get("mlflow_run_id")
         if rt.is_main:
