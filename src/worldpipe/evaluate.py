@@ -15,18 +15,17 @@ import torch
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.models import RSSM, RSSMConfig
+from worldpipe.models import WorldModel, build_model
 
 
-def load_model(checkpoint_dir: str, obs_dim: int, act_dim: int, step: int | None = None) -> tuple[RSSM, dict]:
+def load_model(checkpoint_dir: str, obs_dim: int, act_dim: int, step: int | None = None) -> tuple[WorldModel, dict]:
     """The model of a checkpoint (newest intact by default) and its identity record."""
     manager = CheckpointManager(checkpoint_dir)
     chosen = step if step is not None else manager.latest_intact()
     if chosen is None:
         raise FileNotFoundError(f"no intact checkpoint in {checkpoint_dir}")
     state = manager.load(chosen)
-    model_cfg = {k: v for k, v in state["identity"]["config"]["model"].items() if k != "name"}
-    model = RSSM(obs_dim, act_dim, RSSMConfig(**model_cfg))
+    model = build_model(state["identity"]["config"]["model"], obs_dim, act_dim)
     model.load_state_dict(state["model"])
     model.eval()
     return model, {"step": chosen, **state["identity"]}

@@ -36,7 +36,8 @@ from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.models import RSSM, RSSMConfig
+from worldpipe.models import build_model
+from worldpipe.models.noise import sample_noise
 from worldpipe.parallel.runtime import (
     Runtime,
     all_reduce_sum,
@@ -63,20 +64,6 @@ log = logging.getLogger("worldpipe.train")
 
 CONF_DIR = ident.PROJECT_ROOT / "conf"
 COMPLETION_RECORD = "train_done.json"
-LOSS_TERMS = ("total", "recon", "reward", "kl")
-
-
-def latent_noise(seed: int, sample_index: torch.Tensor, steps: int, stoch: int, gen: torch.Generator) -> torch.Tensor:
-    """Standard-normal noise [b, T, S] that depends only on (seed, global sample index).
-
-    Randomness keyed by *what* is sampled, not by *who* samples it: any world size, and any resume point,
-    draws the same latents for the same window, while different windows draw independent noise.
-    """
-    rows = []
-    for index in sample_index.tolist():
-        gen.manual_seed(int(np.random.SeedSequence([seed, 0x6E6F697365, index]).generate_state(1, np.uint64)[0]))
-        rows.append(torch.randn(steps, stoch, generator=gen))
-    return torch.stack(rows)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -137,10 +124,10 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
                           cache_bytes=d_cfg.cache_mb << 20, prefetch=d_cfg.prefetch)
 
     # ---- model, optimizer, schedule (identical init on every rank: same torch seed) ----
-    model_cfg = RSSMConfig(**{k: v for k, v in to_container(cfg.model).items() if k != "name"})
-    model = RSSM(store.obs_dim, store.act_dim, model_cfg).to(rt.device)
-    model.set_normalization(stats["obs_mean"], stats["obs_std"])
-    model = wrap_model(model, cfg.parallel.strategy, rt)
+    core = build_model(cfg.model, store.obs_dim, store.act_dim).to(rt.device)
+    core.set_normalization(stats["obs_mean"], stats["obs_std"])
+    loss_terms = core.loss_terms
+    model = wrap_model(core, cfg.parallel.strategy, rt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, t_cfg.warmup_steps, t_cfg.steps, t_cfg.min_lr_ratio)
@@ -230,7 +217,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             t_data = time.perf_counter() - t0
             obs, action = batch["obs"].to(rt.device), batch["action"].to(rt.device)  # [b,T,O], [b,T,A]
             reward, mask = batch["reward"].to(rt.device), batch["mask"].to(rt.device)  # [b,T]
-            noise = latent_noise(cfg.seed, batch["sample_index"], obs.shape[1], model_cfg.stoch, noise_gen).to(rt.device)
+            noise = sample_noise(cfg.seed, batch["sample_index"], core.noise_shape(obs.shape[1]), noise_gen)
+            noise = noise.to(rt.device) if noise is not None else None
 
             sums = model(obs, action, reward, mask, noise)  # forward = per-term loss sums over valid steps
             # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
@@ -247,10 +235,10 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             progress["epoch"] = loader.state_dict()["epoch"]
 
             if progress["step"] % t_cfg.log_every == 0 or progress["step"] == t_cfg.steps:
-                totals = all_reduce_sum(rt, torch.stack([sums[k].detach() for k in LOSS_TERMS]).cpu())
+                totals = all_reduce_sum(rt, torch.stack([sums[k].detach() for k in loss_terms]).cpu())
                 elapsed = time.perf_counter() - window_start
                 window_start = time.perf_counter()
-                metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(LOSS_TERMS, totals, strict=True)}
+                metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(loss_terms, totals, strict=True)}
                 metrics.update({
                     "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
                     "samples_per_s": t_cfg.log_every * t_cfg.batch_size / elapsed,

@@ -2,7 +2,7 @@
 
 import torch
 
-from worldpipe.models import RSSM, RSSMConfig
+from worldpipe.models.rssm import RSSM, RSSMConfig
 
 CFG = RSSMConfig(embed=8, deter=8, stoch=4, hidden=16)
 
@@ -14,7 +14,7 @@ def _batch(b=3, t=6, o=3, a=1, seed=0):
 
 
 def test_observe_shapes():
-    model = RSSM(3, 1, CFG)
+    model = RSSM.from_config(3, 1, CFG)
     obs, action, _, _, noise = _batch()
     states = model.observe(obs, action, noise)
     assert states["h"].shape == (3, 6, CFG.deter)
@@ -24,7 +24,7 @@ def test_observe_shapes():
 
 def test_masked_steps_do_not_contribute():
     torch.manual_seed(0)
-    model = RSSM(3, 1, CFG)
+    model = RSSM.from_config(3, 1, CFG)
     obs, action, reward, mask, noise = _batch()
     mask[:, 4:] = 0
     base = model(obs, action, reward, mask, noise)
@@ -37,7 +37,7 @@ def test_masked_steps_do_not_contribute():
 
 def test_loss_is_a_sum_over_valid_steps():
     torch.manual_seed(0)
-    model = RSSM(3, 1, CFG)
+    model = RSSM.from_config(3, 1, CFG)
     obs, action, reward, mask, noise = _batch(b=4)
     whole = model(obs, action, reward, mask, noise)
     halves = [model(obs[s], action[s], reward[s], mask[s], noise[s]) for s in (slice(0, 1), slice(1, 4))]
@@ -47,9 +47,9 @@ def test_loss_is_a_sum_over_valid_steps():
 def test_same_seed_same_output_and_noise_matters():
     obs, action, reward, mask, noise = _batch()
     torch.manual_seed(1)
-    a = RSSM(3, 1, CFG)(obs, action, reward, mask, noise)["total"]
+    a = RSSM.from_config(3, 1, CFG)(obs, action, reward, mask, noise)["total"]
     torch.manual_seed(1)
-    model = RSSM(3, 1, CFG)
+    model = RSSM.from_config(3, 1, CFG)
     b = model(obs, action, reward, mask, noise)["total"]
     assert torch.equal(a, b)
     assert not torch.equal(b, model(obs, action, reward, mask, noise + 1)["total"])
@@ -64,7 +64,7 @@ def test_learns_a_linear_system_better_than_repeating():
     for t in range(1, steps):
         obs[:, t, 0] = obs[:, t - 1, 0] + 0.3 * obs[:, t - 1, 1]
         obs[:, t, 1] = 0.9 * obs[:, t - 1, 1] + action[:, t - 1, 0]
-    model = RSSM(2, 1, RSSMConfig(embed=16, deter=32, stoch=4, hidden=64, free_nats=0.0))
+    model = RSSM.from_config(2, 1, RSSMConfig(embed=16, deter=32, stoch=4, hidden=64, free_nats=0.0))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     mask = torch.ones(batch, steps)
     for _ in range(300):

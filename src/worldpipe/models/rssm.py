@@ -14,11 +14,13 @@ index, so a resume on another world size draws exactly the same latents.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,22 @@ def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(inp, hidden), nn.ELU(), nn.Linear(hidden, hidden), nn.ELU(), nn.Linear(hidden, out))
 
 
-class RSSM(nn.Module):
-    """Recurrent state-space world model over vector observations."""
+class RSSM(WorldModel):
+    """Recurrent state-space world model over vector observations.
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: RSSMConfig):
-        super().__init__()
+    Batch-parallel only: the GRU transition is a nonlinear recurrence, so step t needs step t-1's state and
+    the sequence has no valid cut in time (docs/architecture.md, "Which model supports which axis").
+    """
+
+    loss_terms = ("total", "recon", "reward", "kl")
+    parallel = ParallelSupport(batch=True, tensor_parallel=False, time_partition=None)
+
+    def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, stoch: int = 16,
+                 hidden: int = 128, min_std: float = 0.1, kl_scale: float = 1.0, free_nats: float = 0.5,
+                 reward_scale: float = 1.0):
+        super().__init__(obs_dim, act_dim)
+        cfg = RSSMConfig(embed, deter, stoch, hidden, min_std, kl_scale, free_nats, reward_scale)
         self.cfg = cfg
-        self.obs_dim, self.act_dim = obs_dim, act_dim
         self.encoder = _mlp(obs_dim, cfg.hidden, cfg.embed)
         self.cell_input = nn.Sequential(nn.Linear(cfg.stoch + act_dim, cfg.hidden), nn.ELU())
         self.cell = nn.GRUCell(cfg.hidden, cfg.deter)
@@ -53,15 +64,19 @@ class RSSM(nn.Module):
         self.posterior_head = _mlp(cfg.deter + cfg.embed, cfg.hidden, 2 * cfg.stoch)
         self.decoder = _mlp(cfg.deter + cfg.stoch, cfg.hidden, obs_dim)
         self.reward_head = _mlp(cfg.deter + cfg.stoch, cfg.hidden, 1)
-        # Normalization statistics of the training data travel with the weights, so evaluation and
-        # imagination never need the dataset to interpret the model's outputs.
-        self.register_buffer("obs_mean", torch.zeros(obs_dim))
-        self.register_buffer("obs_std", torch.ones(obs_dim))
 
-    def set_normalization(self, obs_mean, obs_std) -> None:
-        """Record the observation statistics the model is trained in."""
-        self.obs_mean.copy_(torch.as_tensor(obs_mean, dtype=self.obs_mean.dtype))
-        self.obs_std.copy_(torch.as_tensor(obs_std, dtype=self.obs_std.dtype))
+    @classmethod
+    def from_config(cls, obs_dim: int, act_dim: int, cfg: RSSMConfig) -> RSSM:
+        """An RSSM of these sizes from an :class:`RSSMConfig`."""
+        return cls(obs_dim, act_dim, **asdict(cfg))
+
+    def noise_shape(self, steps: int) -> tuple[int, ...]:
+        """One standard-normal draw per step for the posterior sample: [T, S]."""
+        return (steps, self.cfg.stoch)
+
+    def rollout_noise_shape(self) -> tuple[int, ...]:
+        """One draw per imagined step for the prior sample: [S]."""
+        return (self.cfg.stoch,)
 
     def _gaussian(self, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, raw_std = stats.chunk(2, dim=-1)
@@ -127,22 +142,20 @@ class RSSM(nn.Module):
         )
         return sums
 
-    @torch.no_grad()
-    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int) -> torch.Tensor:
-        """Filter `context` observed steps, then imagine the rest with prior means (no sampling).
+    def observe_context(self, obs: torch.Tensor, action: torch.Tensor) -> RolloutState:
+        """Filter the history with posterior means; the state (h, z) after its last observation."""
+        noise = obs.new_zeros(obs.shape[0], obs.shape[1], self.cfg.stoch)  # posterior means
+        states = self.observe(obs, action, noise)
+        return {"h": states["h"][:, -1], "z": states["z"][:, -1]}
 
-        obs [B,T,O], action [B,T,A]; returns predicted observations for steps context..T-1: [B,T-context,O].
-        """
-        batch = obs.shape[0]
-        noise = obs.new_zeros(batch, context, self.cfg.stoch)  # posterior means
-        states = self.observe(obs[:, :context], action[:, :context], noise)
-        h, z = states["h"][:, -1], states["z"][:, -1]
-        predictions = []
-        for t in range(context, obs.shape[1]):
-            h = self.transition(h, z, action[:, t - 1])
-            z, _ = self._gaussian(self.prior_head(h))
-            predictions.append(self.decode(h, z)[0])
-        return torch.stack(predictions, dim=1)
+    def imagine_step(self, state: RolloutState, action: torch.Tensor,
+                     noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, RolloutState]:
+        """h' = GRU(h, [z, a]); z' from the prior (its mean, or mean + std * noise); decode (h', z')."""
+        h = self.transition(state["h"], state["z"], action)
+        mean, std = self._gaussian(self.prior_head(h))
+        z = mean if noise is None else mean + std * noise
+        obs_pred, reward_pred = self.decode(h, z)
+        return obs_pred, reward_pred, {"h": h, "z": z}
 
 
 def _gaussian_kl(mean_q, std_q, mean_p, std_p) -> torch.Tensor:

@@ -1,0 +1,135 @@
+"""The world-model interface: everything the trainer, evaluator, checkpointer and rollout service may ask of a model.
+
+A model is a plugin: ``conf/model/*.yaml`` names its class with ``_target_`` and :func:`build_model` instantiates
+it with the dataset's observation and action sizes. Nothing outside ``worldpipe.models`` branches on a model's
+name; it asks the model instead (docs/architecture.md, "World models are plugins").
+
+Shapes: B = sequences in the batch, T = time steps, O/A = observation/action size.
+
+* Training: ``forward(obs, action, reward, mask, noise)`` returns per-term loss *sums* over valid steps
+  (``mask`` 1 for valid steps). The trainer divides by the global count of valid steps, so unequal per-rank
+  slices still give the global-mean gradient. ``noise`` is drawn *outside* the module, keyed by seed and global
+  sample index (:func:`worldpipe.models.noise.sample_noise`), with the per-sample shape the model declares in
+  :meth:`WorldModel.noise_shape` (None: the model needs no noise and gets ``None``).
+* Evaluation: ``predict_open_loop(obs, action, context)`` filters ``context`` observed steps, then imagines the
+  rest from the actions alone; by default it is built from the rollout primitives below.
+* Rollouts: :meth:`WorldModel.observe_context` turns an observed history into a :class:`RolloutState` (a dict of
+  batch-first tensors the caller owns: it can clone, slice and concatenate it), and
+  :meth:`WorldModel.imagine_step` advances it by one action. ``rollout_noise_shape`` is the per-sample noise of
+  one imagined step (None: deterministic). The state has a fixed size (recurrent models) or grows with the
+  horizon (a KV cache): :attr:`WorldModel.state_grows` says which.
+* Partitioning: :attr:`WorldModel.parallel` says which axes the model supports (batch always; tensor-parallel
+  when it provides a plan; time only where the temporal dependency allows a valid cut).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+# A rollout state: named, batch-first tensors (dim 0 = sequence in the batch).
+RolloutState = dict[str, torch.Tensor]
+
+TIME_PARTITIONS = (None, "ring_attention", "scan")
+
+
+@dataclass(frozen=True)
+class ParallelSupport:
+    """Which partitioning axes a model admits.
+
+    ``time_partition``: None when the sequence cannot be cut in time (a nonlinear recurrence needs every
+    previous state), ``"ring_attention"`` (causal attention: key/value blocks can circulate between ranks),
+    ``"scan"`` (an affine recurrence: chunk-local scans plus exchanged boundary states).
+    """
+
+    batch: bool = True
+    tensor_parallel: bool = False
+    time_partition: str | None = None
+    max_tensor_parallel: int | None = None  # e.g. the number of attention heads
+
+    def __post_init__(self) -> None:
+        if self.time_partition not in TIME_PARTITIONS:
+            raise ValueError(f"time_partition must be one of {TIME_PARTITIONS}, got {self.time_partition!r}")
+
+
+class WorldModel(nn.Module):
+    """Base class of world models over vector observations (see the module docstring for the contract)."""
+
+    #: Loss terms ``forward`` returns, "total" first (the one that is optimized).
+    loss_terms: ClassVar[tuple[str, ...]] = ("total",)
+    #: Partitioning axes the model admits.
+    parallel: ClassVar[ParallelSupport] = ParallelSupport()
+    #: True when the rollout state grows with the horizon (a KV cache), False for a fixed-size state.
+    state_grows: ClassVar[bool] = False
+
+    def __init__(self, obs_dim: int, act_dim: int) -> None:
+        super().__init__()
+        self.obs_dim, self.act_dim = int(obs_dim), int(act_dim)
+        # Normalization statistics of the training data travel with the weights, so evaluation and imagination
+        # never need the dataset to interpret the model's outputs.
+        self.register_buffer("obs_mean", torch.zeros(self.obs_dim))
+        self.register_buffer("obs_std", torch.ones(self.obs_dim))
+
+    def set_normalization(self, obs_mean: Any, obs_std: Any) -> None:
+        """Record the observation statistics the model is trained in."""
+        self.obs_mean.copy_(torch.as_tensor(obs_mean, dtype=self.obs_mean.dtype))
+        self.obs_std.copy_(torch.as_tensor(obs_std, dtype=self.obs_std.dtype))
+
+    # ---- training ----
+    def noise_shape(self, steps: int) -> tuple[int, ...] | None:
+        """Per-sample shape of the training noise for a window of ``steps`` (None: no noise)."""
+        return None
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, mask: torch.Tensor,
+                noise: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Per-term loss sums over valid steps (scalars), keyed by :attr:`loss_terms`."""
+        raise NotImplementedError
+
+    # ---- rollouts ----
+    def rollout_noise_shape(self) -> tuple[int, ...] | None:
+        """Per-sample shape of the noise one imagined step draws (None: deterministic)."""
+        return None
+
+    def observe_context(self, obs: torch.Tensor, action: torch.Tensor) -> RolloutState:
+        """Filter an observed history obs [B,C,O] (normalized), action [B,C,A] into a rollout state.
+
+        The state is positioned after observation C-1; ``action[:, C-1]`` is the first action the next
+        :meth:`imagine_step` consumes, so only ``action[:, :C-1]`` is read here.
+        """
+        raise NotImplementedError
+
+    def imagine_step(self, state: RolloutState, action: torch.Tensor,
+                     noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, RolloutState]:
+        """Take ``action`` [B,A] from ``state``: predicted (normalized) observation [B,O], reward [B], new state.
+
+        ``noise`` [B,*rollout_noise_shape] draws a stochastic sample; None takes the mean (no sampling).
+        The input state is never modified: forks may share it.
+        """
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int) -> torch.Tensor:
+        """Filter ``context`` observed steps, then imagine the rest with means (no sampling).
+
+        obs [B,T,O] (normalized), action [B,T,A]; returns predicted observations for steps context..T-1:
+        [B,T-context,O].
+        """
+        state = self.observe_context(obs[:, :context], action[:, :context])
+        predictions = []
+        for t in range(context, obs.shape[1]):
+            predicted, _, state = self.imagine_step(state, action[:, t - 1])
+            predictions.append(predicted)
+        return torch.stack(predictions, dim=1)
+
+    # ---- partitioning ----
+    def tensor_parallel_plan(self) -> dict[str, Any] | None:
+        """Module path -> DTensor parallel style, for ``parallelize_module`` (None: not tensor-parallel)."""
+        return None
+
+
+def state_nbytes(state: RolloutState) -> int:
+    """Bytes held by a rollout state's tensors."""
+    return sum(t.numel() * t.element_size() for t in state.values())
