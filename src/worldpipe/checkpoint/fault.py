@@ -7,7 +7,10 @@
 * ``raise``          raise ``OSError(EIO)`` as a failing disk would.
 
 A phase may name the step it applies to, ``<phase>@<step>:<action>`` (e.g. ``after_rename@20:die``), so a
-training run can publish earlier checkpoints normally and fail inside a later one.
+training run can publish earlier checkpoints normally and fail inside a later one. In a multi-rank (sharded)
+save, ``#<rank>`` selects the rank the fault applies to, ``<phase>[@<step>]#<rank>:<action>`` (e.g.
+``mid_files@4#1:die`` kills rank 1 while it writes its shard of step 4); the rank is the ``RANK`` torchrun sets
+(0 without one). Without ``#<rank>`` every process that reaches the phase applies it.
 Several faults may be given separated by ``,``. The variable is read at every phase, so a process can change
 it between saves. Phases, in publication order, are listed in :data:`PHASES`.
 """
@@ -48,6 +51,11 @@ def publishing(step: int) -> Iterator[None]:
         _publishing_step = previous
 
 
+def _this_rank() -> int:
+    # The launcher's rank, not the process group's: faults fire before and after the group exists.
+    return int(os.environ.get("RANK", "0"))
+
+
 def inject(phase: str) -> None:
     """Apply any fault configured for ``phase``."""
     spec = os.environ.get(ENV_VAR, "")
@@ -55,10 +63,13 @@ def inject(phase: str) -> None:
         return
     for item in spec.split(","):
         name, _, action = item.strip().partition(":")
+        name, _, only_rank = name.partition("#")
         name, _, only_step = name.partition("@")
         if name not in PHASES:
             raise ValueError(f"{ENV_VAR}: unknown phase {name!r} (known: {', '.join(PHASES)})")
         if name != phase or (only_step and int(only_step) != _publishing_step):
+            continue
+        if only_rank and int(only_rank) != _this_rank():
             continue
         if action == "die":
             os.kill(os.getpid(), signal.SIGKILL)
