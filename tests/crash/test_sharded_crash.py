@@ -4,7 +4,7 @@ Two FSDP2 ranks save step 2, then die while saving step 4: rank 1 half-way throu
 (`mid_files@4#1:die`), or rank 0 after every shard file is durable but before the manifest
 (`after_files@4#0:die`), or rank 0 with the manifest written but the directory not yet renamed. torchrun then
 tears the other rank down. Afterwards step 2 is `latest`, verifies by sha256, has the digest of the same step
-saved without a fault, the half-written step is only a hidden partial directory, and a resumed run publishes
+saved without a fault (sync or async saves alike), the half-written step is only a hidden partial directory, and a resumed run publishes
 step 4 and removes it.
 """
 
@@ -29,12 +29,15 @@ def clean_digest(tmp_path_factory, env_with_venv) -> str:
     return checkpoint_digest(root, 2)
 
 
-@pytest.mark.parametrize("fault", ["mid_files@4#1:die", "after_files@4#0:die", "after_manifest@4#0:die"])
-def test_rank_killed_during_sharded_save_leaves_previous_latest_intact(fault, tmp_path, env_with_venv,
+@pytest.mark.parametrize(("fault", "mode"), [("mid_files@4#1:die", "sync"), ("after_files@4#0:die", "sync"),
+                                           ("after_manifest@4#0:die", "sync"), ("mid_files@4#1:die", "async"),
+                                           ("after_files@4#0:die", "async")])
+def test_rank_killed_during_sharded_save_leaves_previous_latest_intact(fault, mode, tmp_path, env_with_venv,
                                                                         clean_digest):
     root = tmp_path / "ckpt"
+    extra = ["--async-save"] if mode == "async" else []
     died = torchrun(env_with_venv, 2, "train", root, tmp_path / "out.json", "--steps", 4, "--save-at", "2,4",
-                    fault=fault)
+                    *extra, fault=fault)
     assert died.returncode != 0
     assert not (tmp_path / "out.json").exists()
     assert (root / "latest").read_text().strip() == "step-000002"
@@ -46,7 +49,7 @@ def test_rank_killed_during_sharded_save_leaves_previous_latest_intact(fault, tm
     leftovers = [n for n in os.listdir(root) if n.startswith(".step-000004.partial-")]
     assert len(leftovers) == 1, os.listdir(root)
 
-    resumed = torchrun(env_with_venv, 2, "train", root, tmp_path / "out.json", "--start", 2, "--steps", 4,
+    resumed = torchrun(env_with_venv, 2, "train", root, tmp_path / "out.json", "--resume-step", 2, "--steps", 4,
                        "--save-at", 4)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((tmp_path / "out.json").read_text())["step"] == 4

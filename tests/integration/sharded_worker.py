@@ -1,10 +1,11 @@
 """torchrun worker for the sharded-checkpoint tests: trains a small MLP in a layout, saves, resumes, measures.
 
-    torchrun --nproc-per-node N sharded_worker.py MODE ROOT OUT [--layout fsdp2|ddp|single] [--start S]
-        [--steps K] [--save-at S1,S2] [--width W] [--full]
+    torchrun --nproc-per-node N sharded_worker.py MODE ROOT OUT [--layout fsdp2|ddp|single] [--resume-step S]
+        [--steps K] [--save-at S1,S2] [--width W] [--full] [--async-save]
 
-MODE ``train``: resume from checkpoint ``--start`` in ROOT (if given) into the current layout, train to
-``--steps``, saving sharded (``--full``: gathered to rank 0, the unsharded path) at ``--save-at``; rank 0
+MODE ``train``: resume from checkpoint ``--resume-step`` in ROOT (if given) into the current layout, train to
+``--steps``, saving sharded (``--full``: gathered to rank 0, the unsharded path; ``--async-save``: in the
+background, the copy overlapping the next step) at ``--save-at``; rank 0
 writes OUT (JSON: final parameters as lists, sampler, steps run). ``memory``: rank 0's peak RSS above its
 baseline during a sharded save and during a gathered (full) save of the same state, and the state's size.
 Data is a function of (global sample index), the global batch is split across ranks, and the loss is the
@@ -30,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from worldpipe.checkpoint import CheckpointManager, capture_rng
 from worldpipe.checkpoint.resharding import load_resharded
-from worldpipe.checkpoint.sharded_publication import save_sharded
+from worldpipe.checkpoint.sharded_saver import ShardedSaver
 
 GLOBAL_BATCH = 8
 
@@ -67,21 +68,23 @@ def state_of(model, optimizer, step: int, full: bool) -> dict:
             "sampler": {"cursor": step * GLOBAL_BATCH}, "rng": [capture_rng()], "identity": {"layout": "test"}}
 
 
-def save(cm: CheckpointManager, model, optimizer, step: int, full: bool) -> None:
+def save(saver: ShardedSaver, model, optimizer, step: int, full: bool) -> None:
     state = state_of(model, optimizer, step, full)
     if not full:
-        save_sharded(cm, step, state)
+        saver.save(step, state, optimizer)
     elif dist.get_rank() == 0:
-        cm.save(step, state)
-    dist.barrier()
+        saver.manager.save(step, state)
+    if not saver.async_save:
+        dist.barrier()
 
 
 def train(args, rank: int, world: int) -> dict:
     model, optimizer = build(args.width, args.layout)
     cm = CheckpointManager(args.root, keep_last=3)
+    saver = ShardedSaver(cm, async_save=args.async_save)
     step, sampler = 0, None
-    if args.start is not None:
-        rest = load_resharded(cm, args.start, model, optimizer)
+    if args.resume_step is not None:
+        rest = load_resharded(cm, args.resume_step, model, optimizer)
         step, sampler = rest["progress"]["step"], rest["sampler"]
     save_at = {int(s) for s in args.save_at.split(",") if s}
     while step < args.steps:
@@ -92,7 +95,8 @@ def train(args, rank: int, world: int) -> dict:
         optimizer.step()
         step += 1
         if step in save_at:
-            save(cm, model, optimizer, step, args.full)
+            save(saver, model, optimizer, step, args.full)
+    saver.close()
     full = state_of(model, optimizer, step, True)
     return {"step": step, "resumed_sampler": sampler,
             "model": {k: v.tolist() for k, v in full["model"].items()}}
@@ -120,12 +124,12 @@ def memory(args, rank: int, world: int) -> dict:
     x, y = batch(0, rank, world)
     ((model(x) - y) ** 2).sum().backward()
     optimizer.step()
-    cm = CheckpointManager(args.root, keep_last=2)
+    saver = ShardedSaver(CheckpointManager(args.root, keep_last=2))
     sharded_state = state_of(model, optimizer, 1, False)
     local = sum(t.to_local().numel() * t.element_size() for t in _tensors(sharded_state) if hasattr(t, "to_local"))
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * 3  # params + Adam's two
-    peaks = {"sharded": _peak_during(lambda: save(cm, model, optimizer, 1, False))}
-    peaks["full"] = _peak_during(lambda: save(cm, model, optimizer, 2, True))
+    peaks = {"sharded": _peak_during(lambda: save(saver, model, optimizer, 1, False))}
+    peaks["full"] = _peak_during(lambda: save(saver, model, optimizer, 2, True))
     return {"peak_bytes": peaks, "full_state_bytes": full_bytes, "rank0_shard_bytes": local,
             "threads": threading.active_count()}
 
@@ -147,11 +151,12 @@ def main() -> None:
     parser.add_argument("root")
     parser.add_argument("out")
     parser.add_argument("--layout", default="fsdp2", choices=["fsdp2", "ddp", "single"])
-    parser.add_argument("--start", type=int, default=None)
+    parser.add_argument("--resume-step", type=int, default=None)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--save-at", default="")
     parser.add_argument("--width", type=int, default=10)
     parser.add_argument("--full", action="store_true")
+    parser.add_argument("--async-save", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -4,7 +4,8 @@ Resharding: one trajectory is trained across layouts and world sizes (fsdp 4 →
 ddp 2 → fsdp 2), resuming each leg from the previous leg's sharded checkpoint, and must end within float
 tolerance of the same training run uninterrupted on one process (reduction order differs between world
 sizes: rtol 1e-5, atol 1e-6 after 12 Adam steps). Digest: the same state saved sharded and gathered has the
-same digest, and `worldpipe ckpt list|verify|digest` read the sharded one. Memory: rank 0's peak RSS during a
+same digest (also when saved in the background while training goes on), and `worldpipe ckpt
+list|verify|digest` read the sharded one. Memory: rank 0's peak RSS during a
 sharded save stays below the full state's size (it does during a gathered save).
 """
 
@@ -41,7 +42,7 @@ def test_resume_across_layouts_and_world_sizes(tmp_path, env_with_venv):
     for nproc, layout, start, stop in legs:
         args = ["train", root, out, "--layout", layout, "--steps", stop, "--save-at", stop]
         if start is not None:
-            args += ["--start", start]
+            args += ["--resume-step", start]
         _ok(torchrun(env_with_venv, nproc, *args))
         result = json.loads(out.read_text())
         assert result["step"] == stop
@@ -62,10 +63,12 @@ def test_resume_across_layouts_and_world_sizes(tmp_path, env_with_venv):
         torch.testing.assert_close(loaded["model"][name], tensor, rtol=1e-5, atol=1e-6)
 
 
-def test_sharded_and_gathered_saves_have_one_digest_and_cli_reads_them(tmp_path, env_with_venv):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sharded_and_gathered_saves_have_one_digest_and_cli_reads_them(mode, tmp_path, env_with_venv):
     sharded, full = tmp_path / "sharded", tmp_path / "full"
-    _ok(torchrun(env_with_venv, 3, "train", sharded, tmp_path / "a.json", "--steps", 2, "--save-at", "1,2"))
-    _ok(torchrun(env_with_venv, 3, "train", full, tmp_path / "b.json", "--steps", 2, "--save-at", "1,2", "--full"))
+    extra = ["--async-save"] if mode == "async" else []  # async: the copy overlaps the next step's forward
+    _ok(torchrun(env_with_venv, 3, "train", sharded, tmp_path / "a.json", "--steps", 3, "--save-at", "1,2", *extra))
+    _ok(torchrun(env_with_venv, 3, "train", full, tmp_path / "b.json", "--steps", 3, "--save-at", "1,2", "--full"))
     assert (sharded / "step-000002" / INDEX_FILE).is_file()
     assert not (full / "step-000002" / INDEX_FILE).exists()
     for step in (1, 2):

@@ -188,8 +188,12 @@ def save_sharded(manager, step: int, state: Mapping, group: Any = None) -> None:
     checkpoint is durable and ``latest`` names it; if any rank failed, raises CheckpointWriteError on every
     rank and the previous checkpoint stays ``latest``.
     """
+    publish_shards(manager, step, shards.split_state(state), group)
+
+
+def publish_shards(manager, step: int, local: shards.LocalShards, group: Any = None) -> None:
+    """:func:`save_sharded` of a state already split (e.g. a snapshot of it); collective over ``group``."""
     coll = Collective(group)
-    local = shards.split_state(state)
     with contextlib.ExitStack() as stack:
         stack.enter_context(fault.publishing(step))
         writer, own_error = None, None

@@ -1,0 +1,75 @@
+"""The background copy of an async checkpoint's parameters and optimizer state.
+
+Parameters and optimizer state change only inside ``optimizer.step()``. So the snapshot copy of those tensors
+need not stall the loop: it runs on a thread while the next step's forward and backward run, and only has to
+be complete before that step's optimizer update. :func:`step_mutated` says which tensors qualify (their storage
+belongs to a parameter or a per-parameter state tensor of the optimizer); everything else (buffers, RNG
+states, anything a forward pass may change) is still copied synchronously, so correctness never depends on
+the trainer's order of calls beyond "the copy is awaited before ``optimizer.step()``", which a step pre-hook
+enforces (:func:`guard_optimizer`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # a DTensor's storage is its local shard's
+    return to_local() if callable(to_local) else t
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().data_ptr()
+
+
+def step_mutated(optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], bool]:
+    """Predicate: does ``tensor`` share storage with what ``optimizer.step()`` writes (params, their state)?"""
+    ptrs = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            ptrs.add(_storage_ptr(p))
+    for per_param in optimizer.state.values():
+        for value in per_param.values():
+            if isinstance(value, torch.Tensor):
+                ptrs.add(_storage_ptr(value))
+    ptrs.discard(0)
+    return lambda t: _storage_ptr(t) in ptrs
+
+
+class DeferredCopy:
+    """Copies ``(destination, source)`` pairs on a thread (``copy_`` releases the GIL); :meth:`wait` joins it."""
+
+    def __init__(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._pairs = list(pairs)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ckpt-snapshot-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for dst, src in self._pairs:
+                dst.copy_(_local(src))
+        except BaseException as exc:  # re-raised by wait(), in the thread that needs the copy
+            self._error = exc
+        finally:
+            self._pairs = []  # drop references to the live tensors
+
+    @property
+    def done(self) -> bool:
+        """True once every copy has finished."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Block until every copy has finished; raise the copy's failure, if any."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def guard_optimizer(optimizer: torch.optim.Optimizer, wait: Callable[[], None]):
+    """Call ``wait()`` before every ``optimizer.step()``; returns the hook handle (``.remove()`` to undo)."""
+    return optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: wait())

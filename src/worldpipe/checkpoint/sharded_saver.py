@@ -1,0 +1,105 @@
+"""ShardedSaver: sharded checkpoints, synchronous or in the background (collective: one per rank).
+
+Async: ``save`` splits the state into this rank's pieces and snapshots them, deferring the copy of what
+``optimizer.step()`` writes to a thread (:mod:`.deferred_copy`: awaited by a step pre-hook); the publication
+(:func:`.sharded_publication.publish_shards`) then runs on a background thread of every rank. Its
+collectives use a process group of their own (gloo, created once by the constructor on every rank), so they
+never interleave with the training's collectives on the default group. One save is in flight at a time; the
+next ``save`` (and ``wait``/``close``) first waits for it and raises its failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import layout, shards
+from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
+from .sharded_publication import publish_shards
+from .state import snapshot_state, validate_state
+
+logger = logging.getLogger("worldpipe.checkpoint")
+
+
+class ShardedSaver:
+    """Saves sharded checkpoints of one run into ``manager``'s store; call every method on every rank."""
+
+    def __init__(self, manager, async_save: bool = False) -> None:
+        self.manager = manager
+        self.async_save = async_save
+        distributed = dist.is_available() and dist.is_initialized()
+        # A group of its own: background collectives must not interleave with the trainer's.
+        self._group = dist.new_group(backend="gloo") if async_save and distributed else None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._copy: DeferredCopy | None = None
+        self._buffers: dict = {}
+        self._guards: dict[int, Any] = {}
+
+    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Publish ``state`` (see :func:`.sharded_publication.save_sharded` for what each rank passes).
+
+        Sync: returns once durable. Async: returns after the snapshot (the copy of what ``optimizer.step()``
+        writes continues in the background when ``optimizer`` is given).
+        """
+        layout.step_dir_name(step)
+        if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):
+            raise ValueError("state['model'] must be a dict of tensors")
+        self.wait()
+        local = shards.split_state(state)
+        if not self.async_save:
+            publish_shards(self.manager, step, local)
+            return
+        if local.skeleton.get(layout.PROGRESS) is not None:
+            validate_state(local.skeleton)  # rank 0: fail here, not in the background
+        pairs: list = []
+        defer = step_mutated(optimizer) if optimizer is not None else None
+        record: dict = {}
+        local.local = snapshot_state(local.local, reuse=self._buffers, record=record, defer=defer, deferred=pairs)
+        local.skeleton = snapshot_state(local.skeleton)
+        self._buffers = record
+        self._copy = DeferredCopy(pairs) if pairs else None
+        if optimizer is not None and id(optimizer) not in self._guards:
+            self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
+        self._thread = threading.Thread(target=self._publish, args=(step, local, self._copy),
+                                        name="ckpt-sharded-writer", daemon=True)
+        self._thread.start()
+
+    def _publish(self, step: int, local: shards.LocalShards, copy: DeferredCopy | None) -> None:
+        try:
+            if copy is not None:
+                copy.wait()
+            publish_shards(self.manager, step, local, self._group)
+        except BaseException as exc:
+            logger.error("background sharded save of step %d failed: %s", step, exc)
+            self._error = exc
+
+    def before_optimizer_step(self) -> None:
+        """Block until the background copy of the last save is complete (the optimizer may step then)."""
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            copy.wait()
+
+    def wait(self) -> None:
+        """Block until the in-flight save is published on this rank; raise its failure."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Wait for the in-flight save (raising its failure); remove the optimizer hooks."""
+        try:
+            self.wait()
+        finally:
+            for handle in self._guards.values():
+                handle.remove()
+            self._guards = {}
+            self._buffers = {}
