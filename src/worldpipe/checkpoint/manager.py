@@ -323,8 +323,18 @@ class CheckpointManager:
 
 def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
                       storage_options: Mapping | None = None) -> str:
-    """:func:`state_digest` of a stored checkpoint (default: the newest intact one)."""
-    return state_digest(CheckpointManager(root, storage_options=storage_options).load(step))
+    """:func:`state_digest` of a stored checkpoint (default: the newest intact one).
+
+    A sharded checkpoint is digested tensor by tensor from its memory-mapped shards, never whole.
+    """
+    from .resharding import is_sharded, lazy_state
+
+    manager = CheckpointManager(root, storage_options=storage_options)
+    if step is None:
+        step = manager.latest_intact()
+    if step is not None and is_sharded(manager, step):
+        return state_digest(lazy_state(manager, step))
+    return state_digest(manager.load(step))
 
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "state_digest"]

@@ -171,3 +171,25 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
 
 def _loader(source: _Source) -> Callable[[str, bool], Any]:
     return lambda relpath, _on_cpu: source.load(relpath)
+
+
+def lazy_state(manager, step: int) -> dict:
+    """Checkpoint ``step`` with its sharded tensors as :class:`.shards.LazyTensor` s (shards memory-mapped).
+
+    Every file is verified by SHA-256 first (raises CheckpointCorruptError naming them); for
+    :func:`.digest.state_digest`, which then assembles one tensor at a time.
+    """
+    problems = manager.verify(step, full=True)
+    if problems:
+        raise CheckpointCorruptError(step, problems)
+    source = open_step(manager, step)
+    state = decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
+    for key in shards.SHARDED_STATE_KEYS:
+        state[key] = shards.resolve(source.skeleton(key), source.index, source.load, lazy=True)
+    return state
+
+
+def is_sharded(manager, step: int) -> bool:
+    """Whether published step ``step`` has shard files (False when its manifest is missing or damaged)."""
+    manifest, _ = manager._manifest(step)
+    return manifest is not None and bool(manifest["contents"].get(shards.CONTENTS_KEY))

@@ -183,15 +183,32 @@ def read_region(entry: Mapping, offset: list[int], shape: list[int],
     return out
 
 
-def resolve(tree: Any, index: Mapping, open_file: Callable[[str], Mapping[str, torch.Tensor]]) -> Any:
-    """``tree`` with every placeholder replaced by its whole logical tensor (assembled tensor by tensor)."""
+class LazyTensor:
+    """A logical tensor of a sharded checkpoint, assembled from its pieces only when asked for.
+
+    The state digest materializes these one at a time, so digesting a sharded checkpoint never holds more
+    than one whole tensor (plus the memory-mapped pieces) in one process.
+    """
+
+    def __init__(self, entry: Mapping, open_file: Callable[[str], Mapping[str, torch.Tensor]]) -> None:
+        self.entry, self.open_file = entry, open_file
+
+    def materialize(self) -> torch.Tensor:
+        """The whole tensor."""
+        return read_region(self.entry, [0] * len(self.entry["shape"]), self.entry["shape"], self.open_file)
+
+
+def resolve(tree: Any, index: Mapping, open_file: Callable[[str], Mapping[str, torch.Tensor]],
+            lazy: bool = False) -> Any:
+    """``tree`` with every placeholder replaced by its whole logical tensor (assembled tensor by tensor);
+    ``lazy``: by a :class:`LazyTensor` instead."""
     if is_placeholder(tree):
-        entry = index["tensors"][placeholder_id(tree, index)]
-        return read_region(entry, [0] * len(entry["shape"]), entry["shape"], open_file)
+        tensor = LazyTensor(index["tensors"][placeholder_id(tree, index)], open_file)
+        return tensor if lazy else tensor.materialize()
     if isinstance(tree, Mapping):
-        return {k: resolve(v, index, open_file) for k, v in tree.items()}
+        return {k: resolve(v, index, open_file, lazy) for k, v in tree.items()}
     if isinstance(tree, list):
-        return [resolve(v, index, open_file) for v in tree]
+        return [resolve(v, index, open_file, lazy) for v in tree]
     if isinstance(tree, tuple):
-        return tuple(resolve(v, index, open_file) for v in tree)
+        return tuple(resolve(v, index, open_file, lazy) for v in tree)
     return tree
