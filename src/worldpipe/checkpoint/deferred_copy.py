@@ -11,8 +11,9 @@ enforces (:func:`guard_optimizer`).
 
 from __future__ import annotations
 
-import threading
+import os
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -40,34 +41,47 @@ def step_mutated(optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], b
     return lambda t: _storage_ptr(t) in ptrs
 
 
+_pool: ThreadPoolExecutor | None = None
+
+
+def copy_pool() -> ThreadPoolExecutor:
+    """The process-wide copy thread. Kept alive between saves: starting a thread waits until the new thread
+    runs, which on a busy machine costs the caller milliseconds it would otherwise not stall."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-snapshot-copy")
+    return _pool
+
+
+def _forget_pool_in_child() -> None:
+    # A forked child inherits the executor but not its thread.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for dst, src in pairs:
+        dst.copy_(_local(src))
+    pairs.clear()  # drop references to the live tensors
+
+
 class DeferredCopy:
-    """Copies ``(destination, source)`` pairs on a thread (``copy_`` releases the GIL); :meth:`wait` joins it."""
+    """Copies ``(destination, source)`` pairs on the copy thread (``copy_`` releases the GIL)."""
 
     def __init__(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self._pairs = list(pairs)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ckpt-snapshot-copy", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for dst, src in self._pairs:
-                dst.copy_(_local(src))
-        except BaseException as exc:  # re-raised by wait(), in the thread that needs the copy
-            self._error = exc
-        finally:
-            self._pairs = []  # drop references to the live tensors
+        self._future = copy_pool().submit(_copy_all, list(pairs))
 
     @property
     def done(self) -> bool:
         """True once every copy has finished."""
-        return not self._thread.is_alive()
+        return self._future.done()
 
     def wait(self) -> None:
         """Block until every copy has finished; raise the copy's failure, if any."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self._future.result()
 
 
 def guard_optimizer(optimizer: torch.optim.Optimizer, wait: Callable[[], None]):

@@ -11,8 +11,8 @@ next ``save`` (and ``wait``/``close``) first waits for it and raises its failure
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -35,8 +35,8 @@ class ShardedSaver:
         distributed = dist.is_available() and dist.is_initialized()
         # A group of its own: background collectives must not interleave with the trainer's.
         self._group = dist.new_group(backend="gloo") if async_save and distributed else None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._inflight: Future | None = None
         self._copy: DeferredCopy | None = None
         self._buffers: dict = {}
         self._guards: dict[int, Any] = {}
@@ -66,9 +66,9 @@ class ShardedSaver:
         self._copy = DeferredCopy(pairs) if pairs else None
         if optimizer is not None and id(optimizer) not in self._guards:
             self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
-        self._thread = threading.Thread(target=self._publish, args=(step, local, self._copy),
-                                        name="ckpt-sharded-writer", daemon=True)
-        self._thread.start()
+        if self._executor is None:  # one long-lived thread: no thread start on the training thread's clock
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-sharded-writer")
+        self._inflight = self._executor.submit(self._publish, step, local, self._copy)
 
     def _publish(self, step: int, local: shards.LocalShards, copy: DeferredCopy | None) -> None:
         try:
@@ -76,8 +76,9 @@ class ShardedSaver:
                 copy.wait()
             publish_shards(self.manager, step, local, self._group)
         except BaseException as exc:
+            # Logged now (the process may never call save/wait/close again) and re-raised by wait().
             logger.error("background sharded save of step %d failed: %s", step, exc)
-            self._error = exc
+            raise
 
     def before_optimizer_step(self) -> None:
         """Block until the background copy of the last save is complete (the optimizer may step then)."""
@@ -87,12 +88,9 @@ class ShardedSaver:
 
     def wait(self) -> None:
         """Block until the in-flight save is published on this rank; raise its failure."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+        future, self._inflight = self._inflight, None
+        if future is not None:
+            future.result()
 
     def close(self) -> None:
         """Wait for the in-flight save (raising its failure); remove the optimizer hooks."""
@@ -103,3 +101,6 @@ class ShardedSaver:
                 handle.remove()
             self._guards = {}
             self._buffers = {}
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
