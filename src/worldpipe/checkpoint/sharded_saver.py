@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from . import layout, shards
 from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
+from .digest import state_digest
+from .resharding import lazy_state
 from .sharded_publication import publish_shards
 from .state import snapshot_state, validate_state
 
@@ -29,9 +31,13 @@ logger = logging.getLogger("worldpipe.checkpoint")
 class ShardedSaver:
     """Saves sharded checkpoints of one run into ``manager``'s store; call every method on every rank."""
 
-    def __init__(self, manager, async_save: bool = False) -> None:
+    def __init__(self, manager, async_save: bool = False, digest: bool = False) -> None:
         self.manager = manager
         self.async_save = async_save
+        self.digest = digest
+        # (step, digest) of saves found durable, oldest first; the digest (over the logical tensors, streamed
+        # from the published shards on rank 0's writer thread) only with ``digest`` and only on rank 0.
+        self.durable: list[tuple[int, str | None]] = []
         distributed = dist.is_available() and dist.is_initialized()
         # A group of its own: background collectives must not interleave with the trainer's.
         self._group = dist.new_group(backend="gloo") if async_save and distributed else None
@@ -53,7 +59,7 @@ class ShardedSaver:
         self.wait()
         local = shards.split_state(state)
         if not self.async_save:
-            publish_shards(self.manager, step, local)
+            self._publish(step, local, None)
             return
         if local.skeleton.get(layout.PROGRESS) is not None:
             validate_state(local.skeleton)  # rank 0: fail here, not in the background
@@ -74,10 +80,14 @@ class ShardedSaver:
         try:
             if copy is not None:
                 copy.wait()
-            publish_shards(self.manager, step, local, self._group)
+            publish_shards(self.manager, step, local, self._group if self.async_save else None)
+            digest = None
+            if self.digest and local.skeleton.get(layout.PROGRESS) is not None:  # rank 0
+                digest = state_digest(lazy_state(self.manager, step, verify=False))
+            self.durable.append((step, digest))
         except BaseException as exc:
             # Logged now (the process may never call save/wait/close again) and re-raised by wait().
-            logger.error("background sharded save of step %d failed: %s", step, exc)
+            logger.error("sharded save of step %d failed: %s", step, exc)
             raise
 
     def before_optimizer_step(self) -> None:
@@ -104,3 +114,17 @@ class ShardedSaver:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+
+
+def local_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """This rank's model and optimizer state dicts as they are laid out (DTensors stay sharded, no gather)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = model.module if isinstance(model, DistributedDataParallel) else model
+    return get_model_state_dict(module), get_optimizer_state_dict(module, optimizer)
+
+
+def is_sharded_model(model: torch.nn.Module) -> bool:
+    """True when any parameter is a DTensor (FSDP2, tensor parallel): such models are saved sharded."""
+    return any(shards.is_dtensor(p) for p in model.parameters())
