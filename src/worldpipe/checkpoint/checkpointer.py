@@ -194,7 +194,8 @@ class Checkpointer:
             return None
         if self.listener is not None:
             self.listener.before_publish(step)
-        self.manager.save(step, state)
+        # Async: the copy of what optimizer.step() writes overlaps the next forward/backward (a step pre-hook waits).
+        self.manager.save(step, state, optimizer=self.components.optimizer)
         digest = state_digest(state)  # now, before the next step changes the live tensors
         if self.listener is not None:
             self._undurable.append(self.listener.published(step, state, digest))

@@ -262,13 +262,16 @@ def _write_own(writer, rank: int, local: shards.LocalShards) -> tuple[FileRecord
     try:
         return writer.write(relpath, encode_with_fallback(local.local, archive="shards").segments,
                             midway_fault=True), None
-    except OSError as exc:
+    except (OSError, ValueError, TypeError) as exc:  # reported at the gather: no rank is left waiting
         return None, _error(exc, writer.path(relpath))
 
 
 def _write_skeleton(writer, skeleton: Mapping) -> tuple[list[FileRecord], dict, str | None]:
     files: list[PendingFile]
-    files, contents = encode_state(skeleton)
+    try:
+        files, contents = encode_state(skeleton)
+    except ValueError as exc:  # an invalid state: every rank must still reach the gather, then fail
+        return [], {}, f"invalid state: {exc}"
     records = []
     for pending in files:
         try:
