@@ -10,9 +10,10 @@ WORKER = Path(__file__).parent / "integration" / "sharded_worker.py"
 TIMEOUT_S = 240
 
 
-def torchrun(env: dict, nproc: int, *args, fault: str | None = None) -> subprocess.CompletedProcess:
+def torchrun(env: dict, nproc: int, *args, fault: str | None = None,
+             extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the worker on ``nproc`` gloo ranks; ``fault`` sets WORLDPIPE_CKPT_FAULT for every rank."""
-    run_env = dict(env, OMP_NUM_THREADS="1")
+    run_env = dict(env, OMP_NUM_THREADS="1", **(extra_env or {}))
     run_env.pop("WORLDPIPE_CKPT_FAULT", None)
     if fault:
         run_env["WORLDPIPE_CKPT_FAULT"] = fault
