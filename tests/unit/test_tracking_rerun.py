@@ -11,9 +11,10 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from worldpipe import identity as ident
+from worldpipe.reproduce.drift import RerunError, check_code
+from worldpipe.reproduce.rerun import compare_runs
 from worldpipe.tracking.history import RecordedRun
 from worldpipe.tracking.recorder import RunRecorder
-from worldpipe.tracking.rerun import RerunError, check_code, compare_runs
 
 
 @pytest.fixture(scope="module")
