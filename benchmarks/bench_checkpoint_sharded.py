@@ -70,6 +70,7 @@ class ShardedBench:
         self.simulated = SimulatedStep(step_s)
         self.async_saver = ShardedSaver(CheckpointManager(base / "async", keep_last=2), async_save=True)
         self.async_step = 0
+        self.stall_parts: list[list[float]] = []  # per round: [in save, waiting before the step, step time]
 
     def fresh(self, name: str) -> Path:
         self.counter += 1
@@ -120,15 +121,16 @@ class ShardedBench:
         dist.barrier()
         t0 = time.perf_counter()
         self.async_saver.save(self.async_step, self.state, self.optimizer)
-        stall = time.perf_counter() - t0
-        self.simulated.run()
+        in_save = time.perf_counter() - t0
+        step_time = self.simulated.run()
         t0 = time.perf_counter()
         self.async_saver.before_optimizer_step()
-        stall += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
         self.async_saver.wait()
-        elapsed = torch.tensor([stall], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        return float(elapsed)
+        parts = torch.tensor([in_save + waited, in_save, waited, step_time], dtype=torch.float64)
+        dist.all_reduce(parts, op=dist.ReduceOp.MAX)
+        self.stall_parts.append(parts[1:].tolist())
+        return float(parts[0])
 
     def _cleanup(self, d: Path, seconds: float) -> float:
         dist.barrier()
@@ -158,6 +160,9 @@ def run(args: argparse.Namespace) -> dict:
         "aggregate_MBps": {name: total / MB / med[name] for name in ("raw", "ours_sharded", "dcp")},
         "ratio_vs_raw": {name: med["raw"] / med[name] for name in ("ours_sharded", "dcp")},
         "async_stall_over_sync": med["async_stall"] / med["ours_sharded"],
+        # per measured round, max over ranks: seconds in save(), waiting for the copy, the simulated step
+        "async_stall_parts_s": [dict(zip(("in_save", "wait_before_step", "step"), p, strict=True))
+                                for p in bench.stall_parts[-args.repeat:]],
     }
 
 

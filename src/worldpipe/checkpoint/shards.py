@@ -16,6 +16,7 @@ mesh dimensions are written once (by the replica at coordinate 0).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,11 +51,17 @@ def is_dtensor(obj: Any) -> bool:
 
 def placement_of(dtensor) -> tuple[list[int], list[int]]:
     """(global offset, local shape) of this rank's local tensor inside the logical tensor."""
+    offset, local_shape = _placement(tuple(dtensor.shape), dtensor.device_mesh, tuple(dtensor.placements))
+    return list(offset), list(local_shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement(shape: tuple, mesh, placements: tuple) -> tuple[tuple, tuple]:
+    # Cached: an async save computes it for every tensor on the training thread's clock, and it never changes.
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    local_shape, offset = compute_local_shape_and_global_offset(dtensor.shape, dtensor.device_mesh,
-                                                                dtensor.placements)
-    return list(offset), list(local_shape)
+    local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
+    return tuple(offset), tuple(local_shape)
 
 
 def _writes_piece(dtensor) -> bool:
