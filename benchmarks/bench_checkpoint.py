@@ -302,6 +302,9 @@ def run_sharded(args: argparse.Namespace, base: Path) -> dict | None:
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; return (and write to ``args.out``) the results."""
     load_before = os.getloadavg()
+    # One intra-op thread, as a training rank runs (trainer.threads_per_rank): with more, an oversubscribed
+    # machine makes the simulated step's duration erratic (its threads wait for each other at every matmul).
+    torch.set_num_threads(1)
     state = make_state(args.mb)
     nbytes = state_bytes(state)
     base_parent = Path(args.dir) if args.dir else Path("results/bench")

@@ -11,9 +11,7 @@ enforces (:func:`guard_optimizer`).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,20 +49,8 @@ def copy_pool() -> ThreadPoolExecutor:
     runs, which on a busy machine costs the caller milliseconds it would otherwise not stall."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-snapshot-copy",
-                                   initializer=yield_to_training)
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-snapshot-copy")
     return _pool
-
-
-BACKGROUND_NICENESS = 10
-
-
-def yield_to_training() -> None:
-    """Lower the calling thread's scheduling priority (Linux: per thread), so that on a busy machine the
-    training thread is not preempted by checkpoint work that has until the next optimizer step to finish."""
-    # Not permitted or not supported: run at normal priority.
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
 
 
 def _forget_pool_in_child() -> None:
