@@ -26,7 +26,6 @@ from worldpipe import identity as ident
 from worldpipe.atomic import write_text_atomic
 from worldpipe.checkpoint import CheckpointManager, capture_rng, checkpoint_digest, restore_rng, state_digest
 from worldpipe.config import (
-    ConfigError,
     config_hash,
     flatten,
     to_container,
@@ -36,6 +35,7 @@ from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
+from worldpipe.errors import ERROR_LOG, run_worker_main
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
 from worldpipe.parallel.runtime import (
@@ -56,7 +56,7 @@ from worldpipe.parallel.wrap import (
     wrap_model,
 )
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD, PreemptionFlag
-from worldpipe.resume import ResumeRefused, check_resume_identity
+from worldpipe.resume import check_resume_identity
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
@@ -142,7 +142,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     progress = {"step": 0, "epoch": 0, "samples_seen": 0, "tokens_seen": 0}
     run_id = None
     # Rank 0 chooses (and reports skipped corrupt steps); every rank then loads the same step.
-    start_step = broadcast_object(rt, ckpt.latest_intact() if rt.is_main else None)
+    start_step = broadcast_object(rt, ckpt.latest_loadable() if rt.is_main else None)
     if start_step is not None:
         state = ckpt.load(start_step)
         check_resume_identity(state["identity"], cfg, dataset_hash, start_step)
@@ -295,13 +295,12 @@ def _replica_digest(model: torch.nn.Module, strategy: str) -> str | None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point (`python -m worldpipe.train key=value ...`, usually under torchrun)."""
+    """Hydra entry point (`python -m worldpipe.train key=value ...`, usually under torchrun).
+
+    Any error ends as one line on stderr and a non-zero exit; its traceback goes to RUN_DIR/errors.log.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    try:
-        train(cfg)
-    except (ConfigError, ResumeRefused) as err:
-        log.error("%s", err)
-        raise SystemExit(2) from err
+    run_worker_main(lambda: train(cfg), lambda: Path(cfg.run_dir) / ERROR_LOG)
 
 
 if __name__ == "__main__":
