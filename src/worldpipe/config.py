@@ -34,6 +34,7 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "parallel.nproc_per_node",
     "parallel.nnodes",
     "parallel.backend",
+    "parallel.rdzv_timeout_s",
     "tracking.",
     "run_dir",
 )
@@ -85,6 +86,9 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     _require(d["window"] >= 2, "data.window", "must be >= 2 (the model predicts the next step)")
     _require(p["strategy"] in STRATEGIES, "parallel.strategy", f"must be one of {STRATEGIES}, got {p['strategy']!r}")
     _require(p["nproc_per_node"] >= 1, "parallel.nproc_per_node", "must be >= 1")
+    rdzv = p.get("rdzv_timeout_s")
+    _require(rdzv is None or (isinstance(rdzv, int) and not isinstance(rdzv, bool) and rdzv > 0),
+             "parallel.rdzv_timeout_s", f"must be a positive integer (seconds), got {rdzv!r}")
     _require(
         t["batch_size"] >= world_size,
         "trainer.batch_size",

@@ -34,7 +34,7 @@ from worldpipe.relay import OutputRelay
 from worldpipe.resume import preflight_resume
 from worldpipe.run_lock import RunLock
 
-__all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_command"]
+__all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
 
 LOOPBACK = "127.0.0.1"
 # Seconds torchrun's agents wait for every node to join the rendezvous (a short start-up failure instead of
@@ -55,13 +55,19 @@ def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str |
 
     Overrides stay separate argv entries (never a shell string).
     """
-    nproc, nnodes = int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes)
+    return torchrun_argv(int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes),
+                         [*overrides, f"hydra.run.dir={cfg.run_dir}"], rdzv_endpoint, rdzv_id,
+                         int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S))
+
+
+def torchrun_argv(nproc: int, nnodes: int, worker_args: list[str], rdzv_endpoint: str | None = None,
+                  rdzv_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
+    """torchrun (as :mod:`worldpipe.torchrun`) running :mod:`worldpipe.worker` with ``worker_args``."""
     endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_loopback_port()}"
-    timeout = int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S)
     return [sys.executable, "-m", "worldpipe.torchrun", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id or _default_rdzv_id(rdzv_endpoint)}",
-            f"--rdzv-conf=join_timeout={timeout}", "--max-restarts=0",
-            "-m", "worldpipe.worker", *overrides, f"hydra.run.dir={cfg.run_dir}"]
+            f"--rdzv-conf=join_timeout={rdzv_timeout_s}", "--max-restarts=0",
+            "-m", "worldpipe.worker", *worker_args]
 
 
 def _default_rdzv_id(rdzv_endpoint: str | None) -> str:

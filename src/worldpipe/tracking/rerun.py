@@ -202,9 +202,10 @@ def launch(config: dict, run_dir: Path, overrides: list[str] = ()) -> int:
     primary = {**config, "hydra": {"run": {"dir": str(run_dir)}, "output_subdir": "hydra", "job": {"chdir": False}}}
     (config_dir / "config.yaml").write_text(yaml.safe_dump(primary, sort_keys=False))
     nproc = int(config["parallel"]["nproc_per_node"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "worldpipe.train", f"--config-path={config_dir.resolve()}", "--config-name=config",
-           *overrides, f"hydra.run.dir={run_dir}"]
+    from worldpipe.launch import torchrun_argv
+
+    cmd = torchrun_argv(nproc, 1, [f"--config-path={config_dir.resolve()}", "--config-name=config", *overrides,
+                                   f"hydra.run.dir={run_dir}"])
     log.info("training: %s", " ".join(cmd))
     return subprocess.run(cmd).returncode
 
