@@ -119,3 +119,41 @@ def test_a_workers_error_is_one_line(tmp_path, smoke_dataset, env_with_venv):
     log = (run_dir / "errors.log").read_text()
     assert "Traceback (most recent call last)" in log and "CorruptShardError" in log
     assert not pids_with_arg(f"run_dir={run_dir}")
+
+
+class Payload:
+    """Pickled as an object `torch.load(weights_only=True)` rightly refuses to build."""
+
+
+def test_resume_skips_a_hash_valid_but_unloadable_step(tmp_path, smoke_dataset, env_with_venv):
+    import hashlib
+    import json
+
+    import torch
+
+    run_dir = tmp_path / "run"
+    first = subprocess.run(train_cmd(run_dir, smoke_dataset, "trainer.steps=20", "checkpoint.every=10"),
+                           env=env_with_venv, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    step_dir = run_dir / "checkpoints" / "step-000020"
+    torch.save({"weights": Payload()}, step_dir / "model.pt")
+    manifest = json.loads((step_dir / "MANIFEST.json").read_text())
+    manifest.pop("manifest_sha256")
+    data = (step_dir / "model.pt").read_bytes()
+    for entry in manifest["files"]:
+        if entry["path"] == "model.pt":
+            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    manifest["manifest_sha256"] = hashlib.sha256(canonical).hexdigest()
+    (step_dir / "MANIFEST.json").write_text(json.dumps(manifest, sort_keys=True, indent=2))
+    verify = subprocess.run(["worldpipe", "ckpt", "verify", str(run_dir)], env=env_with_venv,
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr  # every hash matches: only loading tells
+
+    resumed = subprocess.run(train_cmd(run_dir, smoke_dataset, "trainer.steps=30", "checkpoint.every=10"),
+                             env=env_with_venv, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    assert "skipping checkpoint" in output and "step-000020" in output
+    assert "step 10" in output.split("resumed from", 1)[1].splitlines()[0]
+    assert json.loads((run_dir / "train_done.json").read_text())["final_step"] == 30
