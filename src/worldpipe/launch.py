@@ -145,6 +145,8 @@ def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Pa
         # Stopped on a preemption signal. On another node than rank 0's, torchrun may end before rank 0 has
         # written PREEMPTED; the run resumes from its newest intact checkpoint either way.
         return EXIT_PREEMPTED
+    if code != 0:
+        relay.write_log()
     line = relay.summary(code)
     if line is not None:
         print(line, file=sys.stderr, flush=True)

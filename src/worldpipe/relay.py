@@ -3,8 +3,8 @@
 Workers print an error as one line (:mod:`worldpipe.errors`); torchrun adds its own report of the failed child
 (a ``ChildFailedError`` traceback, "closing signal" warnings) and every other rank adds its secondary error
 ("Connection closed by peer"). The relay prints the first primary error line, a secondary one only when no
-rank reported a primary error, and writes everything it holds back to the run's log file. In debug mode
-everything passes.
+rank reported a primary error; after a failure, everything it held back goes to the run's log file. In debug
+mode everything passes.
 """
 
 from __future__ import annotations
@@ -54,10 +54,14 @@ class OutputRelay:
         self.close()
 
     def close(self) -> None:
-        """Flush a trailing partial line and write what was held back to the log file."""
+        """Flush a trailing partial line."""
         if self._partial:
             self._line(self._partial.decode(errors="replace"))
             self._partial = b""
+        self.out.flush()
+
+    def write_log(self) -> None:
+        """Append what was held back from the console to the log file (after a failure)."""
         if self._held:
             try:
                 self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +70,6 @@ class OutputRelay:
             except OSError:
                 pass
             self._held = []
-        self.out.flush()
 
     def _line(self, line: str) -> None:
         text = line.rstrip("\r\n")
