@@ -13,7 +13,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from worldpipe.config_schema import check_ranges
-from worldpipe.models import check_model_config
 
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
@@ -37,6 +36,7 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "parallel.nproc_per_node",
     "parallel.nnodes",
     "parallel.backend",
+    "parallel.rdzv_timeout_s",
     "tracking.",
     "run_dir",
 )
@@ -78,6 +78,8 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     c = to_container(cfg)
     for key, problem in check_ranges(c):
         raise ConfigError(f"config key '{key}': {problem}")
+    from worldpipe.models import check_model_config  # the model's signature is its schema (imports torch)
+
     for key, problem in check_model_config(c.get("model") or {}):
         raise ConfigError(f"config key '{key}': {problem}")
     t, p = c["trainer"], c["parallel"]

@@ -3,6 +3,8 @@ import json
 import math
 import os
 
+from worldpipe.preflight import validate_pipeline_experiments
+
 
 def dataset_spec(dataset):
     """Generation spec of a dataset wildcard: the configured dataset or its held-out sibling."""
@@ -69,6 +71,10 @@ def training_resources():
     plain = {key: value for key, value in merged.items() if key not in TRAINING_SBATCH_KEYS}
     return plain | {"nodes": nodes, "tasks": nodes, "mpi": "", "slurm_extra": " ".join(extra)}
 
+
+# Every experiment's training config (with train.overrides) is composed and validated now, while the Snakefile
+# is parsed: a bad value stops the pipeline before the data stages run.
+validate_pipeline_experiments(config)
 
 LAUNCH_TRAINING = os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh")
 TRAIN_DATASET = config["dataset"]["name"]

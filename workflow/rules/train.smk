@@ -1,5 +1,6 @@
 # Training under torchrun. Only the completion record is a declared output: the checkpoint directory beside
-# it survives a failed or preempted job, and the next invocation resumes from it.
+# it survives a failed or preempted job, and the next invocation resumes from it. Config text reaches the
+# command only quoted (`:q` quotes each override of the list): no shell interpolation.
 
 
 rule train_model:
@@ -13,7 +14,7 @@ rule train_model:
         nproc=config["train"]["nproc_per_node"],
         nnodes=config["train"].get("nnodes", 1),
         tracking=tracking_uri(),
-        overrides=" ".join(config["train"].get("overrides", [])),
+        overrides=config["train"].get("overrides", []),
         launcher=LAUNCH_TRAINING,
     threads: config["train"]["nproc_per_node"]
     # SLURM: one job of train.nnodes nodes, one task (one torchrun) per node. The `mpi` key makes the executor
@@ -33,4 +34,4 @@ rule train_model:
         " bash {params.launcher}"
         " experiment={wildcards.experiment} run_dir={params.run_dir} data.store={params.store}"
         " data.manifest={input.manifest} parallel.nproc_per_node={params.nproc} parallel.nnodes={params.nnodes}"
-        " tracking.uri={params.tracking:q} {params.overrides} >> {log} 2>&1"
+        " tracking.uri={params.tracking:q} {params.overrides:q} >> {log} 2>&1"
