@@ -35,6 +35,7 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "parallel.nnodes",
     "parallel.backend",
     "tracking.",
+    "paths.",
     "run_dir",
 )
 

@@ -55,6 +55,7 @@ from worldpipe.parallel.wrap import (
     unwrap,
     wrap_model,
 )
+from worldpipe.paths import COMPLETION_RECORD, conf_dir
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD, PreemptionFlag
 from worldpipe.resume import ResumeRefused, check_resume_identity
 from worldpipe.tracking.recorder import RunRecorder
@@ -62,8 +63,7 @@ from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, ru
 
 log = logging.getLogger("worldpipe.train")
 
-CONF_DIR = ident.PROJECT_ROOT / "conf"
-COMPLETION_RECORD = "train_done.json"
+CONF_DIR = conf_dir()
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
