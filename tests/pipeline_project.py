@@ -19,6 +19,11 @@ import yaml
 from worldpipe.pipeline import plan
 
 
+def plan_of(repo: Path, configfile: Path):
+    """(datasets, runs) a pipeline config file asks for, composed from the checkout's conf/."""
+    return plan(yaml.safe_load(configfile.read_text()), repo / "conf")
+
+
 class Project:
     """A copied project directory and a separate working directory Snakemake runs in."""
 

@@ -30,7 +30,7 @@ class RunDirMismatch(ValueError):
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
