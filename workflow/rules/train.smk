@@ -2,7 +2,9 @@
 # spec, see common.smk). Only the completion record is a declared output: the checkpoint directory beside it
 # survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` checks the
 # directory is this config's, records the attempt and points <experiment>/latest at it; `runs end` records how
-# the attempt ended (for `worldpipe runs list`).
+# the attempt ended (for `worldpipe runs list`). WORLDPIPE_CONF_DIR makes both, and training, read the conf/ tree
+# beside this Snakefile, the one the run hash was computed from (not a parameter: moving the checkout must not
+# make Snakemake retrain).
 
 
 rule train_model:
@@ -14,7 +16,6 @@ rule train_model:
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
         spec_hash=lambda wildcards: run_of(wildcards).dataset.spec_hash,
         overrides=training_argv,
-        conf_dir=CONF_DIR,
         launcher=LAUNCH_TRAINING,
     threads: config["train"]["nproc_per_node"]
     # SLURM: one job of train.nnodes nodes, one task (one torchrun) per node. The `mpi` key makes the executor
@@ -31,7 +32,7 @@ rule train_model:
         f"{RULE_BENCHMARKS}/train_model/{{experiment}}-{{run_hash}}.tsv"
     shell:
         """
-        export WORLDPIPE_CONF_DIR={params.conf_dir:q}
+        export WORLDPIPE_CONF_DIR={CONF_DIR:q}
         worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} > {log} 2>&1
         code=0
         WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment} \
