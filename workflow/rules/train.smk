@@ -3,8 +3,8 @@
 # survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` checks the
 # directory is this config's, records the attempt and points <experiment>/latest at it; `runs end` records how
 # the attempt ended (for `worldpipe runs list`). WORLDPIPE_CONF_DIR makes both, and training, read the conf/ tree
-# beside this Snakefile, the one the run hash was computed from (not a parameter: moving the checkout must not
-# make Snakemake retrain).
+# beside this Snakefile, the one the run hash was computed from. Paths of the checkout are not parameters: moving
+# it must not make Snakemake retrain.
 
 
 rule train_model:
@@ -16,7 +16,6 @@ rule train_model:
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
         spec_hash=lambda wildcards: run_of(wildcards).dataset.spec_hash,
         overrides=training_argv,
-        launcher=LAUNCH_TRAINING,
     threads: config["train"]["nproc_per_node"]
     # SLURM: one job of train.nnodes nodes, one task (one torchrun) per node. The `mpi` key makes the executor
     # plugin run this rule in the batch step, so launch_training.sh starts training as a job step of its own,
@@ -36,7 +35,7 @@ rule train_model:
         worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} > {log} 2>&1
         code=0
         WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment} \
-            bash {params.launcher} {params.overrides} >> {log} 2>&1 || code=$?
+            bash {LAUNCH_TRAINING:q} {params.overrides} >> {log} 2>&1 || code=$?
         worldpipe runs end {params.run_dir} --exit-code $code >> {log} 2>&1
         exit $code
         """
