@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from worldpipe.config import validate_config
+from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.resume import preflight_resume
-from worldpipe.train import CONF_DIR
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

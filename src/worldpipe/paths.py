@@ -36,6 +36,10 @@ def conf_dir() -> Path:
     return Path(os.environ.get(CONF_DIR_ENV) or PROJECT_ROOT / "conf").resolve()
 
 
+# The Hydra config tree of training runs (read once, at import: torchrun's workers inherit the variable).
+CONF_DIR = conf_dir()
+
+
 @functools.lru_cache(maxsize=8)
 def _load(root: Path) -> dict[str, Any]:
     from omegaconf import OmegaConf
@@ -48,7 +52,8 @@ def layout(root: Path | None = None) -> dict[str, Any]:
     return _load(root or conf_dir())
 
 
-_PATHS = layout()
+_PATHS = layout(CONF_DIR)
+# Written by rank 0 when a training run reaches its last step: final step, digest, MLflow run id.
 COMPLETION_RECORD: str = _PATHS["completion_record"]
 RUN_RECORD: str = _PATHS["run_record"]
 LATEST_LINK: str = _PATHS["latest"]

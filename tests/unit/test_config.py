@@ -8,7 +8,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from worldpipe.config import ConfigError, config_diff, config_hash, flatten, identity_config, validate_config
 from worldpipe.launch import compose_config, torchrun_command
-from worldpipe.train import CONF_DIR
+from worldpipe.paths import CONF_DIR
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
