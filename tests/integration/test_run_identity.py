@@ -16,7 +16,7 @@ import yaml
 
 from pipeline_project import Project, files_of, kill_group, planned_jobs
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 RUN_RULES = {"train_model", "evaluate_model", "plot_loss_curve"}
 
