@@ -50,6 +50,7 @@ class Run:
     dataset: Dataset
     heldout: Dataset
     run_hash: str
+    eval_hash: str  # the held-out dataset's spec and the evaluation settings: one eval/<eval-hash>/ each
 
     @property
     def dir(self) -> str:
@@ -110,7 +111,9 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
     dataset, heldout = known[name], known[name + HELDOUT_SUFFIX]
     cfg_hash = config_hash(cfg)
-    return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash))
+    evaluation = paths.canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
+    return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
+               evaluation)
 
 
 def plan(config: Mapping[str, Any], conf: Path | None = None) -> tuple[dict[str, Dataset], dict[str, Run]]:

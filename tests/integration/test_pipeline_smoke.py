@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_project import plan_of
+from worldpipe import paths
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,13 +39,13 @@ def test_outputs_exist(pipeline_dir, repo):
         f"{datasets['pendulum-heldout'].dir}/manifest.json",
         "results/runs/smoke/latest/train_done.json",
         "results/runs/smoke/latest/checkpoints/latest",
-        "results/runs/smoke/latest/eval/metrics.json",
-        "results/runs/smoke/latest/eval/error_vs_horizon.png",
-        "results/runs/smoke/latest/eval/loss_curve.png",
+        f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/metrics.json",
+        f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/error_vs_horizon.png",
+        f"{RUN}/loss_curve.png",
         "results/mlflow.db",
     ):
         assert (pipeline_dir / rel).exists(), rel
-    metrics = json.loads((pipeline_dir / "results/runs/smoke/latest/eval/metrics.json").read_text())
+    metrics = json.loads(next((pipeline_dir / RUN / "eval").glob("*/metrics.json")).read_text())
     assert len(metrics["model_mse"]) == metrics["horizon"] == 8
     assert metrics["one_step_ratio"] > 0
 

@@ -35,8 +35,9 @@ def slurm_smoke(slurm_cluster, env_with_venv, tmp_path_factory):
 def test_outputs(slurm_smoke):
     assert (smoke_dataset(slurm_smoke) / "store.zarr").is_dir()
     assert list((slurm_smoke / "results/data/pendulum-heldout").glob("*/manifest.json"))
-    for rel in (f"{RUN_DIR}/train_done.json", f"{RUN_DIR}/checkpoints/latest", f"{RUN_DIR}/eval/metrics.json",
-                f"{RUN_DIR}/eval/error_vs_horizon.png", f"{RUN_DIR}/eval/loss_curve.png", "results/mlflow.db"):
+    (evaluation,) = (slurm_smoke / RUN_DIR / "eval").iterdir()
+    for rel in (f"{RUN_DIR}/train_done.json", f"{RUN_DIR}/checkpoints/latest", f"{RUN_DIR}/loss_curve.png",
+                f"{evaluation}/metrics.json", f"{evaluation}/error_vs_horizon.png", "results/mlflow.db"):
         assert (slurm_smoke / rel).exists(), rel
     record = json.loads((slurm_smoke / RUN_DIR / "train_done.json").read_text())
     assert record["final_step"] == record["target_steps"] == 40

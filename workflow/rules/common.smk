@@ -33,6 +33,7 @@ wildcard_constraints:
     dataset="|".join(re.escape(name) for name in sorted(DATASETS)),
     spec_hash=HASH_PATTERN,
     run_hash=HASH_PATTERN,
+    eval_hash=HASH_PATTERN,
     experiment="|".join(re.escape(name) for name in sorted(RUNS_PLANNED)),
 
 
@@ -64,8 +65,10 @@ def dataset_file(rule_output, dataset):
 
 
 def run_file(rule_output, run):
-    """A run rule's output pattern filled in for one planned run."""
-    return rule_output.format(experiment=run.experiment, run_hash=paths.short(run.run_hash))
+    """A run rule's output pattern filled in for one planned run (and its current evaluation)."""
+    return rule_output.format(
+        experiment=run.experiment, run_hash=paths.short(run.run_hash), eval_hash=paths.short(run.eval_hash)
+    )
 
 
 def spec_json(wildcards):
@@ -101,7 +104,13 @@ def training_data(wildcards):
 
 
 def heldout_manifest(wildcards):
-    return dataset_file(rules.seal_dataset.output.manifest, run_of(wildcards).heldout)
+    """The held-out manifest of a run's current evaluation (an earlier evaluation is kept, not redone)."""
+    run = run_of(wildcards)
+    if paths.short(run.eval_hash) != wildcards.eval_hash:
+        raise WorkflowError(
+            f"eval/{wildcards.eval_hash} of {run.dir} is not the current evaluation ({paths.short(run.eval_hash)})"
+        )
+    return dataset_file(rules.seal_dataset.output.manifest, run.heldout)
 
 
 def tracking_uri():
@@ -143,4 +152,12 @@ def training_resources():
     return plain | {"nodes": nodes, "tasks": nodes, "mpi": "", "slurm_extra": " ".join(extra)}
 
 
-LAUNCH_TRAINING = os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh")
+# Jobs inherit these (and a SLURM job sets them again when it reads this file). They locate this checkout, so
+# they are not parameters of the rules (moving the checkout must not make Snakemake retrain). WORLDPIPE_CONF_DIR
+# makes the jobs, and training, read the conf/ tree beside this Snakefile, the one the run hashes come from.
+os.environ.update(
+    {
+        paths.CONF_DIR_ENV: CONF_DIR,
+        "WORLDPIPE_LAUNCH_TRAINING": os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh"),
+    }
+)

@@ -1,4 +1,5 @@
-# Imagination rollouts on the held-out sibling of each run's dataset, and the figures of the report.
+# Imagination rollouts on the held-out sibling of each run's dataset, and the figures of the report. Evaluations
+# land in eval/<eval-hash>/ (held-out spec, context, horizon), so changing them adds one beside the earlier.
 
 
 rule evaluate_model:
@@ -6,9 +7,9 @@ rule evaluate_model:
         done=rules.train_model.output.done,
         manifest=heldout_manifest,
     output:
-        metrics=f"{RUNS}/{{experiment}}/{{run_hash}}/eval/metrics.json",
+        metrics=f"{RUNS}/{{experiment}}/{{run_hash}}/eval/{{eval_hash}}/metrics.json",
         plot=report(
-            f"{RUNS}/{{experiment}}/{{run_hash}}/eval/error_vs_horizon.png",
+            f"{RUNS}/{{experiment}}/{{run_hash}}/eval/{{eval_hash}}/error_vs_horizon.png",
             caption="../report/error_vs_horizon.rst",
             category="Evaluation",
             subcategory="{experiment}",
@@ -23,9 +24,9 @@ rule evaluate_model:
     resources:
         **rule_resources("evaluate_model"),
     log:
-        f"{LOGS}/evaluate_model/{{experiment}}-{{run_hash}}.log",
+        f"{LOGS}/evaluate_model/{{experiment}}-{{run_hash}}-{{eval_hash}}.log",
     benchmark:
-        f"{RULE_BENCHMARKS}/evaluate_model/{{experiment}}-{{run_hash}}.tsv"
+        f"{RULE_BENCHMARKS}/evaluate_model/{{experiment}}-{{run_hash}}-{{eval_hash}}.tsv"
     shell:
         "worldpipe evaluate --checkpoints {params.checkpoints} --store {params.store} --manifest {input.manifest}"
         " --context {params.context} --horizon {params.horizon} --out {output.metrics} --plot {output.plot}"
@@ -37,7 +38,7 @@ rule plot_loss_curve:
         done=rules.train_model.output.done,
     output:
         plot=report(
-            f"{RUNS}/{{experiment}}/{{run_hash}}/eval/loss_curve.png",
+            f"{RUNS}/{{experiment}}/{{run_hash}}/loss_curve.png",
             caption="../report/loss_curve.rst",
             category="Training",
             subcategory="{experiment}",

@@ -2,9 +2,7 @@
 # spec, see common.smk). Only the completion record is a declared output: the checkpoint directory beside it
 # survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` checks the
 # directory is this config's, records the attempt and points <experiment>/latest at it; `runs end` records how
-# the attempt ended (for `worldpipe runs list`). WORLDPIPE_CONF_DIR makes both, and training, read the conf/ tree
-# beside this Snakefile, the one the run hash was computed from. Paths of the checkout are not parameters: moving
-# it must not make Snakemake retrain.
+# the attempt ended (for `worldpipe runs list`). $WORLDPIPE_CONF_DIR and $WORLDPIPE_LAUNCH_TRAINING: common.smk.
 
 
 rule train_model:
@@ -31,11 +29,10 @@ rule train_model:
         f"{RULE_BENCHMARKS}/train_model/{{experiment}}-{{run_hash}}.tsv"
     shell:
         """
-        export WORLDPIPE_CONF_DIR={CONF_DIR:q}
         worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} > {log} 2>&1
         code=0
         WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment} \
-            bash {LAUNCH_TRAINING:q} {params.overrides} >> {log} 2>&1 || code=$?
+            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} >> {log} 2>&1 || code=$?
         worldpipe runs end {params.run_dir} --exit-code $code >> {log} 2>&1
         exit $code
         """
