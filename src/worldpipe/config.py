@@ -108,6 +108,11 @@ def _is_safe(key: str) -> bool:
     return any(key == safe or (safe.endswith(".") and key.startswith(safe)) for safe in RESUME_SAFE_KEYS)
 
 
+def is_resume_safe(key: str) -> bool:
+    """True for a dotted key a resume may change (RESUME_SAFE_KEYS): not part of the config hash."""
+    return _is_safe(key)
+
+
 def identity_config(cfg: DictConfig | Mapping) -> dict[str, Any]:
     """The flattened config without resume-safe keys: what must not change across a resume."""
     return {key: value for key, value in flatten(to_container(cfg)).items() if not _is_safe(key)}

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from worldpipe import paths
-from worldpipe.config import config_hash
+from worldpipe.config import config_hash, is_resume_safe
 
 HELDOUT_SUFFIX = "-heldout"
 
@@ -45,7 +45,7 @@ class Run:
     """One experiment's run under the current config: where it lives and how to start it."""
 
     experiment: str
-    overrides: tuple[str, ...]  # Hydra overrides that compose its config (experiment, world size, pipeline's)
+    overrides: tuple[str, ...]  # overrides that make its identity: experiment=..., the pipeline's non-safe ones
     config_hash: str
     dataset: Dataset
     heldout: Dataset
@@ -90,19 +90,35 @@ def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
     return found
 
 
-def base_overrides(config: Mapping[str, Any], experiment: str) -> list[str]:
-    """Overrides that compose an experiment's config in this pipeline (the world size is the pipeline's)."""
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def identity_overrides(config: Mapping[str, Any], experiment: str) -> list[str]:
+    """The overrides that can change an experiment's config hash: its name and the pipeline's non-safe ones."""
+    extra = [o for o in config["train"].get("overrides", []) if not is_resume_safe(_override_key(o))]
+    return [f"experiment={experiment}", *extra]
+
+
+def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]:
+    """Overrides every training job gets that a resume may change (world size, records, the pipeline's safe ones).
+
+    They are not part of a run's identity, and the Snakefile hands them to the jobs outside the rule's
+    parameters, so changing one (say trainer.log_every) neither names a new run nor makes Snakemake retrain.
+    """
     train = config["train"]
-    return [f"experiment={experiment}", f"parallel.nproc_per_node={train['nproc_per_node']}",
-            f"parallel.nnodes={train.get('nnodes', 1)}", *train.get("overrides", [])]
+    safe = [o for o in train.get("overrides", []) if is_resume_safe(_override_key(o))]
+    return [f"parallel.nproc_per_node={train['nproc_per_node']}", f"parallel.nnodes={train.get('nnodes', 1)}",
+            f"tracking.uri={tracking_uri}", *safe]
 
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
              conf: Path | None = None) -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit."""
-    overrides = base_overrides(config, experiment)
+    overrides = identity_overrides(config, experiment)
     try:
-        cfg = compose(overrides, conf)
+        # With the settings too, so a bad one stops the pipeline here; they cannot change the hash.
+        cfg = compose([*overrides, *training_settings(config, "")], conf)
     except Exception as err:  # Hydra's errors have no common base that covers interpolation and parse errors
         raise PipelineError(f"experiments: {experiment!r} does not compose with overrides {overrides}: {err}") from err
     name = str(cfg.data.name)
@@ -123,7 +139,7 @@ def plan(config: Mapping[str, Any], conf: Path | None = None) -> tuple[dict[str,
     return known, runs
 
 
-def launch_overrides(run: Run, tracking_uri: str) -> list[str]:
-    """Every override the training job gets: the composing ones, then where its run, data and records go."""
+def launch_overrides(run: Run) -> list[str]:
+    """The overrides that make a run: its identity ones, then where it and its data live (fixed by the hashes)."""
     return [*run.overrides, f"run_dir={run.dir}", f"data.store={run.dataset.dir}/{paths.STORE_NAME}",
-            f"data.manifest={run.dataset.dir}/{paths.MANIFEST_NAME}", f"tracking.uri={tracking_uri}"]
+            f"data.manifest={run.dataset.dir}/{paths.MANIFEST_NAME}"]

@@ -31,7 +31,7 @@ def workdir(tmp_path, monkeypatch) -> Path:
 
 
 def start(run) -> Path:
-    begin(run.dir, run.dataset.spec_hash, launch_overrides(run, "sqlite:///unused.db"))
+    begin(run.dir, run.dataset.spec_hash, launch_overrides(run))
     return Path(run.dir)
 
 
@@ -50,7 +50,7 @@ def test_begin_records_the_run_and_points_latest_at_it(workdir):
 def test_begin_refuses_a_directory_that_is_not_the_configs_hash(workdir):
     run = planned_run()
     with pytest.raises(RunDirMismatch, match="is not this config's run"):
-        begin(f"{Path(run.dir).parent}/000000000000", run.dataset.spec_hash, launch_overrides(run, "x"))
+        begin(f"{Path(run.dir).parent}/000000000000", run.dataset.spec_hash, launch_overrides(run))
     assert not Path(run.dir).parent.exists()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from worldpipe import paths
-from worldpipe.pipeline import PipelineError, launch_overrides, plan
+from worldpipe.pipeline import PipelineError, launch_overrides, plan, training_settings
 
 CONF_DIR = os.path.join(workflow.basedir, "conf")
 PATHS = paths.layout(Path(CONF_DIR))
@@ -120,8 +120,8 @@ def tracking_uri():
 
 
 def training_argv(wildcards):
-    """The Hydra overrides of a run's training job, each quoted for the shell."""
-    return " ".join(shlex.quote(item) for item in launch_overrides(run_of(wildcards), tracking_uri()))
+    """The Hydra overrides that make a run (fixed by its hash), each quoted for the shell."""
+    return " ".join(shlex.quote(item) for item in launch_overrides(run_of(wildcards)))
 
 
 def rule_resources(rule_name):
@@ -152,12 +152,15 @@ def training_resources():
     return plain | {"nodes": nodes, "tasks": nodes, "mpi": "", "slurm_extra": " ".join(extra)}
 
 
-# Jobs inherit these (and a SLURM job sets them again when it reads this file). They locate this checkout, so
-# they are not parameters of the rules (moving the checkout must not make Snakemake retrain). WORLDPIPE_CONF_DIR
-# makes the jobs, and training, read the conf/ tree beside this Snakefile, the one the run hashes come from.
+# Jobs inherit these (and a SLURM job sets them again when it reads this file). They are not parameters of the
+# rules, whose changes make Snakemake remake outputs: moving the checkout must not retrain anything, and neither
+# must a resume-safe setting (world size, tracking URI, log cadence: worldpipe.pipeline.training_settings), which
+# is not part of a run's identity. WORLDPIPE_CONF_DIR makes the jobs, and training, read the conf/ tree beside
+# this Snakefile, the one the run hashes come from.
 os.environ.update(
     {
         paths.CONF_DIR_ENV: CONF_DIR,
         "WORLDPIPE_LAUNCH_TRAINING": os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh"),
+        "WORLDPIPE_TRAINING_SETTINGS": shlex.join(training_settings(config, tracking_uri())),
     }
 )

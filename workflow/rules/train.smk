@@ -2,7 +2,8 @@
 # spec, see common.smk). Only the completion record is a declared output: the checkpoint directory beside it
 # survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` checks the
 # directory is this config's, records the attempt and points <experiment>/latest at it; `runs end` records how
-# the attempt ended (for `worldpipe runs list`). $WORLDPIPE_CONF_DIR and $WORLDPIPE_LAUNCH_TRAINING: common.smk.
+# the attempt ended (for `worldpipe runs list`). The parameters are what makes the run (fixed by its hash); the
+# resume-safe settings, the conf/ tree and the launcher come from the environment (common.smk).
 
 
 rule train_model:
@@ -29,10 +30,12 @@ rule train_model:
         f"{RULE_BENCHMARKS}/train_model/{{experiment}}-{{run_hash}}.tsv"
     shell:
         """
-        worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} > {log} 2>&1
+        eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # shell-quoted by shlex.join in common.smk
+        worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} \
+            "${{settings[@]}}" > {log} 2>&1
         code=0
         WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment} \
-            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} >> {log} 2>&1 || code=$?
+            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} "${{settings[@]}}" >> {log} 2>&1 || code=$?
         worldpipe runs end {params.run_dir} --exit-code $code >> {log} 2>&1
         exit $code
         """
