@@ -38,6 +38,7 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "parallel.backend",
     "parallel.rdzv_timeout_s",
     "tracking.",
+    "paths.",
     "run_dir",
 )
 
@@ -101,6 +102,11 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
 
 def _is_safe(key: str) -> bool:
     return any(key == safe or (safe.endswith(".") and key.startswith(safe)) for safe in RESUME_SAFE_KEYS)
+
+
+def is_resume_safe(key: str) -> bool:
+    """True for a dotted key a resume may change (RESUME_SAFE_KEYS): not part of the config hash."""
+    return _is_safe(key)
 
 
 def identity_config(cfg: DictConfig | Mapping) -> dict[str, Any]:

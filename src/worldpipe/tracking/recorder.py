@@ -23,9 +23,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from worldpipe.paths import default_tracking_uri
 from worldpipe.tracking.delivery import DeliveryReport, deliver
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
@@ -47,12 +47,12 @@ def retry_delay(failures: int, first_s: float, cap_s: float) -> float:
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else the embedded SQLite file under ./results."""
+    """Config value, else $MLFLOW_TRACKING_URI, else the embedded SQLite file (conf/paths: tracking_db)."""
     if uri:
         return uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{Path('results').resolve() / 'mlflow.db'}"
+    return default_tracking_uri()
 
 
 def group_files(files: Mapping[str, bytes]) -> dict[str, dict[str, bytes]]:
