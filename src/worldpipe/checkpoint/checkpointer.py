@@ -121,7 +121,10 @@ class Checkpointer:
         Rank 0 chooses the newest step that verifies and decodes (and reports skipped ones); every rank loads that step.
         ``check_identity(identity, step)`` may refuse it by raising.
         """
-        step = broadcast_object(self.runtime, self.manager.latest_loadable() if self.runtime.is_main else None)
+        # A sharded model's rank 0 only verifies (sha256): decoding to test loadability would assemble the
+        # whole state in one process. An undecodable shard then fails the load below, naming the file.
+        choose = self.manager.latest_intact if self.saver is not None else self.manager.latest_loadable
+        step = broadcast_object(self.runtime, choose() if self.runtime.is_main else None)
         if step is None:
             return None
         if self.saver is not None or is_sharded(self.manager, step):
