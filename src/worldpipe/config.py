@@ -101,6 +101,9 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     _require(k["keep_last"] >= 2, "checkpoint.keep_last", f"must be >= 2, got {k['keep_last']!r}")
     _require(k["keep_every"] is None or k["keep_every"] > 0, "checkpoint.keep_every", "must be null or positive")
     _require(k["verify"] in ("size", "sha256", "first"), "checkpoint.verify", "must be size, sha256 or first")
+    from worldpipe.parallel.layout import validate_layout  # the layout's own rules (degrees, model axes)
+
+    validate_layout(c, world_size)
 
 
 def _is_safe(key: str) -> bool:

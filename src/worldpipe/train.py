@@ -38,6 +38,7 @@ from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
+from worldpipe.parallel.layout import Layout, build_layout
 from worldpipe.parallel.runtime import (
     Runtime,
     all_reduce_sum,
@@ -53,7 +54,6 @@ from worldpipe.parallel.wrap import (
     full_optimizer_state,
     load_full_state,
     unwrap,
-    wrap_model,
 )
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD, PreemptionFlag
 from worldpipe.resume import ResumeRefused, check_resume_identity
@@ -81,7 +81,7 @@ def seed_rank_generators(seed: int, rank: int) -> None:
     np.random.seed((seed * 1000 + rank) % 2**32)
 
 
-def build_identity(cfg: DictConfig, dataset_hash: str, runtime: Runtime, run_id: str | None) -> dict:
+def build_identity(cfg: DictConfig, dataset_hash: str, runtime: Runtime, run_id: str | None, layout: Layout) -> dict:
     """Everything that says which run a checkpoint belongs to."""
     return {
         "config": to_container(cfg),
@@ -91,7 +91,7 @@ def build_identity(cfg: DictConfig, dataset_hash: str, runtime: Runtime, run_id:
         "versions": ident.package_versions(),
         "lock_hash": ident.lock_hash(),
         "world_size": runtime.world_size,
-        "parallel_layout": {"strategy": cfg.parallel.strategy, "world_size": runtime.world_size},
+        "parallel_layout": {**layout.describe, "world_size": runtime.world_size},
         "mlflow_run_id": run_id,
     }
 
@@ -113,6 +113,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     torch.use_deterministic_algorithms(t_cfg.deterministic)
     seed_rank_generators(cfg.seed, rt.rank)
     preemption = PreemptionFlag()
+    layout = build_layout(cfg.parallel, rt)
 
     # ---- data: verified store, world-size-invariant global order, this rank's slice ----
     manifest = load_manifest(d_cfg.manifest)
@@ -120,15 +121,17 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     store = TrajectoryStore.open(d_cfg.store, manifest=manifest)
     stats = store.obs_stats()
     sampler = GlobalWindowSampler(store.lengths, d_cfg.window, d_cfg.stride, t_cfg.batch_size, cfg.seed)
-    loader = WindowLoader(store, sampler, rt.rank, rt.world_size, obs_stats=stats,
+    # Ranks of one tensor/context-parallel group load the same windows: the data-parallel slice.
+    loader = WindowLoader(store, sampler, layout.dp_rank, layout.dp_size, obs_stats=stats,
                           cache_bytes=d_cfg.cache_mb << 20, prefetch=d_cfg.prefetch)
 
     # ---- model, optimizer, schedule (identical init on every rank: same torch seed) ----
     core = build_model(cfg.model, store.obs_dim, store.act_dim).to(rt.device)
     core.set_normalization(stats["obs_mean"], stats["obs_std"])
     loss_terms = core.loss_terms
-    model = wrap_model(core, cfg.parallel.strategy, rt)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
+    model = layout.wrap(core)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t_cfg.lr, weight_decay=t_cfg.weight_decay,
+                                  **layout.optimizer_kwargs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, t_cfg.warmup_steps, t_cfg.steps, t_cfg.min_lr_ratio)
     )
@@ -163,7 +166,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     # ---- records (rank 0 only) ----
     recorder = RunRecorder(cfg.tracking.enabled and rt.is_main, cfg.tracking.uri, cfg.tracking.experiment,
                            run_dir=run_dir)
-    identity = build_identity(cfg, dataset_hash, rt, run_id)
+    identity = build_identity(cfg, dataset_hash, rt, run_id, layout)
     ckpt_location = str(cfg.checkpoint.dir) if "://" in str(cfg.checkpoint.dir) else str(Path(cfg.checkpoint.dir).resolve())
     run_id = recorder.start(run_id, cfg.tracking.run_name, tags=run_tags(identity, start_step or 0),
                             resume_step=start_step or 0, checkpoint_dir=ckpt_location)
@@ -219,13 +222,15 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             reward, mask = batch["reward"].to(rt.device), batch["mask"].to(rt.device)  # [b,T]
             noise = sample_noise(cfg.seed, batch["sample_index"], core.noise_shape(obs.shape[1]), noise_gen)
             noise = noise.to(rt.device) if noise is not None else None
+            # Context parallel: this rank's chunk in time (noise drawn for the whole window first).
+            part = layout.shard_batch({"obs": obs, "action": action, "reward": reward, "mask": mask, "noise": noise})
 
-            sums = model(obs, action, reward, mask, noise)  # forward = per-term loss sums over valid steps
-            # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
-            loss = sums["total"] * (rt.world_size / batch["global_valid"])
+            sums = model(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])  # loss sums
+            # Gradient of the GLOBAL mean over valid steps, whatever the wrapper averages over.
+            loss = sums["total"] * layout.loss_scale(batch["global_valid"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg.grad_clip)
+            grad_norm = layout.clip_grad_norm(model.parameters(), t_cfg.grad_clip)
             optimizer.step()
             scheduler.step()
 
@@ -236,6 +241,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
 
             if progress["step"] % t_cfg.log_every == 0 or progress["step"] == t_cfg.steps:
                 totals = all_reduce_sum(rt, torch.stack([sums[k].detach() for k in loss_terms]).cpu())
+                totals = totals * layout.metric_weight  # tensor-parallel ranks hold copies of the same sums
                 elapsed = time.perf_counter() - window_start
                 window_start = time.perf_counter()
                 metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(loss_terms, totals, strict=True)}
@@ -261,7 +267,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
             digest = checkpoint_digest(cfg.checkpoint.dir, progress["step"])
 
         # Replicas must agree bit for bit; recorded so a test (or a user) can check it after the fact.
-        replica_digests = gather_objects(rt, _replica_digest(model, cfg.parallel.strategy))
+        replica_digests = gather_objects(rt, _replica_digest(model) if layout.replicated_parameters else None)
         record = {"final_step": progress["step"], "target_steps": t_cfg.steps, "digest": digest,
                   "replica_digests": replica_digests, "mlflow_run_id": run_id, "dataset_hash": dataset_hash, "world_size": rt.world_size,
                   "checkpoint_dir": str(cfg.checkpoint.dir)}
@@ -282,10 +288,8 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
         raise
 
 
-def _replica_digest(model: torch.nn.Module, strategy: str) -> str | None:
-    """SHA-256 of this rank's replica of the parameters (None when parameters are sharded)."""
-    if strategy == "fsdp2":
-        return None
+def _replica_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of this rank's replica of the parameters."""
     digest = hashlib.sha256()
     for name, tensor in sorted(unwrap(model).state_dict().items()):
         digest.update(name.encode())

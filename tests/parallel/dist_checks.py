@@ -72,11 +72,114 @@ def check_scan(rank: int, size: int, lengths: list[int], seed: int) -> dict:
             "db": _max_diff(lb.grad, full[1].grad[:, rows]), "dh0": _max_diff(dh0, full[2].grad)}
 
 
+MODELS = {
+    "transformer": {"_target_": "worldpipe.models.transformer.CausalTransformer", "width": 16, "heads": 4,
+                    "layers": 2, "mlp_ratio": 2},
+    "ssm": {"_target_": "worldpipe.models.ssm.LinearSSM", "width": 16, "state": 8, "layers": 2},
+    "rssm": {"_target_": "worldpipe.models.rssm.RSSM", "embed": 8, "deter": 8, "stoch": 4, "hidden": 16},
+}
+OBS_DIM, ACT_DIM = 3, 1
+
+
+def synthetic_batch(batch: int, window: int, seed: int, noise_shape) -> dict:
+    """Random windows whose valid lengths differ (some end early), as the loader pads them."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(window // 2, window + 1, (batch,), generator=gen)
+    mask = (torch.arange(window)[None, :] < lengths[:, None]).float()
+    out = {"obs": torch.randn(batch, window, OBS_DIM, generator=gen) * mask[..., None],
+           "action": torch.randn(batch, window, ACT_DIM, generator=gen) * mask[..., None],
+           "reward": torch.randn(batch, window, generator=gen) * mask, "mask": mask,
+           "noise": None if noise_shape is None else torch.randn(batch, *noise_shape, generator=gen)}
+    out["global_valid"] = int(mask.sum())
+    return out
+
+
+def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    from worldpipe.parallel.wrap import unwrap
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    return {name: full(p.grad).detach().clone() for name, p in unwrap(model).named_parameters()}
+
+
+def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    from worldpipe.parallel.wrap import unwrap
+
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for name, p in unwrap(model).named_parameters()}
+
+
+def _diffs(a: dict, b: dict) -> float:
+    return max(_max_diff(a[name], b[name]) for name in a)
+
+
+def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: int, window: int,
+                 micro: int) -> dict:
+    """One training step of a layout vs the single-process reference on the same global batch.
+
+    The layout's step runs ``micro`` micro-batches (gradients accumulated, each loss normalized by the valid
+    steps of the whole global batch); the reference runs the whole batch at once.
+    """
+    from worldpipe.data.sampler import GlobalWindowSampler
+    from worldpipe.models import build_model
+    from worldpipe.parallel.layout import build_layout
+    from worldpipe.parallel.runtime import init_runtime
+
+    runtime = init_runtime("gloo")
+    torch.manual_seed(0)
+    reference = build_model(MODELS[model_name], OBS_DIM, ACT_DIM)
+    torch.manual_seed(0)
+    core = build_model(MODELS[model_name], OBS_DIM, ACT_DIM)
+    batch = synthetic_batch(batch_size, window, 1, reference.noise_shape(window))
+    keys = ("obs", "action", "reward", "mask", "noise")
+
+    ref_sums = reference(*(batch[k] for k in keys))
+    (ref_sums["total"] / batch["global_valid"]).backward()
+    ref_grads = _full_grads(reference)
+    torch.optim.AdamW(reference.parameters(), lr=1e-2, eps=1.0).step()  # eps: no sign() of tiny grads
+
+    layout = build_layout({"strategy": strategy, "tensor_parallel": tp, "context_parallel": cp}, runtime)
+    model = layout.wrap(core)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1.0, **layout.optimizer_kwargs)
+    mine = {k: (v[GlobalWindowSampler.rank_slice(batch_size, layout.dp_rank, layout.dp_size)] if v is not None else None)
+            for k, v in batch.items() if k in keys}
+    total = torch.zeros(())
+    rows = mine["obs"].shape[0]
+    for index in range(micro):
+        piece = {k: (v[index * rows // micro:(index + 1) * rows // micro] if v is not None else None)
+                 for k, v in mine.items()}
+        sums = model(*(layout.shard_batch(piece)[k] for k in keys))
+        (sums["total"] * layout.loss_scale(batch["global_valid"])).backward()
+        total = total + sums["total"].detach()
+    dist.all_reduce(total)
+    grads = _full_grads(model)
+    optimizer.step()
+    return {
+        "loss": float(total) * layout.metric_weight / batch["global_valid"],
+        "ref_loss": float(ref_sums["total"].detach()) / batch["global_valid"],
+        "grad_diff": _diffs(grads, ref_grads),
+        "grad_scale": max(float(g.abs().max()) for g in ref_grads.values()),
+        "param_diff_after_step": _diffs(_full_params(model), _full_params(reference)),
+        "layout": layout.describe, "dp_rank": layout.dp_rank, "rows": rows,
+    }
+
+
 def main(argv: list[str]) -> None:
     check, out_dir, *args = argv
+    torch.set_num_threads(1)
+    if check == "layout":
+        model_name, strategy, tp, cp, batch, window, micro = args
+        result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro))
+        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        return
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
     if check == "ring":
         result = check_ring(rank, size, int(args[0]), int(args[1]), int(args[2]))
     elif check == "scan":
