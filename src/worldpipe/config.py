@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
-# (world-size-invariant) global batch.
+# (world-size-invariant) global batch and how they are laid out.
 RESUME_SAFE_KEYS: tuple[str, ...] = (
     "trainer.steps",
     "trainer.log_every",
@@ -31,9 +31,9 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "data.manifest",
     "data.cache_mb",
     "data.prefetch",
-    "parallel.nproc_per_node",
-    "parallel.nnodes",
-    "parallel.backend",
+    # The layout (strategy, degrees, rank counts): every layout computes the same global-mean gradient of the
+    # same global batch, so changing it changes only floating-point reduction order.
+    "parallel.",
     "tracking.",
     "run_dir",
 )
