@@ -34,18 +34,21 @@ def test_layout_trains_the_smoke_experiment(tmp_path, smoke_dataset, env_with_ve
 
 def test_resume_onto_another_layout(tmp_path, smoke_dataset, env_with_venv):
     # 10 steps tensor-parallel, then 10 more context-parallel, against 20 steps on one process: the same
-    # global batches, so only the reduction order differs (loss within 1e-4 relative).
+    # global batches, so only the reduction order differs (parameters within 1e-4 relative).
+    from worldpipe.checkpoint import CheckpointManager
+
     run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
     first = train(run_dir, smoke_dataset, env_with_venv, "smoke_transformer", "tp", "trainer.steps=10")
     assert first.returncode == 0, first.stderr[-3000:]
     second = train(run_dir, smoke_dataset, env_with_venv, "smoke_transformer", "cp", "trainer.steps=20")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stderr
     ref = train(ref_dir, smoke_dataset, env_with_venv, "smoke_transformer", "single", "trainer.steps=20")
     assert ref.returncode == 0, ref.stderr[-3000:]
-    from worldpipe.checkpoint import CheckpointManager
-
-    resumed = CheckpointManager(str(run_dir / "checkpoints")).load(20)["model"]
+    manager = CheckpointManager(str(run_dir / "checkpoints"))
+    # Step 10 still carries the tp layout: the second run resumed from it rather than starting over.
+    assert manager.load(10, keys=["identity"])["identity"]["parallel_layout"]["tp"] == 2
+    assert manager.load(20, keys=["identity"])["identity"]["parallel_layout"]["cp"] == 2
+    resumed = manager.load(20)["model"]
     straight = CheckpointManager(str(ref_dir / "checkpoints")).load(20)["model"]
     for name, tensor in straight.items():
         assert (resumed[name] - tensor).abs().max() <= 1e-4 * (1 + tensor.abs().max()), name
