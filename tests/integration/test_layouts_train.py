@@ -33,22 +33,25 @@ def test_layout_trains_the_smoke_experiment(tmp_path, smoke_dataset, env_with_ve
 
 
 def test_resume_onto_another_layout(tmp_path, smoke_dataset, env_with_venv):
-    # 10 steps tensor-parallel, then 10 more context-parallel, against 20 steps on one process: the same
-    # global batches, so only the reduction order differs (parameters within 1e-4 relative).
+    # 10 steps tensor-parallel, then resumed context-parallel to 20, against the same two invocations on one
+    # process (the schedule follows trainer.steps of each invocation): the same global batches, so only the
+    # reduction order differs. Tolerance: distance of the parameters below 2% of how far they moved in the
+    # second half (observed 0.3%; a lost optimizer state or a shifted sampler moves them tens of percent).
     from worldpipe.checkpoint import CheckpointManager
 
     run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
-    first = train(run_dir, smoke_dataset, env_with_venv, "smoke_transformer", "tp", "trainer.steps=10")
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = train(run_dir, smoke_dataset, env_with_venv, "smoke_transformer", "cp", "trainer.steps=20")
-    assert second.returncode == 0, second.stderr[-3000:]
-    ref = train(ref_dir, smoke_dataset, env_with_venv, "smoke_transformer", "single", "trainer.steps=20")
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    manager = CheckpointManager(str(run_dir / "checkpoints"))
+    for directory, first, second in ((run_dir, "tp", "cp"), (ref_dir, "single", "single")):
+        for layout, steps in ((first, 10), (second, 20)):
+            proc = train(directory, smoke_dataset, env_with_venv, "smoke_transformer", layout, f"trainer.steps={steps}")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    manager, reference = CheckpointManager(str(run_dir / "checkpoints")), CheckpointManager(str(ref_dir / "checkpoints"))
     # Step 10 still carries the tp layout: the second run resumed from it rather than starting over.
     assert manager.load(10, keys=["identity"])["identity"]["parallel_layout"]["tp"] == 2
     assert manager.load(20, keys=["identity"])["identity"]["parallel_layout"]["cp"] == 2
-    resumed = manager.load(20)["model"]
-    straight = CheckpointManager(str(ref_dir / "checkpoints")).load(20)["model"]
-    for name, tensor in straight.items():
-        assert (resumed[name] - tensor).abs().max() <= 1e-4 * (1 + tensor.abs().max()), name
+
+    def distance(a, b):
+        return sum(float((a[k] - b[k]).pow(2).sum()) for k in a if a[k].is_floating_point()) ** 0.5
+
+    resumed, straight = manager.load(20)["model"], reference.load(20)["model"]
+    moved = distance(straight, reference.load(10)["model"])
+    assert distance(resumed, straight) <= 0.02 * moved, (distance(resumed, straight), moved)

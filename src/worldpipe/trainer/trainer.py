@@ -93,6 +93,8 @@ class Trainer:
         resumed = self.checkpointer.resume(
             lambda identity, step: check_resume_identity(identity, self.cfg, self.dataset_hash, step))
         run_id, start = None, 0
+        for group in self.optimizer.param_groups:  # a checkpoint from another layout carries its options
+            group.update(self.layout.optimizer_kwargs)
         if resumed is not None:
             run_id, start = resumed.identity.get("mlflow_run_id"), resumed.step
             if self.rt.is_main:
