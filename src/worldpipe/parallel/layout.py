@@ -124,7 +124,8 @@ class Layout:
     @property
     def optimizer_kwargs(self) -> dict[str, Any]:
         """Optimizer options the layout needs (plain and DTensor parameters mixed: no multi-tensor kernels)."""
-        return {"foreach": False} if self.tp_size > 1 and self.strategy != "fsdp2" else {}
+        fsdp_everywhere = self.strategy == "fsdp2" and self.dp_size > 1  # then every parameter is a DTensor
+        return {"foreach": False} if self.tp_size > 1 and not fsdp_everywhere else {}
 
     def loss_scale(self, global_valid: int) -> float:
         """Factor on this rank's loss sums whose gradient, after the wrapper's averaging, is the global mean."""
@@ -145,10 +146,11 @@ class Layout:
             return model
         if self.cp_size > 1:
             model.bind_time_partition(self.partition)
-        wrapped = wrap_model(model, self.strategy, rt) if self.strategy != "fsdp2" else _fully_shard(model, None)
+        if not rt.distributed or self.strategy == "none":
+            return model
         # Gradients are averaged over every rank the wrapper spans: all of them (cp ranks included).
-        self._reducers = rt.world_size if rt.distributed and self.strategy != "none" else 1
-        return wrapped
+        self._reducers = rt.world_size
+        return _fully_shard(model, None) if self.strategy == "fsdp2" else wrap_model(model, self.strategy, rt)
 
     def shard_batch(self, batch: dict) -> dict:
         """This rank's chunk in time of every time-indexed entry (cp); the batch itself otherwise."""
