@@ -11,8 +11,8 @@ Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures,
   sequence length and d_kv the key+value bytes per position; forward time vs dense attention over the
   whole sequence on one rank (the baseline); plot ``comm_ring_bytes.png``.
 * pipeline bubble: a GPipe schedule (``torch.distributed.pipelining``, P = N stages, M microbatches); idle
-  fraction 1 - M·t_mb/T_step (t_mb: one microbatch's forward+backward on one stage, measured alone on the same
-  rank) vs (P-1)/(M+P-1); plot ``comm_bubble.png``.
+  fraction 1 - busy/T_step, busy timed inside each stage's forward and backward, averaged over stages, vs
+  (P-1)/(M+P-1); plot ``comm_bubble.png``.
 * memory per rank by tensor category (parameters, gradients, optimizer state, activations) of the causal
   transformer under ddp, fsdp2 and tp, measured from the tensors, beside the ZeRO formulas;
   plot ``comm_memory.png``.
@@ -93,20 +93,58 @@ def measure_ring_attention(repeat: int, device: torch.device) -> list[dict]:
     return rows
 
 
-def _stage_module(width: int, depth: int) -> torch.nn.Module:
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
-    return torch.nn.Sequential(*layers)
+class _Stamp(torch.autograd.Function):
+    """Identity whose backward records the time it runs: marks where a stage's backward starts and ends."""
+
+    @staticmethod
+    def forward(ctx, x, marks, key):  # noqa: D102
+        ctx.marks, ctx.key = marks, key
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        ctx.marks.append((ctx.key, time.perf_counter()))
+        return grad, None, None
+
+
+class TimedStage(torch.nn.Module):
+    """A pipeline stage that accumulates the seconds it computes (forward, and backward between its stamps)."""
+
+    def __init__(self, width: int, depth: int):
+        super().__init__()
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+        self.inner = torch.nn.Sequential(*layers)
+        self.forward_s, self.marks = 0.0, []
+
+    def forward(self, x):  # noqa: D102
+        x = x if x.requires_grad else x.detach().requires_grad_()  # so the first stage's backward is stamped too
+        start = time.perf_counter()
+        y = self.inner(_Stamp.apply(x, self.marks, "end"))
+        self.forward_s += time.perf_counter() - start
+        return _Stamp.apply(y, self.marks, "start")
+
+    def take_busy(self) -> float:
+        """Seconds computed since the last call (forward + backward), and reset."""
+        starts = [t for key, t in self.marks if key == "start"]
+        ends = [t for key, t in self.marks if key == "end"]
+        busy = self.forward_s + sum(e - s for s, e in zip(starts, ends, strict=True))
+        self.forward_s, self.marks[:] = 0.0, []
+        return busy
 
 
 def measure_bubble(repeat: int, device: torch.device, batch: int = 256, width: int = 512) -> list[dict]:
-    """GPipe over all ranks (one stage each): idle fraction per microbatch count vs (P-1)/(M+P-1)."""
+    """GPipe over all ranks (one stage each): measured idle fraction per microbatch count vs (P-1)/(M+P-1).
+
+    Idle = 1 - (seconds the stage computed) / (step time), from timestamps taken inside the stage's forward
+    and backward, averaged over the stages.
+    """
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     rank, stages = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
-    module = _stage_module(width, 8).to(device)
+    module = TimedStage(width, 8).to(device)
     rows = []
     for micro in (1, 2, 4, 8, 16):
         stage = PipelineStage(module, rank, stages, device)
@@ -122,13 +160,18 @@ def measure_bubble(repeat: int, device: torch.device, batch: int = 256, width: i
                 schedule.step()
             _sync(device)
 
-        step_s = _timed(step, repeat)
-        mb_in = torch.randn(batch // micro, width, device=device, requires_grad=True)
-        micro_s = _timed(lambda mb_in=mb_in: module(mb_in).sum().backward(), repeat)
-        idle = torch.tensor([1.0 - micro * micro_s / step_s])
-        dist.all_reduce(idle)
-        rows.append({"microbatches": micro, "stages": stages, "step_s": step_s, "microbatch_s": micro_s,
-                     "idle_measured": float(idle) / stages, "idle_model": (stages - 1) / (micro + stages - 1)})
+        step(), module.take_busy()  # warm-up
+        idle = []
+        for _ in range(repeat):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - start
+            idle.append(1.0 - module.take_busy() / elapsed)
+        mine = torch.tensor([statistics.median(idle)])
+        dist.all_reduce(mine)
+        rows.append({"microbatches": micro, "stages": stages, "idle_measured": float(mine) / stages,
+                     "idle_model": (stages - 1) / (micro + stages - 1)})
     return rows
 
 
