@@ -55,6 +55,8 @@ def _timed(fn, repeat: int) -> float:
 def measure_all_reduce(max_mb: int, repeat: int, device: torch.device) -> list[dict]:
     """Median all_reduce time per message size (bytes of fp32), max over ranks (the collective's end)."""
     rows, size = [], KB
+    for _ in range(10):  # gloo connects its pairs lazily: keep the first calls out of the smallest size
+        dist.all_reduce(torch.ones(KB, device=device))
     while size <= max_mb << 20:
         buf = torch.ones(size // 4, device=device)
         seconds = _timed(lambda b=buf: (dist.all_reduce(b), _sync(device)), repeat if size < 16 << 20 else 3)
@@ -175,6 +177,20 @@ def measure_bubble(repeat: int, device: torch.device, batch: int = 256, width: i
     return rows
 
 
+def _planned_sharded_parameters(model: torch.nn.Module) -> int:
+    """Parameters the tensor-parallel plan splits: column-wise weight and bias, row-wise weight (its bias is
+    replicated, added once after the all-reduce)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    params = dict(model.named_parameters())
+    count = 0
+    for path, style in model.tensor_parallel_plan().items():
+        count += params[f"{path}.weight"].numel()
+        if isinstance(style, ColwiseParallel):
+            count += params[f"{path}.bias"].numel()
+    return count
+
+
 def measure_layout_memory(device: torch.device) -> dict:
     """Bytes per rank by category of the transformer under ddp, fsdp2 and tp, and the ZeRO formulas."""
     from worldpipe.models.transformer import CausalTransformer
@@ -192,8 +208,7 @@ def measure_layout_memory(device: torch.device) -> dict:
         torch.manual_seed(0)
         core = CausalTransformer(3, 1, **sizes).to(device)
         params = sum(p.numel() for p in core.parameters())
-        planned = {f"{path}.{leaf}" for path in core.tensor_parallel_plan() for leaf in ("weight", "bias")}
-        tp_params = sum(p.numel() for name_, p in core.named_parameters() if name_ in planned)
+        tp_params = _planned_sharded_parameters(core)
         layout = build_layout({"strategy": cfg[0], "tensor_parallel": cfg[1], "context_parallel": 1}, runtime)
         model = layout.wrap(core)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **layout.optimizer_kwargs)

@@ -64,7 +64,8 @@ def measure_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
 def zero_formulas(params: int, tp_sharded_params: int, ranks: int) -> dict[str, dict[str, float]]:
     """Expected bytes per rank of parameters, gradients and Adam state for each layout (no activations).
 
-    ``params``: parameter count of the model; ``tp_sharded_params``: those a tensor-parallel plan splits.
+    ``params``: parameter count of the model; ``tp_sharded_params``: those a tensor-parallel plan splits
+    (a row-wise layer's bias stays replicated).
     DDP replicates everything (ZeRO stage 0); FSDP2 shards all three by the rank count (ZeRO stage 3);
     tensor parallelism splits the planned weights and replicates the rest.
     """
