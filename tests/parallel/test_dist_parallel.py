@@ -27,7 +27,8 @@ def run_ranks(tmp_path: Path, env: dict, nproc: int, *args: str) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-@pytest.mark.parametrize(("nproc", "chunk", "block"), [(2, 3, 0), (3, 2, 1)])
+@pytest.mark.parametrize(("nproc", "chunk", "block"),
+                         [(2, 3, 0), (3, 2, 1), pytest.param(4, 4, 2, marks=pytest.mark.slow)])
 def test_ring_attention_over_real_ranks(tmp_path, env_with_venv, nproc, chunk, block):
     results = run_ranks(tmp_path, env_with_venv, nproc, "ring", str(chunk), str(block), "7")
     for rank, r in enumerate(results):
