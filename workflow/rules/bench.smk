@@ -1,5 +1,5 @@
 # Benchmarks whose plots belong in the report. Not part of `all` (minutes of measurement): build them with
-#   snakemake --cores 2 bench_comm && snakemake --report results/report.html all bench_comm
+#   snakemake --cores 2 bench_comm && snakemake --report results/report.html all bench_comm   (targets before --configfile)
 
 
 rule bench_comm:
