@@ -269,69 +269,76 @@ def summarize(raw: dict) -> dict:
     return result
 
 
-def plot(result: dict, folder: Path) -> list[str]:
-    """The four measured-vs-model figures."""
+def _figure(folder: Path, name: str, draw) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
-
-    def save(fig, name):
-        path = folder / name
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
-
-    rows, fit = result["all_reduce"], result["all_reduce_fit"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.loglog([r["bytes"] for r in rows], [r["seconds"] for r in rows], "o", label="measured (median)")
-    ax.loglog([r["bytes"] for r in rows], [r["model_s"] for r in rows], "-",
-              label=f"ring model α={fit['alpha_s'] * 1e6:.1f} µs, 1/β={fit['bandwidth_GBps']:.2f} GB/s")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("all_reduce time (s)")
-    ax.set_title(f"all_reduce on {result['world_size']} ranks ({result['backend']})")
-    ax.legend()
-    save(fig, "comm_allreduce.png")
-
-    ring = [r for r in result["ring_attention"] if r["rank"] == 0]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["seq"] for r in ring], [r["bytes_sent"] for r in ring], "o", label="measured (rank 0)")
-    ax.plot([r["seq"] for r in ring], [r["model_bytes"] for r in ring], "-", label="(N-1)·S·d_kv/N")
-    ax.set_xlabel("sequence length S")
-    ax.set_ylabel("bytes sent per rank (forward)")
-    ax.set_title("Ring attention traffic")
-    ax.legend()
-    save(fig, "comm_ring_bytes.png")
-
-    bubble = result["pipeline_bubble"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["microbatches"] for r in bubble], [r["idle_measured"] for r in bubble], "o-", label="measured")
-    ax.plot([r["microbatches"] for r in bubble], [r["idle_model"] for r in bubble], "--", label="(P-1)/(M+P-1)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("microbatches M")
-    ax.set_ylabel("idle fraction")
-    ax.set_title(f"GPipe bubble, P={bubble[0]['stages']} stages")
-    ax.legend()
-    save(fig, "comm_bubble.png")
-
-    mem = result["memory"]
-    cats = ("parameters", "gradients", "optimizer_state", "activations")
-    layouts = list(mem["measured"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(layouts)
-    for i, layout in enumerate(layouts):
-        xs = np.arange(len(cats)) + i * width
-        ax.bar(xs, [mem["measured"][layout][c] / KB for c in cats], width, label=f"{layout} measured")
-        ax.plot(xs[:3], [mem["formula"][layout][c] / KB for c in cats[:3]], "k_", markersize=14)
-    ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, cats)
-    ax.set_ylabel("KiB per rank")
-    ax.set_title("Memory per rank by category (bars: tensors; black marks: ZeRO formulas)")
+    draw(ax)
     ax.legend()
-    save(fig, "comm_memory.png")
-    return paths
+    fig.tight_layout()
+    path = folder / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _draw_all_reduce(result: dict):
+    rows, fit = result["all_reduce"], result["all_reduce_fit"]
+
+    def draw(ax):
+        ax.loglog([r["bytes"] for r in rows], [r["seconds"] for r in rows], "o", label="measured (median)")
+        ax.loglog([r["bytes"] for r in rows], [r["model_s"] for r in rows], "-",
+                  label=f"ring model α={fit['alpha_s'] * 1e6:.1f} µs, 1/β={fit['bandwidth_GBps']:.2f} GB/s")
+        ax.set(xlabel="message size (bytes)", ylabel="all_reduce time (s)",
+               title=f"all_reduce on {result['world_size']} ranks ({result['backend']})")
+    return draw
+
+
+def _draw_ring(result: dict):
+    ring = [r for r in result["ring_attention"] if r["rank"] == 0]
+
+    def draw(ax):
+        ax.plot([r["seq"] for r in ring], [r["bytes_sent"] for r in ring], "o", label="measured (rank 0)")
+        ax.plot([r["seq"] for r in ring], [r["model_bytes"] for r in ring], "-", label="(N-1)·S·d_kv/N")
+        ax.set(xlabel="sequence length S", ylabel="bytes sent per rank (forward)", title="Ring attention traffic")
+    return draw
+
+
+def _draw_bubble(result: dict):
+    bubble = result["pipeline_bubble"]
+
+    def draw(ax):
+        micro = [r["microbatches"] for r in bubble]
+        ax.plot(micro, [r["idle_measured"] for r in bubble], "o-", label="measured")
+        ax.plot(micro, [r["idle_model"] for r in bubble], "--", label="(P-1)/(M+P-1)")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="microbatches M", ylabel="idle fraction", title=f"GPipe bubble, P={bubble[0]['stages']} stages")
+    return draw
+
+
+def _draw_memory(result: dict):
+    mem, cats = result["memory"], ("parameters", "gradients", "optimizer_state", "activations")
+
+    def draw(ax):
+        width = 0.8 / len(mem["measured"])
+        for i, layout in enumerate(mem["measured"]):
+            xs = np.arange(len(cats)) + i * width
+            ax.bar(xs, [mem["measured"][layout][c] / KB for c in cats], width, label=f"{layout} measured")
+            ax.plot(xs[:3], [mem["formula"][layout][c] / KB for c in cats[:3]], "k_", markersize=14)
+        ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, cats)
+        ax.set(ylabel="KiB per rank", title="Memory per rank by category (bars: tensors; black marks: ZeRO formulas)")
+    return draw
+
+
+def plot(result: dict, folder: Path) -> list[str]:
+    """The four measured-vs-model figures."""
+    return [_figure(folder, "comm_allreduce.png", _draw_all_reduce(result)),
+            _figure(folder, "comm_ring_bytes.png", _draw_ring(result)),
+            _figure(folder, "comm_bubble.png", _draw_bubble(result)),
+            _figure(folder, "comm_memory.png", _draw_memory(result))]
 
 
 def main(argv: list[str] | None = None) -> dict | None:
