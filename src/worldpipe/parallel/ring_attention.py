@@ -56,20 +56,24 @@ class _Online:
         return self.acc / self.norm.unsqueeze(-1), self.m + self.norm.log()
 
 
-def _visibility(q_pos: Tensor, k_pos: Tensor) -> str:
-    """'none' when every key is after every query, 'all' when every key is at or before every query, else 'some'."""
-    if int(k_pos[0]) > int(q_pos[-1]):
+def _visibility(q_pos: range, k_pos: range) -> str:
+    """'none' when every key is after every query, 'all' when every key is at or before every query, else 'some'.
+
+    Positions are Python ranges, so deciding to skip a block never waits for a device.
+    """
+    if k_pos[0] > q_pos[-1]:
         return "none"
-    if int(k_pos[-1]) <= int(q_pos[0]):
+    if k_pos[-1] <= q_pos[0]:
         return "all"
     return "some"
 
 
-def _scores(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float, visible: str) -> Tensor:
+def _scores(q: Tensor, k: Tensor, q_pos: range, k_pos: range, scale: float, visible: str) -> Tensor:
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if visible == "some":
-        allowed = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [Lq, Lk]
-        scores = scores.masked_fill(~allowed, -math.inf)
+        rows = torch.arange(q_pos.start, q_pos.stop, device=q.device)
+        cols = torch.arange(k_pos.start, k_pos.stop, device=q.device)
+        scores = scores.masked_fill(cols.unsqueeze(0) > rows.unsqueeze(1), -math.inf)  # [Lq, Lk]: key after query
     return scores
 
 
@@ -78,7 +82,7 @@ def _sub_blocks(length: int, block_size: int | None) -> list[slice]:
     return [slice(start, min(start + size, length)) for start in range(0, length, size)]
 
 
-def fold_block(state: _Online, q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Tensor, scale: float,
+def fold_block(state: _Online, q: Tensor, q_pos: range, k: Tensor, v: Tensor, k_pos: range, scale: float,
                stats: RingStats, block_size: int | None = None) -> None:
     """Fold one key/value block (split into sub-blocks of ``block_size`` keys) into the online softmax state."""
     for part in _sub_blocks(k.shape[-2], block_size):
@@ -98,7 +102,7 @@ def fold_block(state: _Online, q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k
         state.m = m_new
 
 
-def block_gradients(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Tensor, d_out: Tensor, lse: Tensor,
+def block_gradients(q: Tensor, q_pos: range, k: Tensor, v: Tensor, k_pos: range, d_out: Tensor, lse: Tensor,
                     delta: Tensor, scale: float, stats: RingStats,
                     block_size: int | None = None) -> tuple[Tensor, Tensor, Tensor] | None:
     """Gradients (dq, dk, dv) of this query chunk's attention through one key/value block; None if masked.
@@ -124,8 +128,8 @@ def block_gradients(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Tenso
     return (dq, dk, dv) if touched else None
 
 
-def _positions(rank: int, chunk: int, device: torch.device) -> Tensor:
-    return torch.arange(rank * chunk, (rank + 1) * chunk, device=device)
+def _positions(rank: int, chunk: int) -> range:
+    return range(rank * chunk, (rank + 1) * chunk)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -155,7 +159,7 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, block_size, stats):  # noqa: D102 - see ring_attention()
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         chunk, scale = q.shape[-2], q.shape[-1] ** -0.5
-        q_pos = _positions(rank, chunk, q.device)
+        q_pos = _positions(rank, chunk)
         state = _Online.empty(q)
         kv = torch.stack([k, v])
         for step in range(size):
@@ -164,7 +168,7 @@ class _RingAttention(torch.autograd.Function):
             if step < size - 1:  # overlap the next block's transfer with this block's arithmetic
                 incoming, works = _shift_ring(kv, group)
                 stats.bytes_sent_forward += kv.numel() * kv.element_size()
-            fold_block(state, q, q_pos, kv[0], kv[1], _positions(src, chunk, q.device), scale, stats, block_size)
+            fold_block(state, q, q_pos, kv[0], kv[1], _positions(src, chunk), scale, stats, block_size)
             if works:
                 _wait(works)
                 kv = incoming
@@ -179,14 +183,14 @@ class _RingAttention(torch.autograd.Function):
         group, stats = ctx.group, ctx.stats
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         chunk, scale = q.shape[-2], q.shape[-1] ** -0.5
-        q_pos = _positions(rank, chunk, q.device)
+        q_pos = _positions(rank, chunk)
         d_out = d_out.contiguous()
         delta = (d_out * out).sum(dim=-1)
         dq = torch.zeros_like(q)
         kv, dkv = torch.stack([k, v]), torch.zeros(2, *k.shape, dtype=k.dtype, device=k.device)
         for step in range(size):
             src = (rank - step) % size
-            grads = block_gradients(q, q_pos, kv[0], kv[1], _positions(src, chunk, q.device), d_out, lse, delta,
+            grads = block_gradients(q, q_pos, kv[0], kv[1], _positions(src, chunk), d_out, lse, delta,
                                     scale, stats, ctx.block_size)
             if grads is not None:
                 dq = dq + grads[0]
@@ -237,10 +241,10 @@ def simulate_ring_attention(q: Tensor, k: Tensor, v: Tensor, ranks: int, block_s
     stats = [RingStats() for _ in range(ranks)]
     outs, lses = [], []
     for r in range(ranks):
-        state, q_pos = _Online.empty(split[r](q)), _positions(r, chunk, q.device)
+        state, q_pos = _Online.empty(split[r](q)), _positions(r, chunk)
         for step in range(ranks):
             src = (r - step) % ranks
-            fold_block(state, split[r](q), q_pos, split[src](k), split[src](v), _positions(src, chunk, q.device),
+            fold_block(state, split[r](q), q_pos, split[src](k), split[src](v), _positions(src, chunk),
                        scale, stats[r], block_size)
         out, lse = state.result()
         outs.append(out)
@@ -255,8 +259,8 @@ def simulate_ring_attention(q: Tensor, k: Tensor, v: Tensor, ranks: int, block_s
         for step in range(ranks):
             src = (r - step) % ranks
             cols = slice(src * chunk, (src + 1) * chunk)
-            grads = block_gradients(split[r](q), _positions(r, chunk, q.device), split[src](k), split[src](v),
-                                    _positions(src, chunk, q.device), split[r](d_out), lses[r], delta, scale,
+            grads = block_gradients(split[r](q), _positions(r, chunk), split[src](k), split[src](v),
+                                    _positions(src, chunk), split[r](d_out), lses[r], delta, scale,
                                     stats[r], block_size)
             if grads is not None:
                 dq[..., rows, :] += grads[0]
