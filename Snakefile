@@ -37,3 +37,4 @@ rule all:
                 rules.plot_loss_curve.output.plot,
             )
         ],
+        rules.plot_models_vs_baseline.output.plot,
