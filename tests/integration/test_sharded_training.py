@@ -1,8 +1,10 @@
-"""The trainer saves FSDP2 runs sharded (no rank gathers), sync or async, and resumes them onto DDP.
+"""The trainer saves DTensor-sharded runs (FSDP2, TP) sharded (no rank gathers), sync or async, and resumes them
+onto other layouts (DDP, FSDP2).
 
 Real torchrun (2 gloo ranks) through `worldpipe.train`: an FSDP2 run saving asynchronously (the snapshot copy
 overlapping the next step) ends with the digest of the same run saving synchronously; both checkpoints are
-sharded; a DDP run resumed from the FSDP2 run's sharded checkpoint of an earlier step finishes.
+sharded; a DDP run resumed from the FSDP2 run's sharded checkpoint of an earlier step finishes. A tensor-
+parallel transformer run killed after step 20 resumes bit-exactly, and its step-20 checkpoint resumes on FSDP2.
 """
 
 import json
@@ -40,3 +42,25 @@ def test_fsdp2_async_sharded_saves_match_sync_and_resume_on_ddp(tmp_path, smoke_
                      "checkpoint.allow_config_change=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((ddp / "train_done.json").read_text())["final_step"] > first
+
+
+def test_tensor_parallel_run_resumes_bit_exact_and_onto_fsdp2(tmp_path, smoke_dataset, env_with_venv):
+    """TP (DTensor column/row-wise shards) is saved sharded too; killed after step 20 it resumes to the
+    uninterrupted run's digest, and its step-20 checkpoint resumes on FSDP2 (another layout)."""
+    straight, interrupted, fsdp = tmp_path / "straight", tmp_path / "interrupted", tmp_path / "fsdp"
+    tp = ["experiment=smoke_transformer", "parallel=tp"]
+    proc = run_train(straight, smoke_dataset, env_with_venv, *tp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    died = run_train(interrupted, smoke_dataset, env_with_venv, *tp, fault="after_latest@20:die")
+    assert died.returncode != 0
+    assert (interrupted / "checkpoints" / "step-000020" / INDEX_FILE).is_file()
+    (fsdp / "checkpoints").mkdir(parents=True)
+    shutil.copytree(interrupted / "checkpoints" / "step-000020", fsdp / "checkpoints" / "step-000020")
+    proc = run_train(interrupted, smoke_dataset, env_with_venv, *tp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint_digest(interrupted / "checkpoints") == checkpoint_digest(straight / "checkpoints")
+
+    proc = run_train(fsdp, smoke_dataset, env_with_venv, "experiment=smoke_transformer", "parallel=fsdp2",
+                     "checkpoint.allow_config_change=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((fsdp / "train_done.json").read_text())["final_step"] == 30
