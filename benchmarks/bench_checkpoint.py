@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from worldpipe.checkpoint import CheckpointManager
-from worldpipe.checkpoint.publish import fsync_dir, write_all
+from worldpipe.checkpoint.files import fsync_dir, write_all
 
 MB = 1 << 20
 

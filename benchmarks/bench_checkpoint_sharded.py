@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from worldpipe.checkpoint import CheckpointManager
-from worldpipe.checkpoint.publish import fsync_dir, write_all
+from worldpipe.checkpoint.files import fsync_dir, write_all
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
 
 CONTENDERS = ("raw", "ours_sharded", "dcp", "async_stall")

@@ -20,7 +20,7 @@ from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointW
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
 from .retention import select_deletions
 from .state import snapshot_state, validate_state
-from .store import Store, open_store
+from .stores import Store, open_store
 
 logger = logging.getLogger("worldpipe.checkpoint")
 

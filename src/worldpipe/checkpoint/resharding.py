@@ -20,7 +20,7 @@ from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError
 from .manifest import check_sizes
-from .publish import PosixStore
+from .stores import PosixStore
 
 _OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
 

@@ -31,9 +31,9 @@ from worldpipe.atomic import fsync_dir
 from . import fault, layout, shards
 from .codec import PendingFile, encode_state, json_bytes
 from .errors import CheckpointWriteError
+from .files import fsync_and_close, write_all, write_file_durably
 from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments
-from .publish import PosixStore, fsync_and_close, write_all, write_file_durably
-from .store import ObjectStore, Store
+from .stores import ObjectStore, PosixStore, Store
 from .tensorfile import encode_with_fallback
 
 logger = logging.getLogger("worldpipe.checkpoint")
