@@ -8,8 +8,6 @@ run (same world size), or allclose parameters (different world size).
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
 import subprocess
 import time
@@ -18,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kill_support import kill_at_random_point
 
 from datasets import SMOKE_SPEC, build_dataset
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
@@ -78,14 +77,8 @@ def reference(tmp_path_factory, smoke_dataset, env_with_venv) -> dict:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_kill9_at_random_points_resumes_bit_exact(seed, tmp_path, smoke_dataset, env_with_venv, reference):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(run_dir, smoke_dataset), env=env_with_venv, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(random.Random(seed).uniform(0.0, 1.5))  # somewhere in the next steps or inside a save
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: launcher, torchrun, both ranks
-    proc.wait(timeout=30)
+    kill = kill_at_random_point(train_cmd(run_dir, smoke_dataset), run_dir, env_with_venv, seed, final_step=STEPS)
+    print(f"kill landed after step {kill.step} (delay {kill.delay_s:.2f} s, attempt {kill.attempts})")
     assert_no_partial_reported(run_dir)
     assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
 
