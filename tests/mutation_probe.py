@@ -46,7 +46,7 @@ class Mutant:
 
 MUTANTS = (
     Mutant("rng_rank_index", "every rank resumes with the RNG state it saved",
-           'restore_rng(state["rng"][rt.rank]', 'restore_rng(state["rng"][0]',
+           "restore_rng(rng[self.runtime.rank]", "restore_rng(rng[0]",
            ("tests/crash/test_rng_resume.py::test_each_rank_resumes_with_the_rng_state_it_saved",)),
     Mutant("first_never_hashes", "verify=first hashes a step the first time it is selected",
            'return (self.root, step, manifest["manifest_sha256"]) not in _fully_verified',

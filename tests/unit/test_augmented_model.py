@@ -10,7 +10,7 @@ import torch
 
 from worldpipe.checkpoint import capture_rng, restore_rng
 from worldpipe.launch import compose_config
-from worldpipe.models import build_model
+from worldpipe.models import ModelConfigError, build_model
 from worldpipe.models.augmented import AugmentedModel
 from worldpipe.models.noise import sample_noise
 
@@ -46,8 +46,9 @@ def test_overlay_sizes_the_inner_model_and_the_interface_is_the_inner_ones():
     assert model.loss_terms == inner.loss_terms and model.parallel == inner.parallel
     assert model.noise_shape(T) == inner.noise_shape(T)
     assert model.rollout_noise_shape() == inner.rollout_noise_shape()
-    default = build_model(compose_config(["model=augmented_rssm"]).model, OBS, ACT)
-    assert default.inner.cfg.deter == 64  # conf/model/rssm.yaml's defaults when no overlay sizes it
+    default = compose_config(["model=augmented_rssm"]).model
+    plain = compose_config(["model=rssm"]).model
+    assert dict(default.inner) == dict(plain)  # the inner model is conf/model/rssm.yaml unless an overlay sizes it
 
 
 def test_evaluation_is_the_inner_models_and_draws_nothing():
@@ -81,6 +82,9 @@ def test_training_draws_from_each_global_generator_and_restoring_them_reproduces
         assert not torch.equal(_loss(model)["total"], first), stream
 
 
-def test_bad_augmentation_settings_are_refused():
-    with pytest.raises(ValueError, match="level_jitter"):
-        AugmentedModel(OBS, ACT, inner_target="worldpipe.models.rssm.RSSM", level_jitter=2.0)
+def test_bad_settings_are_refused_naming_the_key():
+    inner = {"_target_": "worldpipe.models.rssm.RSSM", "deter": 8}
+    with pytest.raises(ValueError, match="model.level_jitter"):
+        AugmentedModel(OBS, ACT, inner=inner, level_jitter=2.0)
+    with pytest.raises(ModelConfigError, match="model.inner.detr"):
+        AugmentedModel(OBS, ACT, inner={**inner, "detr": 8})

@@ -20,7 +20,7 @@ import torch
 from . import layout
 from .state import from_portable, to_portable
 
-# Streams the trainer seeds differently on every rank (worldpipe.train.seed_rank_generators); torch's global
+# Streams the trainer seeds differently on every rank (worldpipe.trainer.seeding.seed_rank_generators); torch's global
 # generator is seeded identically on purpose (same model init everywhere), so it is not expected to differ.
 PER_RANK_STREAMS = ("python", "numpy_global")
 

@@ -1,8 +1,7 @@
 """Input augmentation around any world model, drawn from the per-rank global generators.
 
 :class:`AugmentedModel` wraps an inner model (built from its own config with :func:`worldpipe.models.build_model`)
-(every config key besides the wrapper's own is an argument of the inner model, whose class ``inner_target``
-names) and, in training mode only, perturbs the observations before the inner model sees them:
+(``inner``: a model config of its own, with ``_target_``) and, in training mode only, perturbs the observations before the inner model sees them:
 
 * a per-feature gain drawn from NumPy's global generator (``np.random``),
 * a per-batch noise level drawn from Python's ``random``,
@@ -26,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +41,26 @@ RNG_TRACE_FORMAT = "rank-{rank:05d}.jsonl"
 class AugmentedModel(WorldModel):
     """An inner world model trained on observations perturbed with per-rank random noise.
 
-    ``inner_target``: the inner model's class (a ``_target_``); ``inner_args``: its keyword arguments (the
-    config's remaining keys). ``obs_noise``: standard deviation of
+    ``inner``: the inner model's config (``_target_`` plus its arguments, checked like any model config).
+    ``obs_noise``: standard deviation of
     the observation noise (in normalized units) at the mean noise level. ``gain_jitter``: half-width of the
     uniform per-feature gain around 1. ``level_jitter``: half-width of the uniform per-batch factor on
     ``obs_noise`` around 1.
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, inner_target: str, obs_noise: float = 0.05,
-                 gain_jitter: float = 0.05, level_jitter: float = 0.5, **inner_args: Any):
-        from worldpipe.models import build_model  # the package imports this module's siblings
+    def __init__(self, obs_dim: int, act_dim: int, inner: Mapping[str, Any], obs_noise: float = 0.05,
+                 gain_jitter: float = 0.05, level_jitter: float = 0.5):
+        from worldpipe.models import ModelConfigError, build_model, check_model_config
 
         super().__init__(obs_dim, act_dim)
         if obs_noise < 0 or gain_jitter < 0 or not 0 <= level_jitter <= 1:
-            raise ValueError("obs_noise and gain_jitter must be >= 0 and level_jitter in [0, 1]")
-        self.inner = build_model({"_target_": inner_target, **inner_args}, obs_dim, act_dim)
+            raise ValueError("model.obs_noise and model.gain_jitter must be >= 0, model.level_jitter in [0, 1]")
+        inner = dict(inner)
+        problems = check_model_config(inner)
+        if problems:  # the trainer's config check sees only the wrapper's own keys
+            raise ModelConfigError("; ".join(f"config key '{k.replace('model.', 'model.inner.', 1)}': {p}"
+                                             for k, p in problems))
+        self.inner = build_model(inner, obs_dim, act_dim)
         self.obs_noise, self.gain_jitter, self.level_jitter = float(obs_noise), float(gain_jitter), float(level_jitter)
         # Instance attributes shadow the class defaults: the wrapper reports what its inner model supports.
         self.loss_terms = self.inner.loss_terms
