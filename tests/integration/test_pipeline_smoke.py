@@ -11,7 +11,7 @@ import torch
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-METRIC_KEYS = {"checkpoint_step", "mlflow_run_id", "train_dataset_hash", "heldout_dataset_hash", "segments", "context",
+METRIC_KEYS = {"model", "experiment", "checkpoint_step", "mlflow_run_id", "train_dataset_hash", "heldout_dataset_hash", "segments", "context",
                "horizon", "model_mse", "baseline_mse", "ratio", "one_step_ratio", "beats_baseline_one_step"}
 
 
@@ -54,6 +54,7 @@ def test_evaluation_metrics_are_complete_and_consistent(pipeline_dir):
     record = json.loads((run / "train_done.json").read_text())
     assert set(metrics) == METRIC_KEYS
     assert (metrics["context"], metrics["horizon"]) == (4, 8)  # conf/pipeline/smoke.yaml
+    assert (metrics["model"], metrics["experiment"]) == ("RSSM", "smoke")
     assert metrics["checkpoint_step"] == record["final_step"] == 40
     assert metrics["mlflow_run_id"] == record["mlflow_run_id"]
     assert metrics["train_dataset_hash"] == _dataset_hash(pipeline_dir, "smoke") == record["dataset_hash"]
