@@ -15,11 +15,13 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from processes import pids_with_arg, wait_gone
 from worldpipe.checkpoint import CheckpointManager
 
 ATTEMPTS = 4
@@ -36,10 +38,13 @@ class Kill:
 
 
 def kill_at_random_point(cmd: list[str], run_dir: Path, env: dict, seed: int, final_step: int,
-                         max_delay_s: float = 1.5, clean: tuple[Path, ...] = ()) -> Kill:
-    """Start ``cmd`` (a training run writing ``run_dir``), SIGKILL its whole process group a random time after
-    its first checkpoint, and return once a kill landed mid-run. ``clean`` lists more paths a failed attempt
-    must remove before the next (e.g. a tracking journal outside ``run_dir``)."""
+                         max_delay_s: float = 1.5, clean: tuple[Path, ...] = (),
+                         kill: Callable[[subprocess.Popen, Path], None] | None = None) -> Kill:
+    """Start ``cmd`` (a training run writing ``run_dir``), SIGKILL it a random time after its first checkpoint,
+    and return once a kill landed mid-run. ``clean`` lists more paths a failed attempt must remove before the
+    next (e.g. a tracking store outside ``run_dir``). ``kill(proc, run_dir)`` does the killing (default:
+    :func:`kill_every_process`); it is called only while the run is still going."""
+    kill = kill or kill_every_process
     delay = random.Random(seed).uniform(0.0, max_delay_s)
     for attempt in range(1, ATTEMPTS + 1):
         for path in (run_dir, *clean):
@@ -50,7 +55,8 @@ def kill_at_random_point(cmd: list[str], run_dir: Path, env: dict, seed: int, fi
             published = _wait_for_first_checkpoint(run_dir, proc)
             if published:
                 time.sleep(delay)  # somewhere in the next steps or inside a save
-            _kill_group(proc)
+            if proc.poll() is None:
+                kill(proc, run_dir)
             code = proc.wait(timeout=60)
         finally:
             _kill_group(proc)
@@ -72,8 +78,19 @@ def _wait_for_first_checkpoint(run_dir: Path, proc: subprocess.Popen) -> bool:
     return True
 
 
+def kill_every_process(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILL the launcher's process group and every process of the run (torchrun starts each worker in a
+    session of its own, so the group alone does not reach the ranks), then wait until all are gone."""
+    processes = pids_with_arg(f"run_dir={run_dir}")
+    _kill_group(proc)
+    for pid in processes - {proc.pid}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    survivors = wait_gone(processes | pids_with_arg(f"run_dir={run_dir}"), timeout=30)
+    assert not survivors, f"processes of {run_dir} survived SIGKILL: {survivors}"
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher, torchrun and every rank (they share the launcher's session)."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):  # the group ended between poll and kill
             os.killpg(proc.pid, signal.SIGKILL)

@@ -7,7 +7,9 @@ run (same world size), or allclose parameters (different world size).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -19,6 +21,7 @@ import torch
 from kill_support import kill_at_random_point
 
 from datasets import SMOKE_SPEC, build_dataset
+from processes import pids_with_arg, wait_gone
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
@@ -74,11 +77,32 @@ def reference(tmp_path_factory, smoke_dataset, env_with_venv) -> dict:
     return out
 
 
+def kill_tree(proc: subprocess.Popen, run_dir: Path, mode: str) -> None:
+    """SIGKILL a training run: every process of it ("tree"), or only the launcher's process group.
+
+    torchrun starts each worker in a session of its own, so "launcher_group" reaches the launcher and torchrun
+    only; the workers must die with them (no orphan keeps training or publishing).
+    """
+    processes = pids_with_arg(f"run_dir={run_dir}")
+    os.killpg(proc.pid, signal.SIGKILL)
+    if mode == "tree":
+        for pid in processes - {proc.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    at_kill = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    survivors = wait_gone(processes | pids_with_arg(f"run_dir={run_dir}"), timeout=30)
+    assert not survivors, f"orphans after killing the launcher ({mode}): {survivors}"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == at_kill
+
+
+@pytest.mark.parametrize("mode", ["tree", "launcher_group"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_kill9_at_random_points_resumes_bit_exact(seed, tmp_path, smoke_dataset, env_with_venv, reference):
+def test_kill9_at_random_points_resumes_bit_exact(seed, mode, tmp_path, smoke_dataset, env_with_venv, reference):
     run_dir = tmp_path / "run"
-    kill = kill_at_random_point(train_cmd(run_dir, smoke_dataset), run_dir, env_with_venv, seed, final_step=STEPS)
-    print(f"kill landed after step {kill.step} (delay {kill.delay_s:.2f} s, attempt {kill.attempts})")
+    kill = kill_at_random_point(train_cmd(run_dir, smoke_dataset), run_dir, env_with_venv, seed, final_step=STEPS,
+                                kill=lambda proc, where: kill_tree(proc, where, mode))
+    print(f"kill ({mode}) landed after step {kill.step} (delay {kill.delay_s:.2f} s, attempt {kill.attempts})")
     assert_no_partial_reported(run_dir)
     assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
 
@@ -215,6 +239,6 @@ def test_corrupt_shard_stops_training_naming_the_file(tmp_path, smoke_dataset, e
     proc = run_train(tmp_path / "run", (copy / "store.zarr", copy / "manifest.json"), env_with_venv)
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
-    assert "CorruptShardError" in output
+    assert "corrupt dataset file" in output
     assert str(shard.relative_to(copy / "store.zarr")) in output
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()

@@ -9,14 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline_project import plan_of
+from worldpipe import paths
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 METRIC_KEYS = {"model", "experiment", "checkpoint_step", "mlflow_run_id", "train_dataset_hash", "heldout_dataset_hash", "segments", "context",
                "horizon", "model_mse", "baseline_mse", "ratio", "one_step_ratio", "beats_baseline_one_step"}
 
 
-def _dataset_hash(pipeline_dir: Path, name: str) -> str:
-    return json.loads((pipeline_dir / f"results/data/{name}/manifest.json").read_text())["dataset_hash"]
+def _dataset_hash(pipeline_dir: Path, dataset) -> str:
+    return json.loads((pipeline_dir / dataset.dir / "manifest.json").read_text())["dataset_hash"]
+
+
+def _metrics_path(pipeline_dir: Path, repo: Path) -> Path:
+    _, runs = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    return pipeline_dir / RUN / "eval" / paths.short(runs["smoke"].eval_hash) / "metrics.json"
 
 
 def snakemake(repo: Path, workdir: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -33,32 +41,38 @@ def pipeline_dir(repo, env_with_venv, tmp_path_factory) -> Path:
     return workdir
 
 
-def test_outputs_exist(pipeline_dir):
+RUN = "results/runs/smoke/latest"  # the run the pipeline started last: here, the current config's
+
+
+def test_outputs_exist(pipeline_dir, repo):
+    datasets, runs = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    assert (pipeline_dir / RUN).resolve() == (pipeline_dir / runs["smoke"].dir).resolve()
     for rel in (
-        "results/data/smoke/store.zarr/zarr.json",
-        "results/data/smoke/manifest.json",
-        "results/data/smoke-heldout/manifest.json",
-        "results/runs/smoke/train_done.json",
-        "results/runs/smoke/checkpoints/latest",
-        "results/runs/smoke/eval/metrics.json",
-        "results/runs/smoke/eval/error_vs_horizon.png",
-        "results/runs/smoke/eval/loss_curve.png",
+        f"{datasets['pendulum'].dir}/store.zarr/zarr.json",
+        f"{datasets['pendulum'].dir}/manifest.json",
+        f"{datasets['pendulum-heldout'].dir}/manifest.json",
+        "results/runs/smoke/latest/train_done.json",
+        "results/runs/smoke/latest/checkpoints/latest",
+        f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/metrics.json",
+        f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/error_vs_horizon.png",
+        f"{RUN}/loss_curve.png",
         "results/mlflow.db",
     ):
         assert (pipeline_dir / rel).exists(), rel
 
 
-def test_evaluation_metrics_are_complete_and_consistent(pipeline_dir):
-    run = pipeline_dir / "results/runs/smoke"
-    metrics = json.loads((run / "eval/metrics.json").read_text())
+def test_evaluation_metrics_are_complete_and_consistent(pipeline_dir, repo):
+    datasets, _ = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    run = pipeline_dir / RUN
+    metrics = json.loads(_metrics_path(pipeline_dir, repo).read_text())
     record = json.loads((run / "train_done.json").read_text())
     assert set(metrics) == METRIC_KEYS
     assert (metrics["context"], metrics["horizon"]) == (4, 8)  # conf/pipeline/smoke.yaml
     assert (metrics["model"], metrics["experiment"]) == ("RSSM", "smoke")
     assert metrics["checkpoint_step"] == record["final_step"] == 40
     assert metrics["mlflow_run_id"] == record["mlflow_run_id"]
-    assert metrics["train_dataset_hash"] == _dataset_hash(pipeline_dir, "smoke") == record["dataset_hash"]
-    assert metrics["heldout_dataset_hash"] == _dataset_hash(pipeline_dir, "smoke-heldout")
+    assert metrics["train_dataset_hash"] == _dataset_hash(pipeline_dir, datasets["pendulum"]) == record["dataset_hash"]
+    assert metrics["heldout_dataset_hash"] == _dataset_hash(pipeline_dir, datasets["pendulum-heldout"])
     assert metrics["heldout_dataset_hash"] != metrics["train_dataset_hash"]
     assert isinstance(metrics["segments"], int) and metrics["segments"] > 0
     for key in ("model_mse", "baseline_mse", "ratio"):
@@ -69,14 +83,15 @@ def test_evaluation_metrics_are_complete_and_consistent(pipeline_dir):
     assert metrics["beats_baseline_one_step"] is (metrics["ratio"][0] < 1.0)
 
 
-def test_trained_model_beats_the_untrained_one(pipeline_dir, tmp_path):
+def test_trained_model_beats_the_untrained_one(pipeline_dir, repo, tmp_path):
     """Same architecture, seed and normalization, no training: its held-out error one step ahead and averaged
     over the horizon must be worse than the trained checkpoint's, evaluated by the same code."""
     from worldpipe.checkpoint import CheckpointManager
     from worldpipe.evaluate import evaluate
     from worldpipe.models import build_model
 
-    run, data = pipeline_dir / "results/runs/smoke", pipeline_dir / "results/data/smoke-heldout"
+    datasets, _ = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    run, data = pipeline_dir / RUN, pipeline_dir / datasets["pendulum-heldout"].dir
     trained = CheckpointManager(run / "checkpoints").load()
     config = trained["identity"]["config"]
     torch.manual_seed(config["seed"])  # the trainer's initialization
@@ -91,14 +106,14 @@ def test_trained_model_beats_the_untrained_one(pipeline_dir, tmp_path):
               "horizon": 8}
     before = evaluate(str(tmp_path / "untrained"), **kwargs)
     after = evaluate(str(run / "checkpoints"), **kwargs)
-    assert after["model_mse"] == json.loads((run / "eval/metrics.json").read_text())["model_mse"]
+    assert after["model_mse"] == json.loads(_metrics_path(pipeline_dir, repo).read_text())["model_mse"]
     assert before["baseline_mse"] == after["baseline_mse"]
     assert after["model_mse"][0] < before["model_mse"][0], (after["model_mse"], before["model_mse"])
     assert sum(after["model_mse"]) < sum(before["model_mse"]), (after["model_mse"], before["model_mse"])
 
 
 def test_checkpoint_manifest_lists_every_file_with_sha256(pipeline_dir):
-    ckpt_root = pipeline_dir / "results/runs/smoke/checkpoints"
+    ckpt_root = pipeline_dir / "results/runs/smoke/latest/checkpoints"
     step_dir = ckpt_root / (ckpt_root / "latest").read_text().strip()
     manifest = json.loads((step_dir / "MANIFEST.json").read_text())
     listed = {entry["path"]: entry for entry in manifest["files"]}
@@ -116,7 +131,7 @@ def test_mlflow_run_has_every_config_key(pipeline_dir, tmp_path):
     from worldpipe.config import flatten
     from worldpipe.tracking.params import split_params
 
-    record = json.loads((pipeline_dir / "results/runs/smoke/train_done.json").read_text())
+    record = json.loads((pipeline_dir / "results/runs/smoke/latest/train_done.json").read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")
     run = client.get_run(record["mlflow_run_id"])
     assert run.info.status == "FINISHED"
