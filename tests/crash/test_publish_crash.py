@@ -107,7 +107,9 @@ def test_kill9_at_random_moments(tmp_path, seed):
     assert proc.stdout.readline().strip() == "saved 1"
     time.sleep(random.Random(seed).uniform(0.0, 0.5))  # somewhere inside the following saves
     proc.kill()
-    proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
+    # The child saves until killed: it must have died of this SIGKILL, not of an error of its own.
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
     _check_consistent(root)
     CheckpointManager(root, keep_last=2).save(10_000, example_state(seed=10_000))
     assert _posix_leftovers(root) == []

@@ -13,6 +13,9 @@ save, ``#<rank>`` selects the rank the fault applies to, ``<phase>[@<step>]#<ran
 (0 without one). Without ``#<rank>`` every process that reaches the phase applies it.
 Several faults may be given separated by ``,``. The variable is read at every phase, so a process can change
 it between saves. Phases, in publication order, are listed in :data:`PHASES`.
+
+In-process, :func:`hooked` runs a callback at a phase instead: tests synchronise on it (block publication
+on an event, observe, release) rather than on a pause of some length.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 ENV_VAR = "WORLDPIPE_CKPT_FAULT"
@@ -38,6 +41,7 @@ PHASES = (
 
 
 _publishing_step: int | None = None
+_hooks: dict[str, Callable[[int | None], None]] = {}
 
 
 @contextmanager
@@ -56,8 +60,23 @@ def _this_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+@contextmanager
+def hooked(phase: str, callback: Callable[[int | None], None]) -> Iterator[None]:
+    """While active, call ``callback(step)`` in whichever thread of this process reaches ``phase``."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+    _hooks[phase] = callback
+    try:
+        yield
+    finally:
+        _hooks.pop(phase, None)
+
+
 def inject(phase: str) -> None:
-    """Apply any fault configured for ``phase``."""
+    """Run the hook and apply any fault configured for ``phase``."""
+    hook = _hooks.get(phase)
+    if hook is not None:
+        hook(_publishing_step)
     spec = os.environ.get(ENV_VAR, "")
     if not spec:
         return
