@@ -31,7 +31,6 @@ from worldpipe.lifeline import die_with_parent, launcher_environment
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.preflight import check_data, checked_config, compose_config
 from worldpipe.relay import OutputRelay
-from worldpipe.resume import preflight_resume
 from worldpipe.run_lock import RunLock
 
 __all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
@@ -93,6 +92,9 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> i
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir).acquire() if _holds_run_lock() else None
     try:
+        # Imported only now: it brings torch (seconds), which the refusals above do not need.
+        from worldpipe.resume import preflight_resume
+
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
