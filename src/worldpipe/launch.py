@@ -151,7 +151,7 @@ def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Pa
         relay.write_log()
     line = relay.summary(code)
     if line is not None:
-        print(line, file=sys.stderr, flush=True)
+        print(("" if relay.at_line_start else "\n") + line, file=sys.stderr, flush=True)
     if code != 0 and relay.child_exit is not None and relay.child_exit > 0:
         return relay.child_exit
     return code

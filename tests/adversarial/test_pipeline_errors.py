@@ -22,8 +22,8 @@ def test_failed_training_rule_logs_one_line(repo: Path, tmp_path, env_with_venv)
     workdir.mkdir()
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(config))
     env = {**env_with_venv, "WORLDPIPE_CKPT_FAULT": "mid_files@10:raise"}
-    proc = subprocess.run(["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", "2",
-                           "--configfile", str(workdir / "pipeline.yaml"), "results/runs/smoke/train_done.json"],
+    proc = subprocess.run(["snakemake", "results/runs/smoke/train_done.json", "-s", str(repo / "Snakefile"),
+                           "--directory", str(workdir), "--cores", "2", "--configfile", str(workdir / "pipeline.yaml")],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0
     log = (workdir / "logs" / "train_model" / "smoke.log").read_text()
