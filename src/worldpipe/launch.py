@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from worldpipe.errors import ERROR_LOG, debug_enabled
 from worldpipe.lifeline import die_with_parent, launcher_environment
+from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.preflight import check_data, checked_config, compose_config
 from worldpipe.relay import OutputRelay
@@ -49,13 +50,16 @@ def free_loopback_port() -> int:
 
 
 def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
-                     rdzv_id: str | None = None) -> list[str]:
+                     rdzv_id: str | None = None, config_dir: Path = CONF_DIR) -> list[str]:
     """The torchrun command line for this config: c10d rendezvous, on 127.0.0.1 unless an endpoint is given.
 
-    Overrides stay separate argv entries (never a shell string).
+    Overrides stay separate argv entries (never a shell string). ``config_dir`` holds Hydra's primary config:
+    conf/ for a new run, a recorded config for a rerun.
     """
+    primary = [] if Path(config_dir) == CONF_DIR else [f"--config-path={Path(config_dir).resolve()}",
+                                                        "--config-name=config"]
     return torchrun_argv(int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes),
-                         [*overrides, f"hydra.run.dir={cfg.run_dir}"], rdzv_endpoint, rdzv_id,
+                         [*primary, *overrides, f"hydra.run.dir={cfg.run_dir}"], rdzv_endpoint, rdzv_id,
                          int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S))
 
 
@@ -79,14 +83,14 @@ def _holds_run_lock() -> bool:
     return int(os.environ.get("SLURM_PROCID", "0")) == 0
 
 
-def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> int:
+def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR) -> int:
     """Preflight, take the run lock, run torchrun, forward preemption signals.
 
     Returns torchrun's exit status (a failed worker's own status when torchrun reports it), or EXIT_PREEMPTED
     when the run stopped on a signal after checkpointing. Raises (ConfigError, DataMismatch, RunLocked,
     ResumeRefused, ...) before any process starts.
     """
-    cfg = checked_config(overrides)
+    cfg = checked_config(overrides, config_dir)
     check_data(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +102,8 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> i
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
-        cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"))
+        cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"),
+                               config_dir=config_dir)
         return _run_torchrun(cmd, run_dir)
     finally:
         if lock is not None:

@@ -17,18 +17,19 @@ from omegaconf import DictConfig
 
 from worldpipe.config import ConfigError, flatten, to_container, validate_config
 from worldpipe.errors import UsageError, UserError
-from worldpipe.identity import PROJECT_ROOT
-
-CONF_DIR = PROJECT_ROOT / "conf"
+from worldpipe.paths import CONF_DIR
 
 
 class DataMismatch(UserError):
     """The data store or manifest is missing, unreadable, or they describe different datasets."""
 
 
-def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """The resolved training config for these Hydra overrides (raises on unknown groups or keys)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> DictConfig:
+    """The resolved training config for these Hydra overrides (raises on unknown groups or keys).
+
+    ``config_dir`` holds the primary ``config.yaml``: conf/ for a new run, a recorded config for a rerun.
+    """
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 
@@ -92,10 +93,10 @@ def world_size_of(cfg: DictConfig | Mapping) -> int:
     return p["nproc_per_node"] * p["nnodes"]
 
 
-def checked_config(overrides: Sequence[str]) -> DictConfig:
+def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> DictConfig:
     """Compose and fully validate the training config for ``overrides`` (no data is read)."""
     check_override_syntax(overrides)
-    cfg = compose_config(overrides)
+    cfg = compose_config(overrides, config_dir)
     check_value_types(cfg, overrides)
     validate_config(cfg, world_size_of(cfg))
     return cfg
