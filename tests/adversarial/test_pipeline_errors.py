@@ -14,24 +14,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_failed_training_rule_logs_one_line(repo: Path, tmp_path, env_with_venv):
     config = yaml.safe_load((repo / "conf" / "pipeline" / "smoke.yaml").read_text())
-    config["dataset"].update(episodes=8, episodes_per_shard=4)
-    config["heldout"]["episodes"] = 2
+    dataset = next(iter(config["datasets"].values()))
+    dataset.update(episodes=8, episodes_per_shard=4)
+    dataset["heldout"]["episodes"] = 2
     config["simulate_jobs"] = 1
     config["train"]["overrides"] = ["tracking.enabled=false", "trainer.steps=20", "checkpoint.every=10"]
     workdir = tmp_path / "wd"
     workdir.mkdir()
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(config))
     env = {**env_with_venv, "WORLDPIPE_CKPT_FAULT": "mid_files@10:raise"}
-    proc = subprocess.run(["snakemake", "results/runs/smoke/train_done.json", "-s", str(repo / "Snakefile"),
-                           "--directory", str(workdir), "--cores", "2", "--configfile", str(workdir / "pipeline.yaml")],
+    proc = subprocess.run(["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", "2",
+                           "--until", "train_model", "--configfile", str(workdir / "pipeline.yaml")],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0
-    log = (workdir / "logs" / "train_model" / "smoke.log").read_text()
+    logs = sorted(workdir.rglob("train_model/smoke*.log"))
+    assert len(logs) == 1, (logs, proc.stderr[-3000:])
+    log = logs[0].read_text()
     errors = [line for line in log.splitlines() if line.startswith("error")]
     assert len(errors) == 1, log[-4000:]
     assert "step 10" in errors[0] and "injected fault" in errors[0], errors
     for noise in ("Traceback", "ChildFailedError", "Connection closed by peer"):
         assert noise not in log, log[-4000:]
-    run_dir = workdir / "results" / "runs" / "smoke"
-    assert "Traceback (most recent call last)" in (run_dir / "errors.log").read_text()
-    assert not (run_dir / "train_done.json").exists()
+    error_logs = list(workdir.rglob("errors.log"))
+    assert len(error_logs) == 1 and "Traceback (most recent call last)" in error_logs[0].read_text()
+    assert not list(workdir.rglob("train_done.json"))
