@@ -19,14 +19,14 @@ import pytest
 
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.fault import PHASES
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 pytestmark = pytest.mark.crash
 
 CHILD = textwrap.dedent("""
     import json, os, sys
     from worldpipe.checkpoint import CheckpointManager
-    from worldpipe.checkpoint.testing import example_state
+    from checkpoint_states import example_state
     root, fault, mode, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     cm = CheckpointManager(root, keep_last=2, async_save=(mode == "async"), storage_options=options)
     cm.save(1, example_state(seed=1))

@@ -8,7 +8,7 @@ import torch
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.checkpoint.deferred_copy import DeferredCopy, step_mutated
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 
 def _trained(width: int = 64):

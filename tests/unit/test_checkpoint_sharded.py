@@ -18,7 +18,7 @@ from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, checkp
 from worldpipe.checkpoint.resharding import load_resharded
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
 from worldpipe.checkpoint.shards import INDEX_FILE, shard_file
-from worldpipe.checkpoint.testing import flip_byte
+from checkpoint_states import flip_byte
 
 
 @pytest.fixture

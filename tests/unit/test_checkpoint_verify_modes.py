@@ -11,7 +11,7 @@ import pytest
 
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.manager import VERIFY_MODES
-from worldpipe.checkpoint.testing import example_state, flip_byte
+from checkpoint_states import example_state, flip_byte
 
 HASHING_MODES = ("sha256", "first")
 
