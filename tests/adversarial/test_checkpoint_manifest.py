@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from worldpipe.checkpoint import CheckpointCorruptError, CheckpointManager
 from checkpoint_states import example_state
+from worldpipe.checkpoint import CheckpointCorruptError, CheckpointManager
 
 
 def _save(root: Path, steps) -> CheckpointManager:

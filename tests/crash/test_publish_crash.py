@@ -17,9 +17,9 @@ import uuid
 
 import pytest
 
+from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.fault import PHASES
-from checkpoint_states import example_state
 
 pytestmark = pytest.mark.crash
 

@@ -10,9 +10,9 @@ import threading
 import pytest
 import torch
 
+from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError
 from worldpipe.checkpoint.fault import hooked
-from checkpoint_states import example_state
 
 # Only a guard against a hang when the code under test is broken (a gate nobody releases); never a window.
 HANG_GUARD_S = 60

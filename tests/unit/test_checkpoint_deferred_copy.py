@@ -6,9 +6,9 @@ else is copied before ``save`` returns. The published checkpoint must equal the 
 
 import torch
 
+from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.checkpoint.deferred_copy import DeferredCopy, step_mutated
-from checkpoint_states import example_state
 
 
 def _trained(width: int = 64):

@@ -2,8 +2,8 @@
 
 import torch
 
-from worldpipe.checkpoint import CheckpointManager, checkpoint_digest, state_digest
 from checkpoint_states import example_state
+from worldpipe.checkpoint import CheckpointManager, checkpoint_digest, state_digest
 
 
 def test_same_state_same_digest_across_saves(tmp_path):

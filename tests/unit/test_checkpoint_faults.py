@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import torch
 
-from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError
 from checkpoint_states import example_state
+from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError
 
 
 def _assert_previous_is_latest(root, step):

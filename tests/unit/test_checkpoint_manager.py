@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 
+from checkpoint_states import example_state, flip_byte
 from worldpipe.checkpoint import (
     CheckpointCorruptError,
     CheckpointManager,
     CheckpointNotFoundError,
     CheckpointWriteError,
 )
-from checkpoint_states import example_state, flip_byte
 
 
 def _equal_trees(a, b):

@@ -8,8 +8,8 @@ import uuid
 import pytest
 import torch
 
-from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, state_digest
 from checkpoint_states import example_state
+from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, state_digest
 
 
 @pytest.fixture(params=["memory", "s3"])

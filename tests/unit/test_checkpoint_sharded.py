@@ -14,11 +14,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from checkpoint_states import flip_byte
 from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, checkpoint_digest
 from worldpipe.checkpoint.resharding import load_resharded
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
 from worldpipe.checkpoint.shards import INDEX_FILE, shard_file
-from checkpoint_states import flip_byte
 
 
 @pytest.fixture

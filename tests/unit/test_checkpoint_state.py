@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, capture_rng, restore_rng, snapshot_state
 from worldpipe.checkpoint.state import validate_state
-from checkpoint_states import example_state
 
 
 def _draws(np_gens, torch_gens):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from checkpoint_states import example_state, flip_byte
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.manager import VERIFY_MODES
-from checkpoint_states import example_state, flip_byte
 
 HASHING_MODES = ("sha256", "first")
 
