@@ -73,6 +73,7 @@ def test_fresh_sample_is_never_a_cached_draw(server):
     assert replay["observations"] == fresh[0]["observations"]
 
 
+@pytest.mark.slow
 def test_shared_prefix_reuses_cached_state_and_equals_full_computation(server, checkpoints, tmp_path,
                                                                        env_with_venv):
     full = request(seed=2, horizon=10, stream="prefix")
@@ -91,6 +92,7 @@ def test_shared_prefix_reuses_cached_state_and_equals_full_computation(server, c
     assert scratch["observations"] == extended["observations"] and scratch["rewards"] == extended["rewards"]
 
 
+@pytest.mark.slow
 def test_batch_composition_does_not_change_a_result(checkpoints, tmp_path, env_with_venv):
     bodies = [request(seed=10 + i, horizon=3 + i, context=2 + i % 3, stream=f"b{i}") for i in range(8)]
     bodies[3] = {**bodies[3], "sampling": {"mode": "mean"}}
@@ -113,6 +115,7 @@ def test_batch_composition_does_not_change_a_result(checkpoints, tmp_path, env_w
         assert joint["observations"] == single["observations"] and joint["rewards"] == single["rewards"]
 
 
+@pytest.mark.slow
 def test_new_checkpoint_never_hits_entries_of_the_old_one(tmp_path, env_with_venv):
     root = tmp_path / "checkpoints"
     publish_demo_checkpoint(root, step=1, seed=0)
@@ -188,6 +191,7 @@ def test_closed_or_unknown_session_answers_a_clear_error(server):
     assert server.post("/sessions/nope/extend", {"actions": [[0.0]]}, "t").status_code == 404
 
 
+@pytest.mark.slow
 def test_eviction_under_memory_budget(checkpoints, tmp_path, env_with_venv):
     # one demo session: 80 bytes of state + 64 of history; a 300-byte budget holds two
     server = ServerProcess(checkpoints, tmp_path / "budget", env_with_venv, "--session-budget-mb",
@@ -205,6 +209,7 @@ def test_eviction_under_memory_budget(checkpoints, tmp_path, env_with_venv):
         assert server.stop() == 0
 
 
+@pytest.mark.slow
 def test_idle_session_expires(checkpoints, tmp_path, env_with_venv):
     server = ServerProcess(checkpoints, tmp_path / "idle", env_with_venv, "--session-idle-s", "0.5",
                            "--poll-s", "0.05")
@@ -231,6 +236,7 @@ def held_server(checkpoints, folder: Path, env) -> ServerProcess:
     return ServerProcess(checkpoints, folder, {**env, "WORLDPIPE_SERVE_HOLD": str(folder)})
 
 
+@pytest.mark.slow
 def test_session_closed_mid_request_leaks_no_memory(checkpoints, tmp_path, env_with_venv):
     hold = tmp_path / "hold"
     server = held_server(checkpoints, hold, env_with_venv)
@@ -258,6 +264,7 @@ def test_session_closed_mid_request_leaks_no_memory(checkpoints, tmp_path, env_w
         assert server.stop() == 0
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests(checkpoints, tmp_path, env_with_venv):
     hold = tmp_path / "hold"
     server = held_server(checkpoints, hold, env_with_venv)

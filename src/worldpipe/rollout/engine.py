@@ -1,10 +1,15 @@
 """Batched imagination: run many rollout jobs through one model, each row's bits independent of the batch.
 
-CPU matrix kernels pick their code path by batch size (a 1- or 2-row product is not computed like an 8-row
-one), so a row's result can change with how many other requests share its batch. Every model call here runs
-on a batch padded to a multiple of :data:`ROW_MULTIPLE` rows; within such widths each row's result depends on
-its own inputs only (``tests/unit/test_rollout_engine.py`` checks this against unpadded single-row runs of
-many compositions). Padding rows repeat row 0 and are discarded.
+CPU kernels pick their code path by batch size (a 1- or 2-row product is not computed like an 8-row one), and
+some (batched matrix-vector products, reductions) by a row's memory alignment, i.e. its position in the batch.
+So a row's bits can change with which other requests share its batch. Two rules keep them from changing:
+
+* every model call runs on a batch padded to a multiple of :data:`ROW_MULTIPLE` rows (padding rows repeat
+  row 0 and are discarded);
+* a model is batched only if :func:`probe_batch_invariance` found, when it was loaded, that each row's result
+  is the same at every position and padded width; otherwise every job runs alone, as row 0 of a batch of one.
+
+``tests/unit/test_rollout_engine.py`` checks the result against single-job runs over many compositions.
 
 Noise of imagined step k of a job is drawn from its stream (:mod:`worldpipe.rollout.streams`), so a job split
 into a prefix and a continuation yields the same bits as the whole job.
@@ -73,9 +78,9 @@ class JobResult:
     timing: dict = field(default_factory=dict)
 
 
-def padded(n: int) -> int:
+def padded(n: int, multiple: int = ROW_MULTIPLE) -> int:
     """Rows actually computed for ``n`` rows of work."""
-    return max(ROW_MULTIPLE, -(-n // ROW_MULTIPLE) * ROW_MULTIPLE)
+    return max(multiple, -(-n // multiple) * multiple)
 
 
 def _pad_rows(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -104,7 +109,7 @@ def _signature(job: RolloutJob) -> tuple:
 
 
 @torch.no_grad()
-def filter_contexts(jobs: list[RolloutJob]) -> None:
+def filter_contexts(jobs: list[RolloutJob], pad: bool = True) -> None:
     """Give every job without a start state the state after its context (batched by model and length)."""
     groups: dict[tuple, list[RolloutJob]] = defaultdict(list)
     for job in jobs:
@@ -112,7 +117,7 @@ def filter_contexts(jobs: list[RolloutJob]) -> None:
             groups[(job.served.version, job.context_obs.shape[0])].append(job)
     for group in groups.values():
         model = group[0].served.model
-        width = padded(len(group))
+        width = padded(len(group), ROW_MULTIPLE if pad else 1)
         obs = _pad_rows(torch.stack([j.context_obs for j in group]), width)
         action = _pad_rows(torch.stack([j.context_action for j in group]), width)
         state = model.observe_context((obs - model.obs_mean) / model.obs_std, action)
@@ -129,7 +134,8 @@ def imagine_group(group: list[RolloutJob]) -> list[JobResult]:
     model, noise_shape = served.model, served.model.rollout_noise_shape()
     noisy = jobs[0].sampling.draws_noise and noise_shape is not None
     horizons = [j.actions.shape[0] for j in jobs]
-    width = padded(len(jobs))
+    multiple = ROW_MULTIPLE if served.batch_invariant else 1
+    width = padded(len(jobs), multiple)
     state = {k: _pad_rows(torch.cat([j.start[k] for j in jobs]), width) for k in jobs[0].start}
     obs_out = [[] for _ in jobs]
     rew_out = [[] for _ in jobs]
@@ -137,8 +143,8 @@ def imagine_group(group: list[RolloutJob]) -> list[JobResult]:
     generator = torch.Generator()
     for t in range(max(horizons, default=0)):
         active = sum(h > t for h in horizons)
-        if padded(active) < width:
-            width = padded(active)
+        if padded(active, multiple) < width:
+            width = padded(active, multiple)
             state = {k: v[:width] for k, v in state.items()}
         action = _pad_rows(torch.stack([jobs[i].actions[t] for i in range(active)]), width)
         noise = None
@@ -164,12 +170,41 @@ def imagine_group(group: list[RolloutJob]) -> list[JobResult]:
 
 def run_jobs(jobs: list[RolloutJob]) -> list[JobResult]:
     """Results of ``jobs`` in order; jobs are batched by model, noise use and state shapes."""
-    filter_contexts(jobs)
+    batchable = [j for j in jobs if j.served.batch_invariant]
+    filter_contexts(batchable)
+    for job in jobs:
+        if not job.served.batch_invariant:
+            filter_contexts([job], pad=False)
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, job in enumerate(jobs):
-        groups[_signature(job)].append(i)
+        groups[_signature(job) if job.served.batch_invariant else ("alone", i)].append(i)
     results: list[JobResult | None] = [None] * len(jobs)
     for indices in groups.values():
         for i, result in zip(indices, imagine_group([jobs[i] for i in indices]), strict=True):
             results[i] = result
     return results
+
+
+@torch.no_grad()
+def probe_batch_invariance(model, obs_dim: int, act_dim: int, rows: int = 24, steps: int = 3) -> bool:
+    """True when every row of a random rollout has the same bits at every batch position and padded width."""
+    g = torch.Generator().manual_seed(0)
+    obs, action = torch.randn(rows, 3, obs_dim, generator=g), torch.randn(rows, 3 + steps, act_dim, generator=g)
+    shape = model.rollout_noise_shape()
+    noise = None if shape is None else torch.randn(steps, rows, *shape, generator=g)
+
+    def run(order: torch.Tensor, width: int) -> torch.Tensor:
+        idx = _pad_rows(order, width)
+        state, outputs = model.observe_context(obs[idx], action[idx, :3]), []
+        for t in range(steps):
+            out, reward, state = model.imagine_step(state, action[idx, 3 + t], None if noise is None else noise[t][idx])
+            outputs.append(torch.cat([out, reward.unsqueeze(-1)], dim=-1))
+        result = torch.stack(outputs, dim=1)[:len(order)]
+        return result[torch.argsort(order)]
+
+    reference = run(torch.arange(rows), padded(rows))
+    for seed, width in ((1, ROW_MULTIPLE), (2, 2 * ROW_MULTIPLE), (3, padded(rows)), (4, padded(rows) + ROW_MULTIPLE)):
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))[:min(rows, width)]
+        if not torch.equal(run(order, width), reference[order.sort().values]):
+            return False
+    return True

@@ -39,6 +39,7 @@ class ServedModel:
     act_dim: int
     identity: dict = field(repr=False)
     pins: int = 0
+    batch_invariant: bool = True  # may share a batch with other jobs (see worldpipe.rollout.engine)
 
     @property
     def parameter_bytes(self) -> int:
@@ -91,7 +92,12 @@ def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel
     model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return ServedModel(state_digest(state), step, model, obs_dim, act_dim, identity)
+    from worldpipe.rollout.engine import probe_batch_invariance
+
+    invariant = probe_batch_invariance(model, obs_dim, act_dim)
+    if not invariant:
+        log.warning("step %d: a row's result depends on its batch position on this machine; serving unbatched", step)
+    return ServedModel(state_digest(state), step, model, obs_dim, act_dim, identity, batch_invariant=invariant)
 
 
 class ModelRegistry:
