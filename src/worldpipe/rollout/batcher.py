@@ -20,6 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from worldpipe.rollout.engine import JobResult, RolloutJob, padded, run_jobs
 
 log = logging.getLogger("worldpipe.rollout")
@@ -49,6 +51,7 @@ class Batcher:
 
     def __init__(self, policy: BatchPolicy) -> None:
         self.policy = policy
+        self._threads = torch.get_num_threads()
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="rollout-batcher", daemon=True)
         self.batches = self.jobs = self.rows_computed = 0
@@ -82,6 +85,9 @@ class Batcher:
         return batch, False
 
     def _work(self) -> None:
+        # The intra-op thread count is per OS thread (OpenMP): without this the worker would use every core,
+        # and spinning OpenMP threads on a busy machine slow each step by orders of magnitude.
+        torch.set_num_threads(self._threads)
         stopping = False
         while not stopping:
             first = self._queue.get()

@@ -7,6 +7,7 @@ answer 4xx with the field or session named; never a traceback.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -124,10 +125,19 @@ def _routes(app: FastAPI) -> None:
 
     @app.post("/rollout", response_model=RolloutOut)
     def rollout(body: RolloutIn) -> dict:
-        return _out(service().rollout(
-            _tensor(body.context.obs, ("context", "obs")), _tensor(body.context.action, ("context", "action")),
-            _tensor(body.actions, ("actions",)), Sampling(body.sampling.mode, body.sampling.noise_scale),
-            body.rng.seed, body.rng.stream, body.model_version))
+        t0 = time.perf_counter()
+        inputs = (_tensor(body.context.obs, ("context", "obs")), _tensor(body.context.action, ("context", "action")),
+                  _tensor(body.actions, ("actions",)))
+        t1 = time.perf_counter()
+        result = service().rollout(*inputs, Sampling(body.sampling.mode, body.sampling.noise_scale),
+                                   body.rng.seed, body.rng.stream, body.model_version)
+        t2 = time.perf_counter()
+        result = _out(result)
+        t3 = time.perf_counter()
+        # Named boundaries inside the handler (JSON parsing/validation before it and serialization after it
+        # are part of what the client sees as transport). service_s holds queue_s + model_s + cache work.
+        result["timing"].update(input_s=t1 - t0, service_s=t2 - t1, output_s=t3 - t2, handler_s=t3 - t0)
+        return result
 
     @app.post("/sessions", response_model=SessionOut)
     def open_session(body: SessionOpenIn) -> dict:
