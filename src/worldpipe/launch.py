@@ -17,19 +17,22 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from worldpipe.config import validate_config
+from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.resume import preflight_resume
-from worldpipe.train import CONF_DIR
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The resolved training config for these Hydra overrides (raises on unknown groups or keys)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+def compose_config(overrides: list[str], config_dir: Path = CONF_DIR) -> DictConfig:
+    """The resolved training config for these Hydra overrides (raises on unknown groups or keys).
+
+    ``config_dir`` holds the primary ``config.yaml``: conf/ for a new run, a recorded config for a rerun.
+    """
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 
 
 def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
-                     rdzv_id: str = "worldpipe") -> list[str]:
+                     rdzv_id: str = "worldpipe", config_dir: Path = CONF_DIR) -> list[str]:
     """The torchrun command line for this config (standalone for one node, c10d rendezvous for several)."""
     nproc, nnodes = int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
@@ -37,16 +40,19 @@ def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str |
         cmd.append("--standalone")
     else:
         cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
-    return cmd + ["-m", "worldpipe.train", *overrides, f"hydra.run.dir={cfg.run_dir}"]
+    cmd += ["-m", "worldpipe.train"]
+    if Path(config_dir) != CONF_DIR:
+        cmd += [f"--config-path={Path(config_dir).resolve()}", "--config-name=config"]
+    return cmd + [*overrides, f"hydra.run.dir={cfg.run_dir}"]
 
 
-def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> int:
+def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR) -> int:
     """Validate config and resume identity, run torchrun, forward preemption signals.
 
     Returns torchrun's exit status, or EXIT_PREEMPTED when the run stopped on a signal after checkpointing.
     Raises ConfigError or ResumeRefused before any process starts.
     """
-    cfg = compose_config(overrides)
+    cfg = compose_config(overrides, config_dir)
     world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
     validate_config(cfg, world_size)
     preflight_resume(cfg)
@@ -54,7 +60,8 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> i
     run_dir.mkdir(parents=True, exist_ok=True)
     # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
     (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
-    cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe")
+    cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe",
+                           config_dir=config_dir)
     # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
     # the job step, torchrun included. An ignored disposition survives exec, so torchrun starts with SIGUSR1
     # ignored; the workers install their own handler (PreemptionFlag).

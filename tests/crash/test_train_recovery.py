@@ -25,7 +25,7 @@ from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
 STEPS, EVERY = 30, 10
-# World-size changes only reorder floating-point reductions (DESIGN.md: the global batch is world-size
+# World-size changes only reorder floating-point reductions (docs/architecture.md, "The state contract": the global batch is world-size
 # invariant): the parameters must agree to this tolerance after 30 steps.
 WORLD_SIZE_RTOL, WORLD_SIZE_ATOL = 1e-4, 1e-6
 

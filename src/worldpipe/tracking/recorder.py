@@ -131,14 +131,6 @@ class RunRecorder:
         self._spool.append("params", params=fitting)
         self.deliver()
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        if self.enabled and tags:
-            self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
-            self.deliver()
-
-    def set_tag(self, key: str, value: str) -> None:
-        self.set_tags({key: value})
-
     def log_files(self, files: Mapping[str, bytes], deliver: bool = True) -> None:
         """Record artifacts given as {artifact path: content}; contents are spooled before upload."""
         if not self.enabled:
@@ -147,31 +139,6 @@ class RunRecorder:
             self._spool.append("artifacts", files=group, path=directory)
         if deliver:
             self.deliver()
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        self.log_files({artifact_file: text.encode()})
-
-    def log_dict(self, payload: dict, artifact_file: str) -> None:
-        import json
-
-        import yaml
-
-        if artifact_file.endswith((".yaml", ".yml")):
-            text = yaml.safe_dump(payload, sort_keys=False)
-        else:
-            text = json.dumps(payload, indent=1, sort_keys=True, default=str)
-        self.log_text(text, artifact_file)
-
-    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        """Record a local file or directory (its content is spooled now)."""
-        path = Path(path)
-        prefix = f"{artifact_path.strip('/')}/" if artifact_path else ""
-        if path.is_dir():
-            files = {f"{prefix}{p.relative_to(path).as_posix()}": p.read_bytes()
-                     for p in sorted(path.rglob("*")) if p.is_file()}
-        else:
-            files = {f"{prefix}{path.name}": path.read_bytes()}
-        self.log_files(files)
 
     # ---- metrics ----
     def add_metrics(self, step: int, values: dict[str, float], timestamp_ms: int) -> None:
@@ -198,11 +165,6 @@ class RunRecorder:
         if tags:
             self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
         self.deliver()
-
-    def flush(self, up_to_step: int) -> None:
-        """stage + commit: for a caller whose checkpoint of `up_to_step` is already durable."""
-        self.stage(up_to_step)
-        self.commit(up_to_step)
 
     # ---- delivery ----
     def deliver(self, force: bool = False) -> DeliveryReport | None:
@@ -258,16 +220,3 @@ class RunRecorder:
                             report.delivered)
             self._offline = False
         return report
-
-    # ---- reading back ----
-    def _read_client(self):
-        if self._client is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(tracking_uri=self.uri)
-        return self._client
-
-    def metric_history(self, key: str) -> list[tuple[int, float]]:
-        """(step, value) pairs recorded for a metric, by step."""
-        history = self._read_client().get_metric_history(self.run_id, key)
-        return sorted((m.step, m.value) for m in history)
