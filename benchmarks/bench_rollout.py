@@ -238,8 +238,9 @@ def plot(result: dict, path: Path) -> None:
                         color=line.get_color(), zorder=5)
         thr.plot([p["offered_rps"] for p in setting["points"]], [p["achieved_rps"] for p in setting["points"]],
                  marker="o", label=name)
-    top = max(RATES)
-    thr.plot([0, top], [0, top], color="gray", ls=":", label="achieved = offered")
+    offered = sorted({p["offered_rps"] for s in result["settings"].values() for p in s["points"]})
+    thr.plot(offered, offered, color="gray", ls=":", label="achieved = offered")
+    thr.set_yscale("log")
     for ax, title, ylabel in ((lat, "End-to-end latency vs offered load (★ = knee)", "latency (ms)"),
                               (thr, "Achieved vs offered throughput", "achieved (rollouts/s)")):
         ax.set_xscale("log")
@@ -281,7 +282,8 @@ def main(argv=None) -> int:
         if checkpoint is None:
             checkpoint = str(workdir / "checkpoints")
             publish_demo_checkpoint(checkpoint, model_cfg=model_config("rssm"))
-        result = {"benchmark": "rollout", "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+        result = {"benchmark": "rollout", "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                                                      "python": platform.python_version(),
                                                       "torch": torch.__version__},
                   "request": {"context": CONTEXT, "horizon": HORIZON, "sampling": "fresh sample (no cache hits)"},
                   "checkpoint": "demo RSSM (conf/model/rssm.yaml, untrained)" if args.checkpoint is None else checkpoint,

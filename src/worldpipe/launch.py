@@ -17,6 +17,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from worldpipe.config import validate_config
+from worldpipe.local_run import run_in_process, runs_in_process
+from worldpipe.measure.startup import mark
 from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.resume import preflight_resume
@@ -52,6 +54,7 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     Returns torchrun's exit status, or EXIT_PREEMPTED when the run stopped on a signal after checkpointing.
     Raises ConfigError or ResumeRefused before any process starts.
     """
+    mark("launcher_start")
     cfg = compose_config(overrides, config_dir)
     world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
     validate_config(cfg, world_size)
@@ -60,6 +63,9 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     run_dir.mkdir(parents=True, exist_ok=True)
     # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
     (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+    mark("config_composed")
+    if runs_in_process(world_size, rdzv_endpoint):
+        return run_in_process(cfg, overrides)
     cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe",
                            config_dir=config_dir)
     # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
@@ -67,6 +73,7 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     # ignored; the workers install their own handler (PreemptionFlag).
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
     try:
+        mark("torchrun_spawned")
         proc = subprocess.Popen(cmd)
     except BaseException:
         signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])

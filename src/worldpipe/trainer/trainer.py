@@ -26,6 +26,7 @@ from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.identity import run_identity
+from worldpipe.measure.startup import mark
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
 from worldpipe.parallel.runtime import Runtime, all_reduce_sum, any_rank, gather_objects
@@ -55,7 +56,9 @@ class Trainer:
         seed_rank_generators(cfg.seed, rt.rank)
         self.preemption = PreemptionFlag()
         self._setup_data()
+        mark("dataset_verified")
         self._setup_model()  # identical init on every rank: same torch seed
+        mark("model_built")
         self.noise_generator = torch.Generator()
         self.progress = Progress()
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
@@ -88,6 +91,7 @@ class Trainer:
         """Restore from the newest intact checkpoint (if any) and open the MLflow run; returns the start step."""
         resumed = self.checkpointer.resume(
             lambda identity, step: check_resume_identity(identity, self.cfg, self.dataset_hash, step))
+        mark("resumed")
         run_id, start = None, 0
         if resumed is not None:
             run_id, start = resumed.identity.get("mlflow_run_id"), resumed.step
@@ -98,6 +102,7 @@ class Trainer:
         run_id = gather_objects(self.rt, self.records.open_run(self.identity, run_id, start))[0]
         self.identity["mlflow_run_id"] = run_id
         self.records.log_start(self.identity, self.manifest, start)
+        mark("mlflow_run_started")
         return start
 
     # ------------------------------------------------------------------- step
@@ -162,6 +167,9 @@ class Trainer:
             batch = self.loader.next_batch()
             timing["data_wait"] = time.perf_counter() - timing["step_start"]
             sums, grad_norm = self.train_step(batch)
+            if timing.setdefault("first", True):
+                mark("first_step_done")
+                timing["first"] = False
             self.advance(batch)
             if self.progress.step % t_cfg.log_every == 0 or self.progress.step == t_cfg.steps:
                 bar.set_postfix(loss=f"{self.log_step(sums, grad_norm, batch, timing):.3f}", refresh=False)
