@@ -176,6 +176,7 @@ class Trainer:
             bar.update(1)
             preempted = any_rank(self.rt, self.preemption.raised)
             digest = self.maybe_checkpoint(preempted) or digest
+            mark("step_end")  # no-op unless WORLDPIPE_STARTUP_TRACE is set (worldpipe bench loop reads it)
             if preempted:
                 break
         bar.close()
