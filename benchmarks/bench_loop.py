@@ -106,21 +106,21 @@ def has_compile_option() -> bool:
         return False
 
 
-def contenders(work: Path, args) -> dict[str, list[str]]:
+def contenders(work: Path, args, round_: int) -> dict[str, list[str]]:
     common = [f"experiment={args.experiment}", "parallel=single", f"data.store={work}/store.zarr",
               f"data.manifest={work}/manifest.json", f"trainer.steps={args.steps}", "trainer.progress_bar=false"]
     train = [sys.executable, "-m", "worldpipe.cli", "train", *common]
     off = ["tracking.enabled=false", f"checkpoint.every={args.steps}"]
     out = {
         "bare loop": [sys.executable, str(work / "bare.py"), *common],
-        "trainer": [*train, *off, f"run_dir={work}/plain"],
+        "trainer": [*train, *off, f"run_dir={work}/plain-{round_}"],
         "trainer + tracking": [*train, f"checkpoint.every={args.steps}", f"tracking.uri=sqlite:///{work}/mlflow.db",
-                               f"run_dir={work}/tracked"],
+                               f"run_dir={work}/tracked-{round_}"],
         "trainer + tracking + checkpoints": [*train, "checkpoint.every=250", f"tracking.uri=sqlite:///{work}/mlflow.db",
-                                             f"run_dir={work}/full"],
+                                             f"run_dir={work}/full-{round_}"],
     }
     if has_compile_option():
-        out["trainer, compiled"] = [*train, *off, "trainer.compile=true", f"run_dir={work}/compiled"]
+        out["trainer, compiled"] = [*train, *off, "trainer.compile=true", f"run_dir={work}/compiled-{round_}"]
     return out
 
 
@@ -139,9 +139,9 @@ def main(argv=None) -> int:
         import mlflow
 
         mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db").search_experiments()  # store created outside timings
-        runs = contenders(work, args)
-        samples: dict[str, list[np.ndarray]] = {name: [] for name in runs}
+        samples: dict[str, list[np.ndarray]] = {name: [] for name in contenders(work, args, 0)}
         for round_ in range(args.rounds):  # order rotates every round: load drift hits every contender alike
+            runs = contenders(work, args, round_)  # fresh run directories: no resume
             names = list(runs)[round_ % len(runs):] + list(runs)[:round_ % len(runs)]
             for name in names:
                 times = run(runs[name], env, work / "trace.jsonl")
