@@ -13,7 +13,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from worldpipe.config_schema import check_ranges
-from worldpipe.models import check_model_config
 
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
@@ -37,7 +36,9 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "parallel.nproc_per_node",
     "parallel.nnodes",
     "parallel.backend",
+    "parallel.rdzv_timeout_s",
     "tracking.",
+    "paths.",
     "run_dir",
 )
 
@@ -78,6 +79,8 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     c = to_container(cfg)
     for key, problem in check_ranges(c):
         raise ConfigError(f"config key '{key}': {problem}")
+    from worldpipe.models import check_model_config  # the model's signature is its schema (imports torch)
+
     for key, problem in check_model_config(c.get("model") or {}):
         raise ConfigError(f"config key '{key}': {problem}")
     t, p = c["trainer"], c["parallel"]
@@ -99,6 +102,11 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
 
 def _is_safe(key: str) -> bool:
     return any(key == safe or (safe.endswith(".") and key.startswith(safe)) for safe in RESUME_SAFE_KEYS)
+
+
+def is_resume_safe(key: str) -> bool:
+    """True for a dotted key a resume may change (RESUME_SAFE_KEYS): not part of the config hash."""
+    return _is_safe(key)
 
 
 def identity_config(cfg: DictConfig | Mapping) -> dict[str, Any]:

@@ -64,6 +64,7 @@ class ParallelConfig:
     nnodes: int = _range(1, ge=1)
     backend: str = _range("auto", choices=("auto", "gloo", "nccl"))
     even_batches: bool = True
+    rdzv_timeout_s: int | None = _range(None, gt=0)  # start-up rendezvous limit; None: the launcher's default
 
 
 @dataclass

@@ -75,7 +75,8 @@ def test_flatten_is_dotted_and_complete():
 def test_torchrun_command_uses_explicit_run_dir():
     cfg = compose_config(["experiment=smoke", "run_dir=/tmp/x"])
     cmd = torchrun_command(cfg, ["experiment=smoke", "run_dir=/tmp/x"])
-    assert "--standalone" in cmd and "--nproc_per_node=2" in cmd
+    assert "--nproc-per-node=2" in cmd and "--rdzv-backend=c10d" in cmd and "--standalone" not in cmd
+    assert any(arg.startswith("--rdzv-endpoint=127.0.0.1:") for arg in cmd)
     assert cmd[-1] == "hydra.run.dir=/tmp/x"
 
 
