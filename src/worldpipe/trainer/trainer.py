@@ -83,6 +83,9 @@ class Trainer:
         self.core = build_model(self.cfg.model, self.store.obs_dim, self.store.act_dim).to(self.rt.device)
         self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
         self.model = wrap_model(self.core, self.cfg.parallel.strategy, self.rt)
+        # Opt-in: the compiled loss fuses kernels, so its bits differ from eager; a compiled run is still
+        # deterministic and resumes to the same bits as an uninterrupted compiled run (test_compile.py).
+        self.loss_fn = torch.compile(self.model) if self.cfg.trainer.get("compile", False) else self.model
         self.optimizer = build_optimizer(self.model, self.cfg.trainer)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.trainer)
 
@@ -113,7 +116,7 @@ class Trainer:
         reward, mask = batch["reward"].to(device), batch["mask"].to(device)  # [b,T]
         noise = sample_noise(self.cfg.seed, batch["sample_index"], self.core.noise_shape(obs.shape[1]),
                              self.noise_generator)
-        sums = self.model(obs, action, reward, mask, None if noise is None else noise.to(device))
+        sums = self.loss_fn(obs, action, reward, mask, None if noise is None else noise.to(device))
         # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
         loss = sums["total"] * (self.rt.world_size / batch["global_valid"])
         self.optimizer.zero_grad(set_to_none=True)
