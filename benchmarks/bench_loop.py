@@ -78,6 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="results/bench/loop.json")
     p.add_argument("--steps", type=int, default=500, help="steps per contender (default cadences: log 10, ckpt 250)")
     p.add_argument("--experiment", default="smoke")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled contender (its compile takes minutes)")
     p.add_argument("--rounds", type=int, default=3, help="runs per contender; the median of their means is reported")
     return p.parse_args(argv)
 
@@ -119,7 +120,7 @@ def contenders(work: Path, args, round_: int) -> dict[str, list[str]]:
         "trainer + tracking + checkpoints": [*train, "checkpoint.every=250", f"tracking.uri=sqlite:///{work}/mlflow.db",
                                              f"run_dir={work}/full-{round_}"],
     }
-    if has_compile_option():
+    if has_compile_option() and not args.no_compile:
         out["trainer, compiled"] = [*train, *off, "trainer.compile=true", f"run_dir={work}/compiled-{round_}"]
     return out
 
