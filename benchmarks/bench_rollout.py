@@ -38,7 +38,7 @@ from worldpipe.rollout.demo import MODEL_CONF_DIR, model_config, publish_demo_ch
 from worldpipe.rollout.registry import load_served_model, split_checkpoint_path
 
 SETTINGS = {"no batching": (1, 0.0), "batch 8 / 2 ms": (8, 2.0), "batch 32 / 5 ms": (32, 5.0)}
-RATES = (25, 50, 100, 200, 400, 800, 1600)
+RATES = (5, 10, 20, 40, 80, 160, 320, 640)
 CONTEXT, HORIZON = 8, 16
 HORIZONS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
