@@ -70,7 +70,7 @@ def _rollout(args) -> int:
     from worldpipe.atomic import write_text_atomic
     from worldpipe.rollout.engine import Sampling
     from worldpipe.rollout.service import InputError, RolloutService, ServiceConfig
-    from worldpipe.serve.app import _out, _tensor
+    from worldpipe.serve.app import as_matrix, jsonable
     from worldpipe.serve.schemas import RolloutIn
 
     try:
@@ -81,9 +81,9 @@ def _rollout(args) -> int:
         return 2
     service = RolloutService(args.checkpoint, ServiceConfig(poll_s=3600))
     try:
-        result = service.rollout(_tensor(body.context.obs, ("context", "obs")),
-                                 _tensor(body.context.action, ("context", "action")),
-                                 _tensor(body.actions, ("actions",)),
+        result = service.rollout(as_matrix(body.context.obs, ("context", "obs")),
+                                 as_matrix(body.context.action, ("context", "action")),
+                                 as_matrix(body.actions, ("actions",)),
                                  Sampling(body.sampling.mode, body.sampling.noise_scale),
                                  body.rng.seed, body.rng.stream, body.model_version)
     except InputError as err:
@@ -91,7 +91,7 @@ def _rollout(args) -> int:
         return 2
     finally:
         service.close()
-    text = json.dumps(_out(result), indent=1)
+    text = json.dumps(jsonable(result), indent=1)
     if args.out:
         write_text_atomic(Path(args.out), text + "\n")
     else:

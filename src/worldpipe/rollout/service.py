@@ -17,7 +17,7 @@ from worldpipe.measure.memory import process_rss_bytes
 from worldpipe.rollout.batcher import Batcher, BatchPolicy
 from worldpipe.rollout.cache import CachedDraw, DrawKey, ResultCache, prefix_hashes, tensor_hash
 from worldpipe.rollout.engine import LIVE_STATE_TENSORS, JobResult, RolloutJob, Sampling
-from worldpipe.rollout.registry import ModelRegistry, ServedModel
+from worldpipe.rollout.registry import ModelRegistry, ServedModel, UnknownModelVersion
 from worldpipe.rollout.sessions import Session, SessionStore
 from worldpipe.rollout.streams import StreamId, fresh_stream
 
@@ -118,8 +118,6 @@ class RolloutService:
         _check_matrix(actions, ("actions",), served.act_dim, self.config.limits.max_horizon, min_rows)
 
     def _model(self, version: str | None) -> ServedModel:
-        from worldpipe.rollout.registry import UnknownModelVersion
-
         try:
             return self.registry.get(version)
         except UnknownModelVersion as err:

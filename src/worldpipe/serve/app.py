@@ -25,14 +25,16 @@ from worldpipe.serve.schemas import ExtendIn, ForkIn, RolloutIn, RolloutOut, Ses
 WORKER_THREADS = 512
 
 
-def _tensor(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
+def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
+    """A float32 [n, k] tensor from JSON rows; ragged rows are an InputError at ``loc``."""
     try:
         return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), -1)
     except (ValueError, RuntimeError) as err:  # ragged rows
         raise InputError(loc, f"rows must all have the same length ({err})") from None
 
 
-def _out(result: dict) -> dict:
+def jsonable(result: dict) -> dict:
+    """The result with its tensors as nested lists."""
     for key in ("observations", "rewards"):
         if isinstance(result.get(key), torch.Tensor):
             result[key] = result[key].tolist()
@@ -126,13 +128,13 @@ def _routes(app: FastAPI) -> None:
     @app.post("/rollout", response_model=RolloutOut)
     def rollout(body: RolloutIn) -> dict:
         t0 = time.perf_counter()
-        inputs = (_tensor(body.context.obs, ("context", "obs")), _tensor(body.context.action, ("context", "action")),
-                  _tensor(body.actions, ("actions",)))
+        inputs = (as_matrix(body.context.obs, ("context", "obs")), as_matrix(body.context.action, ("context", "action")),
+                  as_matrix(body.actions, ("actions",)))
         t1 = time.perf_counter()
         result = service().rollout(*inputs, Sampling(body.sampling.mode, body.sampling.noise_scale),
                                    body.rng.seed, body.rng.stream, body.model_version)
         t2 = time.perf_counter()
-        result = _out(result)
+        result = jsonable(result)
         t3 = time.perf_counter()
         # Named boundaries inside the handler (JSON parsing/validation before it and serialization after it
         # are part of what the client sees as transport). service_s holds queue_s + model_s + cache work.
@@ -142,13 +144,13 @@ def _routes(app: FastAPI) -> None:
     @app.post("/sessions", response_model=SessionOut)
     def open_session(body: SessionOpenIn) -> dict:
         return service().open_session(
-            _tensor(body.context.obs, ("context", "obs")), _tensor(body.context.action, ("context", "action")),
+            as_matrix(body.context.obs, ("context", "obs")), as_matrix(body.context.action, ("context", "action")),
             Sampling(body.sampling.mode, body.sampling.noise_scale), body.rng.seed, body.rng.stream,
             body.model_version)
 
     @app.post("/sessions/{session_id}/extend", response_model=SessionOut)
     def extend(session_id: str, body: ExtendIn, x_session_token: str | None = Header(None)) -> dict:
-        return _out(service().extend(session_id, x_session_token, _tensor(body.actions, ("actions",))))
+        return jsonable(service().extend(session_id, x_session_token, as_matrix(body.actions, ("actions",))))
 
     @app.post("/sessions/{session_id}/fork", response_model=SessionOut)
     def fork(session_id: str, body: ForkIn, x_session_token: str | None = Header(None)) -> dict:
