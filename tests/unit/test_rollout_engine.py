@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rollout_models import TinyKV
-from worldpipe.models import state_nbytes
+from worldpipe.models import build_model, state_nbytes
 from worldpipe.models.rssm import RSSM
+from worldpipe.rollout.demo import model_config
 from worldpipe.rollout.engine import RolloutJob, Sampling, probe_batch_invariance, run_jobs
 from worldpipe.rollout.registry import ServedModel
 from worldpipe.rollout.streams import StreamId, fresh_stream, step_noise
@@ -24,7 +25,9 @@ def served(model, version: str) -> ServedModel:
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    return [served(RSSM(3, 1, embed=16, deter=16, stoch=4, hidden=32), "rssm-small"), served(TinyKV(3, 1), "kv")]
+    transformer = build_model({**model_config("transformer"), "width": 16, "heads": 2, "layers": 1}, 3, 1)
+    return [served(RSSM(3, 1, embed=16, deter=16, stoch=4, hidden=32), "rssm-small"), served(TinyKV(3, 1), "kv"),
+            served(transformer, "transformer")]
 
 
 def make_job(model: ServedModel, i: int) -> RolloutJob:
@@ -43,7 +46,7 @@ def fresh(job: RolloutJob) -> RolloutJob:
 def test_batch_composition_never_changes_a_result(models):
     # the RSSM is batched (the probe finds its rows position-independent); a model that is not runs alone
     assert models[0].batch_invariant
-    jobs = [make_job(models[i % 2], i) for i in range(24)]
+    jobs = [make_job(models[i % 3], i) for i in range(24)]
     alone = [run_jobs([fresh(job)])[0] for job in jobs]
     shuffle = random.Random(0)
     for size in (3, 9, 24):
@@ -84,5 +87,6 @@ def test_kv_state_grows_with_horizon_and_recurrent_state_does_not(models):
                                                                   job.context_action)])[0].state)
                                 for h in (0, 1, 5)]
     assert sizes["rssm-small"][0] == sizes["rssm-small"][1] == sizes["rssm-small"][2]
-    kv = sizes["kv"]
-    assert kv[1] - kv[0] > 0 and kv[2] - kv[0] == 5 * (kv[1] - kv[0])
+    for name in ("kv", "transformer"):  # a KV cache: one more key/value per imagined step
+        kv = sizes[name]
+        assert kv[1] - kv[0] > 0 and kv[2] - kv[0] == 5 * (kv[1] - kv[0])
