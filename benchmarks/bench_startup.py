@@ -89,7 +89,8 @@ def breakdown(events: dict[str, float]) -> dict[str, float]:
     if list(events) == ["first_step_done"]:
         return {"bare script: interpreter, imports, model build, one step": events["first_step_done"]}
     out, previous = {}, 0.0
-    for event, at in sorted(events.items(), key=lambda kv: kv[1]):
+    end = events["first_step_done"]
+    for event, at in sorted(((e, t) for e, t in events.items() if t <= end), key=lambda kv: kv[1]):
         out[SPANS.get(event, event)] = at - previous
         previous = at
     return out
@@ -132,9 +133,10 @@ def main(argv=None) -> int:
         import mlflow
 
         mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db").search_experiments()
-        for i in range(args.repeats):  # interleaved, so machine load drifts hit every contender alike
-            for name, make in runs.items():
-                cmd, extra = make(i)
+        for i in range(args.repeats):  # interleaved, order rotating: load drift and cold caches hit all alike
+            names = list(runs)[i % len(runs):] + list(runs)[:i % len(runs)]
+            for name in names:
+                cmd, extra = runs[name](i)
                 events = timed_run(cmd, {**env, **extra}, work / "trace.jsonl")
                 results.setdefault(name, []).append(events)
                 print(f"{name:20s} run {i}: first step after {events['first_step_done']:.2f} s")
