@@ -8,6 +8,7 @@ same run, each started as a fresh process on a fresh run directory of the tiny s
 * ``torchrun``  — the launcher spawns torchrun, which spawns the worker (``WORLDPIPE_LAUNCHER=torchrun``);
 * ``in-process`` — a single-process run trains inside the launcher (the default);
 * ``in-process, resume`` — the same, resuming from a checkpoint of the previous run;
+* ``in-process, tracking off`` — no MLflow run (``tracking.enabled=false``);
 * ``bare script`` (baseline) — python imports torch and the model, builds model + AdamW, takes one step on a
   random batch of the same shape. Target: in-process <= 2 s over the bare script.
 
@@ -116,6 +117,8 @@ def contenders(work: Path, store: Path, manifest: Path) -> dict:
         "torchrun": lambda i: ([*train, "trainer.steps=1", f"run_dir={work}/torchrun-{i}"], {LAUNCHER_ENV: "torchrun"}),
         "in-process": lambda i: ([*train, "trainer.steps=1", "checkpoint.every=1", f"run_dir={work}/inproc-{i}"], {}),
         "in-process, resume": lambda i: ([*train, "trainer.steps=2", f"run_dir={work}/inproc-{i}"], {}),
+        "in-process, tracking off": lambda i: ([*train, "trainer.steps=1", "tracking.enabled=false",
+                                               f"run_dir={work}/untracked-{i}"], {}),
     }
 
 
