@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 
-from worldpipe.commands import bench, ckpt, data, rerun, run, runs, tracking
+from worldpipe.commands import bench, ckpt, data, rerun, run, runs, serve, tracking
 from worldpipe.errors import DEBUG_ENV, report
 
-GROUPS = (run, data, ckpt, tracking, rerun, runs, bench)
+GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

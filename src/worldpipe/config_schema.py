@@ -53,6 +53,7 @@ class TrainerConfig:
     threads_per_rank: int = _range(1, ge=1)
     deterministic: bool = True
     progress_bar: bool = True
+    compile: bool = False  # torch.compile the loss (opt-in): other bits than eager, reproducible with itself
 
 
 @dataclass

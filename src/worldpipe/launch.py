@@ -28,6 +28,8 @@ from omegaconf import DictConfig
 
 from worldpipe.errors import ERROR_LOG, debug_enabled
 from worldpipe.lifeline import die_with_parent, launcher_environment
+from worldpipe.local_run import run_in_process, runs_in_process
+from worldpipe.measure.startup import mark
 from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.preflight import check_data, checked_config, compose_config
@@ -90,6 +92,7 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     when the run stopped on a signal after checkpointing. Raises (ConfigError, DataMismatch, RunLocked,
     ResumeRefused, ...) before any process starts.
     """
+    mark("launcher_start")
     cfg = checked_config(overrides, config_dir)
     check_data(cfg)
     run_dir = Path(cfg.run_dir)
@@ -102,6 +105,10 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+        mark("config_composed")
+        world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
+        if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.local_run)
+            return run_in_process(cfg, overrides)
         cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"),
                                config_dir=config_dir)
         return _run_torchrun(cmd, run_dir)
@@ -116,6 +123,7 @@ def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
     # ignored; the workers install their own handler (PreemptionFlag).
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
     try:
+        mark("torchrun_spawned")
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=launcher_environment(),
                                 preexec_fn=die_with_parent)  # noqa: PLW1509 - no threads run here yet
     except BaseException:

@@ -14,16 +14,20 @@ from omegaconf import DictConfig
 
 from worldpipe.config import validate_config
 from worldpipe.errors import ERROR_LOG, run_worker_main
+from worldpipe.measure.startup import mark
 from worldpipe.parallel.runtime import init_runtime, shutdown_runtime, world_size_from_env
 from worldpipe.paths import CONF_DIR
 from worldpipe.trainer import Trainer
 
 log = logging.getLogger("worldpipe.train")
+mark("train_imported")
 
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the run described by `cfg`; returns the completion record."""
     validate_config(cfg, world_size_from_env())
+    mark("train_start")
     runtime = init_runtime(cfg.parallel.backend)
+    mark("process_group_ready")
     try:
         return Trainer(cfg, runtime).fit()
     finally:

@@ -21,3 +21,29 @@ rule bench_comm:
         "benchmarks/rules/bench_comm/bench_comm.tsv"
     shell:
         "worldpipe bench comm --nproc {params.nproc} --out {output.result} > {log} 2>&1"
+
+
+# worldpipe bench rollout|startup|loop as report targets: snakemake --cores 2 results/bench/rollout.png, then
+# snakemake --report bench.html results/bench/rollout.png
+
+rule run_benchmark:
+    output:
+        result=f"{RESULTS}/bench/{{name}}.json",
+        plot=report(
+            f"{RESULTS}/bench/{{name}}.png",
+            caption="../report/bench.rst",
+            category="Benchmarks",
+            subcategory="{name}",
+        ),
+    wildcard_constraints:
+        name="rollout|startup|loop",
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("run_benchmark"),
+    log:
+        f"{LOGS}/run_benchmark/{{name}}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/run_benchmark/{{name}}.tsv"
+    shell:
+        "worldpipe bench {wildcards.name} --out {output.result} > {log} 2>&1"

@@ -7,7 +7,8 @@ import sys
 
 from worldpipe.identity import PROJECT_ROOT
 
-BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py"}
+BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py",
+              "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py"}
 
 
 def register(sub) -> None:

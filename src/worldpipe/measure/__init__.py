@@ -1,1 +1,1 @@
-"""worldpipe.measure"""
+"""worldpipe.measure: timers with named boundaries, memory by category, energy counters."""

@@ -1,1 +1,1 @@
-"""worldpipe.rollout"""
+"""worldpipe.rollout: imagination rollouts, their sessions, batcher and result cache."""

@@ -26,6 +26,7 @@ from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.identity import run_identity
+from worldpipe.measure.startup import mark
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
 from worldpipe.parallel.layout import build_layout
@@ -57,7 +58,9 @@ class Trainer:
         self.preemption = PreemptionFlag()
         self.layout = build_layout(cfg.parallel, rt)  # device mesh, this rank's data slice, wrapping, loss scale
         self._setup_data()
+        mark("dataset_verified")
         self._setup_model()  # identical init on every rank: same torch seed
+        mark("model_built")
         self.noise_generator = torch.Generator()
         self.progress = Progress()
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
@@ -84,6 +87,9 @@ class Trainer:
         self.core = build_model(self.cfg.model, self.store.obs_dim, self.store.act_dim).to(self.rt.device)
         self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
         self.model = self.layout.wrap(self.core)
+        # Opt-in: the compiled loss fuses kernels, so its bits differ from eager; a compiled run is still
+        # deterministic and resumes to the same bits as an uninterrupted compiled run (test_compile.py).
+        self.loss_fn = torch.compile(self.model) if self.cfg.trainer.get("compile", False) else self.model
         self.optimizer = build_optimizer(self.model, self.cfg.trainer, **self.layout.optimizer_kwargs)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.trainer)
 
@@ -92,6 +98,7 @@ class Trainer:
         """Restore from the newest intact checkpoint (if any) and open the MLflow run; returns the start step."""
         resumed = self.checkpointer.resume(
             lambda identity, step: check_resume_identity(identity, self.cfg, self.dataset_hash, step))
+        mark("resumed")
         run_id, start = None, 0
         for group in self.optimizer.param_groups:  # a checkpoint from another layout carries its options
             group.update(self.layout.optimizer_kwargs)
@@ -104,6 +111,7 @@ class Trainer:
         run_id = gather_objects(self.rt, self.records.open_run(self.identity, run_id, start))[0]
         self.identity["mlflow_run_id"] = run_id
         self.records.log_start(self.identity, self.manifest, start)
+        mark("mlflow_run_started")
         return start
 
     # ------------------------------------------------------------------- step
@@ -117,7 +125,7 @@ class Trainer:
         # Context parallel: this rank's chunk in time (noise is drawn for the whole window first).
         part = self.layout.shard_batch({"obs": obs, "action": action, "reward": reward, "mask": mask,
                                         "noise": None if noise is None else noise.to(device)})
-        sums = self.model(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])
+        sums = self.loss_fn(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])
         # Gradient of the GLOBAL mean over valid steps, whatever the layout's wrapper averages over.
         loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])
         self.optimizer.zero_grad(set_to_none=True)
@@ -172,12 +180,16 @@ class Trainer:
             batch = self.loader.next_batch()
             timing["data_wait"] = time.perf_counter() - timing["step_start"]
             sums, grad_norm = self.train_step(batch)
+            if timing.setdefault("first", True):
+                mark("first_step_done")
+                timing["first"] = False
             self.advance(batch)
             if self.progress.step % t_cfg.log_every == 0 or self.progress.step == t_cfg.steps:
                 bar.set_postfix(loss=f"{self.log_step(sums, grad_norm, batch, timing):.3f}", refresh=False)
             bar.update(1)
             preempted = any_rank(self.rt, self.preemption.raised)
             digest = self.maybe_checkpoint(preempted) or digest
+            mark("step_end")  # no-op unless WORLDPIPE_STARTUP_TRACE is set (worldpipe bench loop reads it)
             if preempted:
                 break
         bar.close()

@@ -1,0 +1,192 @@
+"""Training-loop overhead: the trainer's marginal time per step against a bare hand-written torch loop.
+
+Same model (the config's), same data (the same store, global sampler and WindowLoader), same batch, same
+noise, one process and one thread each, measured in one run. Per-step times come from a timestamp written at
+the end of every step (``WORLDPIPE_STARTUP_TRACE``); the marginal time per step is the mean over steps 2..N-1
+(start-up and the always-saved final checkpoint excluded; checkpoints at the cadence included), median over
+rounds whose contender order rotates. Contenders:
+
+* ``bare loop`` (baseline) — next_batch, noise, forward, backward, clip, AdamW, LR schedule; nothing else;
+* ``trainer``               — `worldpipe train`, tracking off, no checkpoint before the last step;
+* ``trainer + tracking``    — MLflow (SQLite) records at the default log cadence;
+* ``trainer + tracking + checkpoints`` — also checkpoints at the default cadence (conf/checkpoint).
+* ``trainer, compiled``     — ``trainer.compile=true`` (torch.compile of the loss), tracking off (when the
+  trainer has that option).
+
+    worldpipe bench loop [--steps 500] [--experiment smoke] [--out results/bench/loop.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from worldpipe.atomic import write_text_atomic
+from worldpipe.data.build import build_dataset
+from worldpipe.data.spec import DatasetSpec
+from worldpipe.measure.startup import TRACE_ENV
+
+BARE_LOOP = """
+import sys, torch
+from worldpipe.launch import compose_config
+from worldpipe.data.loader import WindowLoader
+from worldpipe.data.manifest import load_manifest
+from worldpipe.data.sampler import GlobalWindowSampler
+from worldpipe.data.store import TrajectoryStore
+from worldpipe.measure.startup import mark
+from worldpipe.models import build_model
+from worldpipe.models.noise import sample_noise
+from worldpipe.trainer.optim import build_optimizer, build_scheduler
+
+cfg = compose_config(sys.argv[1:])
+torch.manual_seed(cfg.seed)
+torch.set_num_threads(cfg.trainer.threads_per_rank)
+torch.use_deterministic_algorithms(cfg.trainer.deterministic)
+store = TrajectoryStore.open(cfg.data.store, manifest=load_manifest(cfg.data.manifest))
+stats = store.obs_stats()
+sampler = GlobalWindowSampler(store.lengths, cfg.data.window, cfg.data.stride, cfg.trainer.batch_size, cfg.seed)
+loader = WindowLoader(store, sampler, 0, 1, obs_stats=stats, cache_bytes=cfg.data.cache_mb << 20,
+                      prefetch=cfg.data.prefetch)
+model = build_model(cfg.model, store.obs_dim, store.act_dim)
+model.set_normalization(stats["obs_mean"], stats["obs_std"])
+optimizer, generator = build_optimizer(model, cfg.trainer), torch.Generator()
+scheduler = build_scheduler(optimizer, cfg.trainer)
+for step in range(cfg.trainer.steps):
+    batch = loader.next_batch()
+    noise = sample_noise(cfg.seed, batch["sample_index"], model.noise_shape(batch["obs"].shape[1]), generator)
+    sums = model(batch["obs"], batch["action"], batch["reward"], batch["mask"], noise)
+    optimizer.zero_grad(set_to_none=True)
+    (sums["total"] / batch["global_valid"]).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    mark("step_end")
+loader.close()
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/bench/loop.json")
+    p.add_argument("--steps", type=int, default=500, help="steps per contender (default cadences: log 10, ckpt 250)")
+    p.add_argument("--experiment", default="smoke")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled contender (its compile takes minutes)")
+    p.add_argument("--rounds", type=int, default=3, help="runs per contender; the median of their means is reported")
+    return p.parse_args(argv)
+
+
+def step_times(trace: Path) -> np.ndarray:
+    """Seconds between consecutive step ends, steps 2..N-1 (first step and final checkpoint excluded)."""
+    ends = np.array([json.loads(line)["t"] for line in trace.read_text().splitlines()
+                     if json.loads(line)["event"] == "step_end"])
+    return np.diff(ends)[:-1]
+
+
+def run(cmd: list[str], env: dict, trace: Path) -> np.ndarray:
+    trace.unlink(missing_ok=True)
+    proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return step_times(trace)
+
+
+def has_compile_option() -> bool:
+    from worldpipe.launch import compose_config
+
+    try:
+        return "compile" in compose_config([]).trainer
+    except Exception:
+        return False
+
+
+def contenders(work: Path, args, round_: int) -> dict[str, list[str]]:
+    common = [f"experiment={args.experiment}", "parallel=single", f"data.store={work}/store.zarr",
+              f"data.manifest={work}/manifest.json", f"trainer.steps={args.steps}", "trainer.progress_bar=false"]
+    train = [sys.executable, "-m", "worldpipe.cli", "train", *common]
+    off = ["tracking.enabled=false", f"checkpoint.every={args.steps}"]
+    out = {
+        "bare loop": [sys.executable, str(work / "bare.py"), *common],
+        "trainer": [*train, *off, f"run_dir={work}/plain-{round_}"],
+        "trainer + tracking": [*train, f"checkpoint.every={args.steps}", f"tracking.uri=sqlite:///{work}/mlflow.db",
+                               f"run_dir={work}/tracked-{round_}"],
+        "trainer + tracking + checkpoints": [*train, "checkpoint.every=250", f"tracking.uri=sqlite:///{work}/mlflow.db",
+                                             f"run_dir={work}/full-{round_}"],
+    }
+    if has_compile_option() and not args.no_compile:
+        out["trainer, compiled"] = [*train, *off, "trainer.compile=true", f"run_dir={work}/compiled-{round_}"]
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = {k: v for k, v in os.environ.items() if k not in (TRACE_ENV, "MLFLOW_TRACKING_URI")}
+    report = {"benchmark": "loop", "experiment": args.experiment, "steps": args.steps,
+              "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version()},
+              "contenders": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+        work = Path(tmp)
+        spec = DatasetSpec(name="loop", env_id="Pendulum-v1", policy="noisy_controller", episodes=32, max_steps=64,
+                           episodes_per_shard=8, seed=0)
+        build_dataset(str(work / "store.zarr"), spec, manifest_path=str(work / "manifest.json"))
+        (work / "bare.py").write_text(BARE_LOOP)
+        import mlflow
+
+        mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db").search_experiments()  # store created outside timings
+        samples: dict[str, list[np.ndarray]] = {name: [] for name in contenders(work, args, 0)}
+        for round_ in range(args.rounds):  # order rotates every round: load drift hits every contender alike
+            runs = contenders(work, args, round_)  # fresh run directories: no resume
+            names = list(runs)[round_ % len(runs):] + list(runs)[:round_ % len(runs)]
+            for name in names:
+                times = run(runs[name], env, work / "trace.jsonl")
+                samples[name].append(times)
+                print(f"round {round_}: {name:34s} mean {1e3 * times.mean():7.2f} ms/step")
+        for name, rounds in samples.items():
+            means = [1e3 * float(t.mean()) for t in rounds]
+            report["contenders"][name] = {"mean_ms": float(np.median(means)), "round_means_ms": means,
+                                          "median_ms": 1e3 * float(np.median(np.concatenate(rounds))),
+                                          "steps_timed": int(sum(len(t) for t in rounds))}
+    base = report["contenders"]["bare loop"]
+    for name, c in report["contenders"].items():
+        c["ratio_vs_bare_mean"] = c["mean_ms"] / base["mean_ms"]
+        c["marginal_overhead_ms"] = c["mean_ms"] - base["mean_ms"]
+        print(f"{name:34s} {c['ratio_vs_bare_mean']:5.2f}x bare loop ({c['marginal_overhead_ms']:+.2f} ms/step)")
+    report["loop_ratio"] = report["contenders"]["trainer"]["ratio_vs_bare_mean"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, json.dumps(report, indent=2))
+    plot(report, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["contenders"])
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.barh(names, [report["contenders"][n]["mean_ms"] for n in names], color="tab:blue", label="mean")
+    ax.scatter([report["contenders"][n]["median_ms"] for n in names], names, color="k", zorder=3, label="median")
+    ax.set_xlabel("ms per step (steps 2..N-1)")
+    ax.set_title(f"Training loop vs bare torch loop ({report['experiment']}, {report['steps']} steps)")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Start-up: time from `worldpipe train` to the end of the first training step, broken down by part.
+
+Every process on the way writes named timestamps (``WORLDPIPE_STARTUP_TRACE``, see worldpipe.measure.startup):
+the launcher (config composition, validation, resume preflight), torchrun's worker (imports, Hydra, process
+group), the trainer (dataset verification, model, resume, MLflow run start, first step). Contenders, in the
+same run, each started as a fresh process on a fresh run directory of the tiny smoke config, one rank:
+
+* ``torchrun``  — the launcher spawns torchrun, which spawns the worker (``WORLDPIPE_LAUNCHER=torchrun``);
+* ``in-process`` — a single-process run trains inside the launcher (the default);
+* ``in-process, resume`` — the same, resuming from a checkpoint of the previous run;
+* ``in-process, tracking off`` — no MLflow run (``tracking.enabled=false``);
+* ``bare script`` (baseline) — python imports torch and the model, builds model + AdamW, takes one step on a
+  random batch of the same shape. Target: in-process <= 2 s over the bare script.
+
+    worldpipe bench startup [--repeats 2] [--out results/bench/startup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from worldpipe.atomic import write_text_atomic
+from worldpipe.data.build import build_dataset
+from worldpipe.data.spec import DatasetSpec
+from worldpipe.local_run import LAUNCHER_ENV
+from worldpipe.measure.startup import TRACE_ENV
+
+TARGET_OVERHEAD_S = 2.0
+BARE_SCRIPT = """
+import torch
+from worldpipe.measure.startup import mark
+from worldpipe.models import build_model
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = build_model({"_target_": "worldpipe.models.rssm.RSSM", "embed": 16, "deter": 16, "stoch": 4,
+                     "hidden": 32}, 3, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+obs, act = torch.randn(8, 16, 3), torch.randn(8, 16, 1)
+sums = model(obs, act, torch.randn(8, 16), torch.ones(8, 16), torch.randn(8, 16, 4))
+sums["total"].backward()
+opt.step()
+mark("first_step_done")
+"""
+# What each span (ending at the named event) covers.
+SPANS = {
+    "launcher_start": "interpreter + CLI imports",
+    "config_composed": "config composition, validation, resume preflight",
+    "torchrun_spawned": "launcher bookkeeping",
+    "worker_process_start": "torchrun start + worker interpreter spawn",
+    "train_imported": "training imports",
+    "train_start": "worker config composition (hydra.main)",
+    "process_group_ready": "process group / rendezvous",
+    "dataset_verified": "dataset verification (manifest, store open, stats)",
+    "model_built": "model + optimizer build",
+    "resumed": "checkpointer + resume",
+    "mlflow_run_started": "MLflow run start + params + artifacts",
+    "first_step_done": "first training step",
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/bench/startup.json")
+    p.add_argument("--repeats", type=int, default=2, help="runs per contender (median reported)")
+    return p.parse_args(argv)
+
+
+def read_trace(path: Path, t0: float) -> dict[str, float]:
+    """Seconds after ``t0`` of each event (first occurrence), plus the worker's process start under torchrun."""
+    events: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        events.setdefault(rec["event"], rec["t"] - t0)
+        if rec["event"] == "train_imported" and "torchrun_spawned" in events and rec["process_start"]:
+            events.setdefault("worker_process_start", rec["process_start"] - t0)
+    return events
+
+
+def breakdown(events: dict[str, float]) -> dict[str, float]:
+    """Span name -> seconds, in the order the events happened (spans end at their event)."""
+    if list(events) == ["first_step_done"]:
+        return {"bare script: interpreter, imports, model build, one step": events["first_step_done"]}
+    out, previous = {}, 0.0
+    end = events["first_step_done"]
+    for event, at in sorted(((e, t) for e, t in events.items() if t <= end), key=lambda kv: kv[1]):
+        out[SPANS.get(event, event)] = at - previous
+        previous = at
+    return out
+
+
+def timed_run(cmd: list[str], env: dict, trace: Path) -> dict[str, float]:
+    trace.unlink(missing_ok=True)
+    t0 = time.time()
+    proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return read_trace(trace, t0)
+
+
+def contenders(work: Path, store: Path, manifest: Path) -> dict:
+    train = [sys.executable, "-m", "worldpipe.cli", "train", "experiment=smoke", "parallel=single",
+             f"data.store={store}", f"data.manifest={manifest}", "trainer.progress_bar=false",
+             f"tracking.uri=sqlite:///{work}/mlflow.db"]
+    bare = work / "bare.py"
+    bare.write_text(BARE_SCRIPT)
+    return {
+        "bare script": lambda i: ([sys.executable, str(bare)], {}),
+        "torchrun": lambda i: ([*train, "trainer.steps=1", f"run_dir={work}/torchrun-{i}"], {LAUNCHER_ENV: "torchrun"}),
+        "in-process": lambda i: ([*train, "trainer.steps=1", "checkpoint.every=1", f"run_dir={work}/inproc-{i}"], {}),
+        "in-process, resume": lambda i: ([*train, "trainer.steps=2", f"run_dir={work}/inproc-{i}"], {}),
+        "in-process, tracking off": lambda i: ([*train, "trainer.steps=1", "tracking.enabled=false",
+                                               f"run_dir={work}/untracked-{i}"], {}),
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = {k: v for k, v in os.environ.items() if k not in (TRACE_ENV, LAUNCHER_ENV, "MLFLOW_TRACKING_URI")}
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        work = Path(tmp)
+        spec = DatasetSpec(name="startup", env_id="Pendulum-v1", policy="noisy_controller", episodes=16,
+                           max_steps=64, episodes_per_shard=4, seed=0)
+        build_dataset(str(work / "store.zarr"), spec, manifest_path=str(work / "manifest.json"))
+        runs = contenders(work, work / "store.zarr", work / "manifest.json")
+        # Create and migrate the MLflow store once, outside the timings: a run starts against an existing store.
+        import mlflow
+
+        mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db").search_experiments()
+        for i in range(args.repeats):  # interleaved, order rotating: load drift and cold caches hit all alike
+            names = list(runs)[i % len(runs):] + list(runs)[:i % len(runs)]
+            for name in names:
+                cmd, extra = runs[name](i)
+                events = timed_run(cmd, {**env, **extra}, work / "trace.jsonl")
+                results.setdefault(name, []).append(events)
+                print(f"{name:20s} run {i}: first step after {events['first_step_done']:.2f} s")
+    report = summarize(results, args.repeats)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, json.dumps(report, indent=2))
+    plot(report, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def summarize(results: dict[str, list[dict]], repeats: int) -> dict:
+    bare = statistics.median(r["first_step_done"] for r in results["bare script"])
+    report = {"benchmark": "startup", "repeats": repeats, "target_overhead_s": TARGET_OVERHEAD_S,
+              "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                          "python": platform.python_version()},
+              "bare_script_s": bare, "contenders": {}}
+    for name, runs in results.items():
+        total = statistics.median(r["first_step_done"] for r in runs)
+        median_run = min(runs, key=lambda r: abs(r["first_step_done"] - total))
+        report["contenders"][name] = {"first_step_s": total, "overhead_vs_bare_s": total - bare,
+                                      "breakdown_s": breakdown(median_run),
+                                      "all_runs_s": [r["first_step_done"] for r in runs]}
+        print(f"{name:20s} {total:6.2f} s to first step, {total - bare:+6.2f} s vs bare script")
+        for span, seconds in report["contenders"][name]["breakdown_s"].items():
+            print(f"    {seconds:6.2f} s  {span}")
+    inproc = report["contenders"]["in-process"]["overhead_vs_bare_s"]
+    report["in_process_meets_target"] = inproc <= TARGET_OVERHEAD_S
+    report["torchrun_to_in_process_ratio"] = (report["contenders"]["torchrun"]["first_step_s"]
+                                              / report["contenders"]["in-process"]["first_step_s"])
+    print(f"in-process overhead {inproc:.2f} s (target <= {TARGET_OVERHEAD_S} s): "
+          f"{'met' if report['in_process_meets_target'] else 'NOT met'}; torchrun/in-process "
+          f"{report['torchrun_to_in_process_ratio']:.2f}x")
+    return report
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["contenders"])
+    spans = list(dict.fromkeys(s for n in names for s in report["contenders"][n]["breakdown_s"]))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    left = [0.0] * len(names)
+    for span in spans:
+        values = [report["contenders"][n]["breakdown_s"].get(span, 0.0) for n in names]
+        ax.barh(names, values, left=left, label=span)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.axvline(report["bare_script_s"] + TARGET_OVERHEAD_S, color="k", ls="--", label="target: bare + 2 s")
+    ax.set_xlabel("seconds from launch to the end of the first training step")
+    ax.set_title("Start-up breakdown (timestamps written by the processes)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Served models: load published checkpoints (verified against their manifests), know them by version.
+
+The *model version* of a checkpoint is its state digest (:func:`worldpipe.checkpoint.state_digest`, what
+``worldpipe ckpt digest`` prints): a content hash of the whole training state, so two directories holding the
+same bits are the same version and a newly published step under the same run is a different one.
+
+The registry follows a checkpoint directory: :meth:`ModelRegistry.refresh` loads the newest intact step when it
+changed. Older versions stay loaded while a session still uses them (:meth:`ModelRegistry.pin`); a version
+nobody pins is dropped at the next refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worldpipe.checkpoint import CheckpointManager, state_digest
+from worldpipe.checkpoint.layout import parse_step_dir
+from worldpipe.models import WorldModel, build_model
+
+log = logging.getLogger("worldpipe.rollout")
+
+
+class UnknownModelVersion(LookupError):
+    """A request named a model version this server does not hold."""
+
+
+@dataclass
+class ServedModel:
+    """One loaded checkpoint: the model in eval mode and what identifies it."""
+
+    version: str
+    step: int
+    model: WorldModel
+    obs_dim: int
+    act_dim: int
+    identity: dict = field(repr=False)
+    pins: int = 0
+    batch_invariant: bool = True  # may share a batch with other jobs (see worldpipe.rollout.engine)
+
+    @property
+    def parameter_bytes(self) -> int:
+        """Bytes of parameters and buffers."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def split_checkpoint_path(path: str | Path) -> tuple[Path, int | None]:
+    """(checkpoint root, step) for a root directory or one ``step-NNNNNN`` directory inside it."""
+    path = Path(path)
+    step = parse_step_dir(path.name)
+    return (path.parent, step) if step is not None else (path, None)
+
+
+def model_dims(identity: dict, model_state: dict, model_cfg: Any) -> tuple[int, int]:
+    """(obs_dim, act_dim) of a checkpoint's model.
+
+    Recorded dims (``identity["dims"]``) win. Otherwise obs_dim is the length of the ``obs_mean`` buffer every
+    WorldModel has, and act_dim is solved from the parameter shapes: built with act_dim 1 and 2, some
+    parameter's shape changes linearly with it.
+    """
+    dims = identity.get("dims") or {}
+    if "obs_dim" in dims and "act_dim" in dims:
+        return int(dims["obs_dim"]), int(dims["act_dim"])
+    obs_dim = int(model_state["obs_mean"].shape[0])
+    one = build_model(model_cfg, obs_dim, 1).state_dict()
+    two = build_model(model_cfg, obs_dim, 2).state_dict()
+    for name, tensor in model_state.items():
+        a, b = one.get(name), two.get(name)
+        if a is None or b is None or a.shape == b.shape:
+            continue
+        for axis, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)):
+            if x != y:
+                return obs_dim, 1 + (int(tensor.shape[axis]) - x) // (y - x)
+    raise ValueError("checkpoint identity has no 'dims' and no parameter depends on the action size")
+
+
+def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel:
+    """Load and verify (sha256 of every file) checkpoint ``step`` under ``root`` as a servable model."""
+    state = CheckpointManager(root, verify="sha256").load(step)
+    identity = state.get("identity") or {}
+    try:
+        model_cfg = identity["config"]["model"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{root}/step-{step:06d}/identity.json: no config.model (how to build the model)") from None
+    obs_dim, act_dim = model_dims(identity, state["model"], model_cfg)
+    model = build_model(model_cfg, obs_dim, act_dim)
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    from worldpipe.rollout.engine import probe_batch_invariance
+
+    invariant = probe_batch_invariance(model, obs_dim, act_dim)
+    if not invariant:
+        log.warning("step %d: a row's result depends on its batch position on this machine; serving unbatched", step)
+    return ServedModel(state_digest(state), step, model, obs_dim, act_dim, identity, batch_invariant=invariant)
+
+
+class ModelRegistry:
+    """The models a server holds: the newest intact checkpoint of a directory plus versions still pinned."""
+
+    def __init__(self, checkpoint_path: str | Path, device: str = "cpu") -> None:
+        self.root, self.fixed_step = split_checkpoint_path(checkpoint_path)
+        self.device = device
+        self._lock = threading.Lock()
+        self._models: dict[str, ServedModel] = {}
+        self._latest: ServedModel | None = None
+        self._manager = CheckpointManager(self.root)
+
+    def refresh(self) -> bool:
+        """Load the newest intact step if it is not the one served; True when the served version changed."""
+        step = self.fixed_step if self.fixed_step is not None else self._manager.latest_intact()
+        if step is None:
+            if self._latest is None:
+                raise FileNotFoundError(f"no intact checkpoint in {self.root}")
+            return False
+        if self._latest is not None and self._latest.step == step:
+            return False
+        served = load_served_model(self.root, step, self.device)
+        with self._lock:
+            previous = self._latest
+            self._models.setdefault(served.version, served)
+            self._latest = self._models[served.version]
+            self._drop_unpinned()
+        changed = previous is None or previous.version != self._latest.version
+        if changed:
+            log.info("serving step %d, model version %s", step, served.version[:16])
+        return changed
+
+    def _drop_unpinned(self) -> None:
+        for version in [v for v, m in self._models.items() if m.pins == 0 and m is not self._latest]:
+            del self._models[version]
+
+    def latest(self) -> ServedModel:
+        """The model new requests get by default."""
+        if self._latest is None:
+            raise FileNotFoundError(f"no intact checkpoint in {self.root}")
+        return self._latest
+
+    def get(self, version: str | None) -> ServedModel:
+        """The model of ``version`` (None: the latest); raises UnknownModelVersion."""
+        if version is None:
+            return self.latest()
+        with self._lock:
+            served = self._models.get(version)
+        if served is None:
+            raise UnknownModelVersion(f"model version {version!r} is not served here (latest is {self.latest().version})")
+        return served
+
+    def pin(self, served: ServedModel) -> None:
+        """Keep ``served`` loaded (a session uses it)."""
+        with self._lock:
+            served.pins += 1
+
+    def unpin(self, served: ServedModel) -> None:
+        """Release one :meth:`pin`; an unpinned old version is dropped now."""
+        with self._lock:
+            served.pins -= 1
+            self._drop_unpinned()
+
+    def loaded(self) -> list[ServedModel]:
+        """Every model held right now."""
+        with self._lock:
+            return list(self._models.values())

@@ -1,0 +1,1 @@
+"""worldpipe.serve: the HTTP rollout service (FastAPI app, uvicorn server)."""

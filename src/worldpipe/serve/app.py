@@ -1,0 +1,161 @@
+"""The FastAPI app: rollouts, sessions, health, stats; OpenAPI docs at /docs and /openapi.json.
+
+Handlers are plain functions, so FastAPI runs them on its worker threads; each blocks on its job's future
+while the batcher thread computes, and many requests wait in the batcher at once. Errors a client can cause
+answer 4xx with the field or session named; never a traceback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from worldpipe.rollout.engine import Sampling
+from worldpipe.rollout.service import InputError, RolloutService
+from worldpipe.rollout.sessions import SessionError
+from worldpipe.serve.schemas import ExtendIn, ForkIn, RolloutIn, RolloutOut, SessionOpenIn, SessionOut
+
+# Requests waiting on the batcher each hold a worker thread; the default 40 would cap the queue, not the model.
+WORKER_THREADS = 512
+
+
+def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
+    """A float32 [n, k] tensor from JSON rows; ragged rows are an InputError at ``loc``."""
+    try:
+        return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), -1)
+    except (ValueError, RuntimeError) as err:  # ragged rows
+        raise InputError(loc, f"rows must all have the same length ({err})") from None
+
+
+def jsonable(result: dict) -> dict:
+    """The result with its tensors as nested lists."""
+    for key in ("observations", "rewards"):
+        if isinstance(result.get(key), torch.Tensor):
+            result[key] = result[key].tolist()
+    return result
+
+
+class BodyLimit:
+    """ASGI middleware: answer 413 when a request body exceeds ``limit`` bytes, before the app parses it."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(send)
+        # Without a trustworthy length (chunked), read the body up to the limit first, then replay it.
+        messages, seen = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                return await self._reject(send)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _reject(self, send):
+        response = JSONResponse({"detail": f"request body over the limit of {self.limit} bytes"}, status_code=413)
+        await response({"type": "http"}, None, send)
+
+
+def create_app(make_service: Callable[[], RolloutService]) -> FastAPI:
+    """The app; ``make_service`` runs at startup and the service is closed (queue drained) at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = WORKER_THREADS
+        app.state.service = make_service()
+        try:
+            yield
+        finally:
+            app.state.service.close()
+
+    app = FastAPI(title="worldpipe rollout service", lifespan=lifespan,
+                  description="Imagined trajectories from a trained world model (see README, 'Serving rollouts').")
+
+    @app.exception_handler(RequestValidationError)
+    async def _schema_error(request: Request, err: RequestValidationError):
+        # Without the offending input: it may be NaN, which JSON cannot carry back.
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in err.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(InputError)
+    async def _input_error(request: Request, err: InputError):
+        return JSONResponse({"detail": [{"loc": ["body", *err.loc], "msg": err.message, "type": "value_error"}]},
+                            status_code=422)
+
+    @app.exception_handler(SessionError)
+    async def _session_error(request: Request, err: SessionError):
+        return JSONResponse({"detail": str(err)}, status_code=err.status)
+
+    _routes(app)
+    return app
+
+
+def _routes(app: FastAPI) -> None:
+    def service() -> RolloutService:
+        return app.state.service
+
+    @app.get("/health")
+    def health() -> dict:
+        latest = service().registry.latest()
+        return {"status": "ok", "model_version": latest.version, "checkpoint_step": latest.step,
+                "obs_dim": latest.obs_dim, "act_dim": latest.act_dim,
+                "limits": service().config.limits.__dict__}
+
+    @app.get("/stats")
+    def stats() -> dict:
+        return service().stats()
+
+    @app.post("/rollout", response_model=RolloutOut)
+    def rollout(body: RolloutIn) -> dict:
+        t0 = time.perf_counter()
+        inputs = (as_matrix(body.context.obs, ("context", "obs")), as_matrix(body.context.action, ("context", "action")),
+                  as_matrix(body.actions, ("actions",)))
+        t1 = time.perf_counter()
+        result = service().rollout(*inputs, Sampling(body.sampling.mode, body.sampling.noise_scale),
+                                   body.rng.seed, body.rng.stream, body.model_version)
+        t2 = time.perf_counter()
+        result = jsonable(result)
+        t3 = time.perf_counter()
+        # Named boundaries inside the handler (JSON parsing/validation before it and serialization after it
+        # are part of what the client sees as transport). service_s holds queue_s + model_s + cache work.
+        result["timing"].update(input_s=t1 - t0, service_s=t2 - t1, output_s=t3 - t2, handler_s=t3 - t0)
+        return result
+
+    @app.post("/sessions", response_model=SessionOut)
+    def open_session(body: SessionOpenIn) -> dict:
+        return service().open_session(
+            as_matrix(body.context.obs, ("context", "obs")), as_matrix(body.context.action, ("context", "action")),
+            Sampling(body.sampling.mode, body.sampling.noise_scale), body.rng.seed, body.rng.stream,
+            body.model_version)
+
+    @app.post("/sessions/{session_id}/extend", response_model=SessionOut)
+    def extend(session_id: str, body: ExtendIn, x_session_token: str | None = Header(None)) -> dict:
+        return jsonable(service().extend(session_id, x_session_token, as_matrix(body.actions, ("actions",))))
+
+    @app.post("/sessions/{session_id}/fork", response_model=SessionOut)
+    def fork(session_id: str, body: ForkIn, x_session_token: str | None = Header(None)) -> dict:
+        return service().fork(session_id, x_session_token, body.step)
+
+    @app.delete("/sessions/{session_id}")
+    def close(session_id: str, x_session_token: str | None = Header(None)) -> dict:
+        return service().close_session(session_id, x_session_token)

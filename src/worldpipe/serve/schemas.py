@@ -1,0 +1,87 @@
+"""Request and response schemas of the HTTP service (pydantic; NaN and infinity rejected at parse time)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Matrix = list[list[Finite]]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContextIn(Strict):
+    """Observed history: C observations (raw units) and the C actions taken after each."""
+
+    obs: Matrix = Field(description="[C, obs_dim] observations, oldest first")
+    action: Matrix = Field(description="[C, act_dim] actions; action[C-1] is unused (imagination starts there)")
+
+
+class SamplingIn(Strict):
+    """How latents are drawn: 'sample' (noise from the RNG stream, scaled) or 'mean' (deterministic)."""
+
+    mode: Literal["sample", "mean"] = "sample"
+    noise_scale: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 1.0
+
+
+class RngIn(Strict):
+    """The RNG stream: a named stream is reproducible (cacheable); no stream asks for a fresh sample."""
+
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    stream: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+
+
+class RolloutIn(Strict):
+    context: ContextIn
+    actions: Matrix = Field(description="[H, act_dim] actions to imagine")
+    sampling: SamplingIn = SamplingIn()
+    rng: RngIn = RngIn()
+    model_version: str | None = Field(None, description="pin a model version (default: the newest served)")
+
+
+class SessionOpenIn(Strict):
+    context: ContextIn
+    sampling: SamplingIn = SamplingIn()
+    rng: RngIn = RngIn()
+    model_version: str | None = None
+
+
+class ExtendIn(Strict):
+    actions: Matrix
+
+
+class ForkIn(Strict):
+    step: Annotated[int, Field(ge=0)] | None = Field(None, description="fork after this many actions (default: now)")
+
+
+class StreamOut(BaseModel):
+    seed: int
+    stream: str
+
+
+class RolloutOut(BaseModel):
+    model_version: str
+    checkpoint_step: int
+    observations: list[list[float]]
+    rewards: list[float]
+    stream: StreamOut | None
+    cached_steps: int = Field(description="leading steps served from the cache (a cached prefix state)")
+    cache_hit: bool
+    timing: dict
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    step: int
+    model_version: str
+    stream: StreamOut | None
+    state_bytes: int
+    token: str | None = None
+    parent: str | None = None
+    observations: list[list[float]] | None = None
+    rewards: list[float] | None = None
+    timing: dict | None = None

@@ -1,0 +1,31 @@
+"""trainer.compile: a compiled run killed after a checkpoint resumes to the bits of an uninterrupted compiled run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+
+def compiled_run(run_dir: Path, dataset, env: dict, fault: str | None = None) -> subprocess.CompletedProcess:
+    store, manifest = dataset
+    cmd = ["worldpipe", "train", "experiment=smoke", "parallel=single", "trainer.compile=true", f"run_dir={run_dir}",
+           f"data.store={store}", f"data.manifest={manifest}", "tracking.enabled=false", "trainer.progress_bar=false",
+           "trainer.steps=6", "checkpoint.every=3"]
+    env = {**env, "WORLDPIPE_CKPT_FAULT": fault} if fault else env
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_compiled_run_resumes_bit_identically_with_itself(tmp_path, smoke_dataset, env_with_venv):
+    whole = compiled_run(tmp_path / "whole", smoke_dataset, env_with_venv)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = compiled_run(tmp_path / "killed", smoke_dataset, env_with_venv, fault="after_latest@3:die")
+    assert killed.returncode != 0 and (tmp_path / "killed" / "checkpoints" / "step-000003").is_dir()
+    resumed = compiled_run(tmp_path / "killed", smoke_dataset, env_with_venv)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    digests = [json.loads((tmp_path / n / "train_done.json").read_text())["digest"] for n in ("whole", "killed")]
+    assert digests[0] == digests[1]
