@@ -21,6 +21,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/sweep.smk"
 
 
 rule all:
@@ -30,3 +31,4 @@ rule all:
             experiment=config["experiments"],
             product=["metrics.json", "error_vs_horizon.png", "loss_curve.png"],
         ),
+        sweep_targets(),

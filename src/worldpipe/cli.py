@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from worldpipe.commands import bench, ckpt, data, rerun, run, tracking
+from worldpipe.commands import bench, ckpt, data, rerun, run, sweep, tracking
 
-GROUPS = (run, data, ckpt, tracking, rerun, bench)
+GROUPS = (run, data, ckpt, tracking, rerun, bench, sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -162,7 +162,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
 
     # ---- records (rank 0 only) ----
     recorder = RunRecorder(cfg.tracking.enabled and rt.is_main, cfg.tracking.uri, cfg.tracking.experiment,
-                           run_dir=run_dir)
+                           run_dir=run_dir, system_metrics_s=cfg.tracking.get("system_metrics_interval_s", 0))
     identity = build_identity(cfg, dataset_hash, rt, run_id)
     ckpt_location = str(cfg.checkpoint.dir) if "://" in str(cfg.checkpoint.dir) else str(Path(cfg.checkpoint.dir).resolve())
     run_id = recorder.start(run_id, cfg.tracking.run_name, tags=run_tags(identity, start_step or 0),
