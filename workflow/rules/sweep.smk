@@ -30,7 +30,7 @@ rule open_sweep:
     output:
         parent=f"{SWEEP_DIR}/parent.json",
     params:
-        sweep=json.dumps(SWEEP, sort_keys=True),
+        sweep=json.dumps(SWEEP),  # key order kept: the first swept key is the comparison plot's x axis
         tracking=tracking_uri(),
     conda:
         "../envs/worldpipe.yaml"

@@ -20,6 +20,10 @@ from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 SEED_PARAM = "seed"
 DEFAULT_METRIC = f"{METRIC_PREFIX}one_step_ratio"
 TRAINING_METRICS = ("loss/total",)
+# Params that name a run rather than configure it: they differ between any two runs, so the table omits them.
+NAMING_PARAMS = ("run_dir", "checkpoint.dir", "experiment_name", "tracking.run_name")
+LOG_AXIS_SPAN = 10  # x values spanning this factor or more are plotted on a log axis
+MAX_COLUMN = 28
 IDENTITY_TAGS = ("worldpipe.git_sha", "worldpipe.dataset_hash", "worldpipe.checkpoint.digest",
                  "worldpipe.eval.heldout_dataset_hash", "worldpipe.world_size")
 
@@ -69,7 +73,8 @@ def resolve(client, refs: Sequence[str]) -> Comparison:
 
 
 def differing_params(runs: list) -> list[str]:
-    keys = sorted(set().union(*(r.data.params for r in runs)))
+    """Params whose values are not all equal, naming params aside."""
+    keys = sorted(set().union(*(r.data.params for r in runs)) - set(NAMING_PARAMS))
     return [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
 
 
@@ -88,12 +93,15 @@ def _section(title: str, rows: list[tuple[str, list[Any]]], key_w: int, width: i
     return [title, "-" * key_w, *(_row(k, vals, key_w, width) for k, vals in rows), ""]
 
 
-def comparison_table(comparison: Comparison, width: int = 14) -> str:
+def comparison_table(comparison: Comparison) -> str:
     """Plain-text table: one column per run; differing params, evaluation and training metrics, identity."""
     runs = comparison.runs
+    width = min(MAX_COLUMN, max(12, *(len(r.info.run_name or "") for r in runs)))
     head = ["run"] + [r.info.run_id[:width] for r in runs]
     names = ["name"] + [r.info.run_name or "" for r in runs]
-    params = [(k, [r.data.params.get(k) for r in runs]) for k in differing_params(runs)]
+    differing = differing_params(runs)
+    ordered = [k for k in comparison.swept if k in differing] + [k for k in differing if k not in comparison.swept]
+    params = [(k, [r.data.params.get(k) for r in runs]) for k in ordered]
     eval_keys = [f"{METRIC_PREFIX}{k}" for k in SUMMARY_METRICS]
     eval_keys += sorted({k for r in runs for k in r.data.metrics if k.startswith(METRIC_PREFIX)} - set(eval_keys))
     evaluation = [(k + (" (last horizon)" if k not in [f"{METRIC_PREFIX}{s}" for s in SUMMARY_METRICS] else ""),
@@ -150,7 +158,8 @@ def plot_comparison(comparison: Comparison, path: str | Path, metric: str = DEFA
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4, label=label)
     ax.set_xlabel(x_key)
     ax.set_ylabel(metric)
-    if all(isinstance(x, float) and x > 0 for pts in series.values() for x, *_ in pts):
+    xs_all = [x for pts in series.values() for x, *_ in pts]
+    if all(isinstance(x, float) and x > 0 for x in xs_all) and max(xs_all) >= LOG_AXIS_SPAN * min(xs_all):
         ax.set_xscale("log")
     seeds = max(n for pts in series.values() for *_, n in pts)
     ax.set_title(f"{metric} vs {x_key}" + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else ""))

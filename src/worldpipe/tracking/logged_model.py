@@ -3,7 +3,8 @@
 Input (raw observation units): ``obs`` [N,C,O] — the C context observations — and ``action`` [N,T,A] with
 T > C; output: the predicted observations of steps C..T-1, [N,T-C,O], exactly what ``worldpipe evaluate``
 computes on the same inputs. The model directory holds the weights (loaded with ``weights_only``) and a JSON
-spec (model config, sizes, checkpoint digest); loading it needs the installed ``worldpipe`` package only.
+spec (model config, sizes, checkpoint digest) and, instead of a pickle, the few lines of model code MLflow runs
+at load time; loading it needs the installed ``worldpipe`` package only.
 
 Logging is idempotent: a run's model of a given checkpoint digest is logged once, and a registered model gets
 at most one version per digest (the version carries the digest as a tag).
@@ -24,6 +25,7 @@ from worldpipe.tracking.records import CHECKPOINT_DIGEST_TAG as DIGEST_TAG
 from worldpipe.tracking.records import CHECKPOINT_STEP_TAG as STEP_TAG
 
 MODEL_NAME = "world_model"  # the logged model's name within its run
+MODEL_CODE = Path(__file__).with_name("pyfunc_model_code.py")  # models from code: no pickled object
 WEIGHTS, SPEC = "weights", "spec"
 
 
@@ -41,7 +43,7 @@ class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
         self.model.load_state_dict(torch.load(context.artifacts[WEIGHTS], weights_only=True))
         self.model.eval()
 
-    def predict(self, context, model_input: Mapping[str, Any], params: dict | None = None):
+    def predict(self, context, model_input, params=None):  # no type hints: MLflow would validate by them
         """Open-loop prediction of the steps after the context, in raw observation units."""
         import numpy as np
         import torch
@@ -119,7 +121,7 @@ def log_world_model(uri: str, run_id: str, record: ModelRecord, register_as: str
                        "action": np.asarray(record.example_action, dtype=np.float32)}
             with mlflow.start_run(run_id=run_id, log_system_metrics=False):
                 info = mlflow.pyfunc.log_model(
-                    name=MODEL_NAME, python_model=OpenLoopPredictor(),
+                    name=MODEL_NAME, python_model=str(MODEL_CODE),
                     artifacts={WEIGHTS: str(weights), SPEC: str(spec)}, signature=_signature(record),
                     input_example=example, pip_requirements=_requirements(), tags=tags)
         model_uri, model_id = info.model_uri, info.model_id
