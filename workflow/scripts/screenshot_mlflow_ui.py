@@ -29,6 +29,7 @@ from pathlib import Path
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--disable-sync", "--hide-scrollbars"]
 EXIT_NO_CHROMIUM = 3
+COMPARE_HEIGHT = 2400
 
 
 def find_chromium(install: bool) -> str | None:
@@ -69,8 +70,9 @@ def start_ui_server(backend_uri: str, workdir: Path) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"mlflow server for {backend_uri} did not start")
 
 
-def chromium(binary: str, url: str, profile: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1600,1000",
+def chromium(binary: str, url: str, profile: Path, *args: str, timeout: float = 120,
+             height: int = 1000) -> subprocess.CompletedProcess:
+    cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size=1600,{height}",
            "--virtual-time-budget=30000", *args, url]
     return subprocess.run(cmd, capture_output=True, timeout=timeout)
 
@@ -109,12 +111,12 @@ def compare_page(url: str, run_ids: list[str]) -> tuple[str, list[str]]:
     return f"{url}/#/compare-runs?{query}", [r.info.run_name for r in runs]
 
 
-def screenshot_page(page: str, out: Path, binary: str, expect: list[str]) -> dict:
+def screenshot_page(page: str, out: Path, binary: str, expect: list[str], height: int = 1000) -> dict:
     """Screenshot any UI page; every expected text must be in its rendered DOM."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="worldpipe-chromium-") as tmp:
         dom = chromium(binary, page, Path(tmp) / "profile-dom", "--dump-dom").stdout.decode(errors="replace")
-        shot = chromium(binary, page, Path(tmp) / "profile-shot", f"--screenshot={out}")
+        shot = chromium(binary, page, Path(tmp) / "profile-shot", f"--screenshot={out}", height=height)
     if shot.returncode != 0 or not out.exists():
         raise RuntimeError(f"chromium failed ({shot.returncode}): {shot.stderr.decode(errors='replace')[-1000:]}")
     missing = [text for text in expect if text not in dom]
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 url = uri
             if args.compare:
                 page, names = compare_page(url, args.compare)
-                summary = screenshot_page(page, Path(args.out), binary, names + args.expect)
+                # tall: the compare view lists the runs' params and metrics below its plots
+                summary = screenshot_page(page, Path(args.out), binary, names + args.expect, height=COMPARE_HEIGHT)
             else:
                 summary = screenshot(url, args.experiment, Path(args.out), binary)
                 missing = [text for text in args.expect if text not in summary.get("dom", "")]
