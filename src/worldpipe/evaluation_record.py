@@ -6,8 +6,10 @@ Reads what the checkpoint and the manifests say (run id, digest, config, weights
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ import numpy as np
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.data.manifest import load_manifest
 from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
+from worldpipe.train import COMPLETION_RECORD
 
 log = logging.getLogger("worldpipe.evaluate")
 EXAMPLE_SEGMENTS = 2  # held-out segments kept as the logged model's input example
@@ -43,6 +46,16 @@ def _datasets(identity: dict, inputs: EvaluationInputs) -> tuple[DatasetRecord, 
     return tuple(records)
 
 
+def recorded_run_id(checkpoints: str) -> str | None:
+    """The run id in the completion record beside the checkpoints: set by `worldpipe tracking sync` for a run
+    whose tracking was unreachable from the start (its checkpoints then record no run id)."""
+    done = Path(checkpoints).parent / COMPLETION_RECORD
+    try:
+        return json.loads(done.read_text()).get("mlflow_run_id")
+    except (OSError, ValueError):
+        return None
+
+
 def checkpoint_state(checkpoints: str, step: int) -> tuple[dict, str]:
     """The state of a published step and its digest."""
     state = CheckpointManager(checkpoints).load(step)
@@ -56,7 +69,7 @@ def record_evaluation(result: dict[str, Any], inputs: EvaluationInputs, uri: str
     from worldpipe.tracking.logged_model import ModelRecord, log_world_model
     from worldpipe.tracking.recorder import resolve_tracking_uri
 
-    run_id = result.get("mlflow_run_id")
+    run_id = result.get("mlflow_run_id") or recorded_run_id(inputs.checkpoints)
     if not run_id:
         log.warning("the checkpoint records no MLflow run (training ran without tracking); nothing logged")
         return None
