@@ -4,6 +4,8 @@ import os
 
 from snakemake.utils import min_version, validate
 
+from worldpipe.sweep import sweep_targets
+
 min_version("9.0")
 
 
@@ -31,4 +33,4 @@ rule all:
             experiment=config["experiments"],
             product=["metrics.json", "error_vs_horizon.png", "loss_curve.png"],
         ),
-        sweep_targets(),
+        sweep_targets(config.get("sweep")),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SEED_KEY = "seed"
+SWEEPS_ROOT = "results/sweeps"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PLAIN = re.compile(r"^[A-Za-z0-9_.+-]+$")
 # Keys a point must not set: where the run lives and records are decided by the sweep itself.
@@ -51,6 +52,20 @@ class SweepPoint:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.values)
+
+    def run_name(self, sweep_name: str) -> str:
+        """Short MLflow run name: the sweep's name, then the last part of each swept key with its value."""
+        return sweep_name + "-" + "_".join(f"{key.rsplit('.', 1)[-1]}{format_value(v)}" for key, v in self.values)
+
+
+def sweep_dir(sweep: Mapping[str, Any]) -> str:
+    """Results directory of a sweep (one run directory per point below it)."""
+    return f"{SWEEPS_ROOT}/{sweep.get('name', 'none')}"
+
+
+def sweep_targets(sweep: Mapping[str, Any] | None) -> list[str]:
+    """What the pipeline's `all` asks of a sweep: its comparison, which needs every point evaluated."""
+    return [f"{sweep_dir(sweep)}/compare.txt", f"{sweep_dir(sweep)}/compare.png"] if sweep else []
 
 
 def format_value(value: Any) -> str:

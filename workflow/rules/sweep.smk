@@ -4,22 +4,11 @@
 import json
 import re
 
-from worldpipe.sweep import expand_sweep
+from worldpipe.sweep import expand_sweep, sweep_dir
 
 SWEEP = config.get("sweep") or {}
 SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}
-SWEEP_DIR = f"results/sweeps/{SWEEP.get('name', 'none')}"
-
-
-def sweep_targets():
-    """What `rule all` asks of a sweep: its comparison (which needs every point evaluated)."""
-    return [f"{SWEEP_DIR}/compare.txt", f"{SWEEP_DIR}/compare.png"] if SWEEP else []
-
-
-def sweep_run_name(wildcards):
-    """Short MLflow run name of a point: the sweep's name and the last part of each swept key with its value."""
-    values = SWEEP_POINTS[wildcards.point].values
-    return SWEEP["name"] + "-" + "_".join(f"{key.rsplit('.', 1)[-1]}{value}" for key, value in values)
+SWEEP_DIR = sweep_dir(SWEEP)
 
 
 wildcard_constraints:
@@ -54,7 +43,7 @@ rule train_sweep_point:
         store=f"results/data/{TRAIN_DATASET}/store.zarr",
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
         experiment=SWEEP.get("experiment"),
-        run_name=sweep_run_name,
+        run_name=lambda wildcards: SWEEP_POINTS[wildcards.point].run_name(SWEEP["name"]),
         point=lambda wildcards: " ".join(SWEEP_POINTS[wildcards.point].overrides),
         nproc=config["train"]["nproc_per_node"],
         nnodes=config["train"].get("nnodes", 1),
