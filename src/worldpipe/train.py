@@ -57,6 +57,7 @@ from worldpipe.parallel.wrap import (
 )
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD, PreemptionFlag
 from worldpipe.resume import ResumeRefused, check_resume_identity
+from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
@@ -172,6 +173,7 @@ def _train(cfg: DictConfig, rt: Runtime) -> dict:
     if rt.is_main:
         recorder.log_params(flatten(identity["config"]))
         recorder.log_files(start_artifacts(identity, manifest, run_dir, start_step or 0))
+        recorder.log_datasets([DatasetRecord.from_manifest(manifest, str(d_cfg.store), TRAINING)])
 
     uncommitted: list[tuple] = []  # checkpoint records whose async publication may still be in flight
 

@@ -113,6 +113,9 @@ def test_params_equal_the_flattened_config_and_artifacts_are_present(interrupted
                 "worldpipe.host", "worldpipe.parallel_layout"):
         assert run.data.tags.get(tag) not in (None, "None"), tag
     assert run.data.tags["worldpipe.dataset_hash"] == identity["dataset_hash"]
+    # the training dataset is a run input (spooled like every record, replayed by the sync)
+    assert [(d.dataset.name, d.dataset.digest) for d in run.inputs.dataset_inputs] == [
+        ("smoke", identity["dataset_hash"][:32])]
     assert run.data.tags["worldpipe.snakemake.rule"] == "train_model" and run.data.tags["worldpipe.snakemake.job"] == "smoke"
     top = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "identity.json", "dataset", "environment", "hydra", "segments", "checkpoints"} <= top

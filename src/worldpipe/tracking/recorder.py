@@ -181,6 +181,14 @@ class RunRecorder:
             files = {f"{prefix}{path.name}": path.read_bytes()}
         self.log_files(files)
 
+    def log_datasets(self, records: list) -> None:
+        """Record datasets (``DatasetRecord``) as run inputs: the UI's Dataset column."""
+        if self.enabled and records:
+            from dataclasses import asdict
+
+            self._spool.append("inputs", datasets=[asdict(r) for r in records])
+            self.deliver()
+
     # ---- metrics ----
     def add_metrics(self, step: int, values: dict[str, float], timestamp_ms: int) -> None:
         """Buffer metrics of a step; they are staged with the next checkpoint covering that step."""
