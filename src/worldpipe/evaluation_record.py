@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,14 @@ def record_evaluation(result: dict[str, Any], inputs: EvaluationInputs, uri: str
     """Log an evaluation result (and the evaluated model) to MLflow; the run it went to, None if untracked."""
     from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation
     from worldpipe.tracking.logged_model import ModelRecord, log_world_model
-    from worldpipe.tracking.recorder import resolve_tracking_uri
+    from worldpipe.tracking.recorder import HTTP_DEFAULTS, resolve_tracking_uri
 
     run_id = result.get("mlflow_run_id") or recorded_run_id(inputs.checkpoints)
     if not run_id:
         log.warning("the checkpoint records no MLflow run (training ran without tracking); nothing logged")
         return None
+    for key, value in HTTP_DEFAULTS.items():  # an unreachable server: fail in seconds, not minutes
+        os.environ.setdefault(key, value)
     state, digest = checkpoint_state(inputs.checkpoints, result["checkpoint_step"])
     identity = state["identity"]
     uri = resolve_tracking_uri(uri or identity.get("config", {}).get("tracking", {}).get("uri"))
