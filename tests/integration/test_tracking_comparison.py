@@ -12,6 +12,8 @@ from worldpipe.tracking.comparison import ComparisonError, comparison_table, plo
 from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation
 from worldpipe.tracking.sweep_runs import link_point, open_parent_run, point_runs
 
+pytestmark = pytest.mark.integration  # a real SQLite MLflow store (its schema migrations take a few seconds)
+
 RATIO = {(1e-3, 0): 0.9, (1e-3, 1): 0.7, (3e-3, 0): 0.5, (3e-3, 1): 0.4}
 
 
