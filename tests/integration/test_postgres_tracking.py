@@ -27,9 +27,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LOCATION_PARAMS = ("run_dir", "data.store", "data.manifest", "checkpoint.dir", "tracking.uri")
 
 
-def _pipeline(repo: Path, workdir: Path, env: dict, uri: str) -> dict:
+def _pipeline(repo: Path, workdir: Path, env: dict, uri: str | None) -> dict:
     cmd = ["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", "2",
-           "--configfile", str(repo / "conf/pipeline/smoke.yaml"), "--config", f"tracking_uri={uri}"]
+           "--configfile", str(repo / "conf/pipeline/smoke.yaml")]
+    if uri:  # else the config's default: the embedded SQLite file results/mlflow.db
+        cmd += ["--config", f"tracking_uri={uri}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads((workdir / "results/runs/smoke/train_done.json").read_text())
@@ -48,7 +50,7 @@ def both(repo, env_with_venv, tmp_path_factory):
         pg_done = _pipeline(repo, pg_dir, env_with_venv, server.url)
         sqlite_dir = tmp_path_factory.mktemp("sqlite_pipeline")
         sqlite_uri = f"sqlite:///{sqlite_dir / 'results/mlflow.db'}"
-        sqlite_done = _pipeline(repo, sqlite_dir, env_with_venv, "")
+        sqlite_done = _pipeline(repo, sqlite_dir, env_with_venv, None)
         pg = MlflowClient(server.url)
         yield {"pg": (pg, pg_done["mlflow_run_id"], pg_done), "sqlite": (MlflowClient(sqlite_uri),
                                                                       sqlite_done["mlflow_run_id"], sqlite_done),
