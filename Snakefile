@@ -26,11 +26,17 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/sweep.smk"
 
 
+# The current config's run of every experiment (earlier runs stay on disk, outside the DAG).
 rule all:
+    default_target: True
     input:
-        expand(
-            "results/runs/{experiment}/eval/{product}",
-            experiment=config["experiments"],
-            product=["metrics.json", "error_vs_horizon.png", "loss_curve.png"],
-        ),
-        sweep_targets(config.get("sweep")),
+        [
+            run_file(output, run)
+            for run in RUNS_PLANNED.values()
+            for output in (
+                rules.evaluate_model.output.metrics,
+                rules.evaluate_model.output.plot,
+                rules.plot_loss_curve.output.plot,
+            )
+        ],
+        sweep_targets(config.get("sweep"), RESULTS),

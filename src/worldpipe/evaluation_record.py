@@ -17,8 +17,8 @@ import numpy as np
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.data.manifest import load_manifest
+from worldpipe.paths import COMPLETION_RECORD
 from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
-from worldpipe.train import COMPLETION_RECORD
 
 log = logging.getLogger("worldpipe.evaluate")
 EXAMPLE_SEGMENTS = 2  # held-out segments kept as the logged model's input example

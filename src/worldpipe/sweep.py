@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SEED_KEY = "seed"
-SWEEPS_ROOT = "results/sweeps"
+SWEEPS_DIR = "sweeps"  # below the results directory (conf/paths)
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PLAIN = re.compile(r"^[A-Za-z0-9_.+-]+$")
 # Keys a point must not set: where the run lives and records are decided by the sweep itself.
@@ -58,14 +58,14 @@ class SweepPoint:
         return sweep_name + "-" + "_".join(f"{key.rsplit('.', 1)[-1]}{format_value(v)}" for key, v in self.values)
 
 
-def sweep_dir(sweep: Mapping[str, Any]) -> str:
-    """Results directory of a sweep (one run directory per point below it)."""
-    return f"{SWEEPS_ROOT}/{sweep.get('name', 'none')}"
+def sweep_dir(sweep: Mapping[str, Any], results: str) -> str:
+    """Directory of a sweep under the results directory (one run directory per point below it)."""
+    return f"{results}/{SWEEPS_DIR}/{sweep.get('name', 'none')}"
 
 
-def sweep_targets(sweep: Mapping[str, Any] | None) -> list[str]:
+def sweep_targets(sweep: Mapping[str, Any] | None, results: str) -> list[str]:
     """What the pipeline's `all` asks of a sweep: its comparison, which needs every point evaluated."""
-    return [f"{sweep_dir(sweep)}/compare.txt", f"{sweep_dir(sweep)}/compare.png"] if sweep else []
+    return [f"{sweep_dir(sweep, results)}/compare.txt", f"{sweep_dir(sweep, results)}/compare.png"] if sweep else []
 
 
 def format_value(value: Any) -> str:

@@ -6,13 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from pipeline_project import plan_of
+
 pytestmark = pytest.mark.integration
 
-TARGETS = ["results/data/smoke/manifest.json", "results/data/smoke-heldout/manifest.json"]
+
+def smoke_datasets(repo: Path) -> dict[str, str]:
+    """Directory of each dataset of the smoke pipeline (pendulum and pendulum-heldout), by name."""
+    datasets, _ = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    return {name: dataset.dir for name, dataset in datasets.items()}
 
 
 def build_with_snakemake(repo: Path, workdir: Path, env: dict, cores: int, jobs: int) -> None:
-    cmd = ["snakemake", *TARGETS, "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", str(cores),
+    targets = [f"{directory}/manifest.json" for directory in smoke_datasets(repo).values()]
+    cmd = ["snakemake", *targets, "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", str(cores),
            "--configfile", str(repo / "conf/pipeline/smoke.yaml"), "--config", f"simulate_jobs={jobs}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -30,23 +37,22 @@ def two_builds(repo, env_with_venv, tmp_path_factory) -> tuple[Path, Path]:
     return serial, parallel
 
 
-def test_fan_out_gives_byte_identical_store(two_builds):
+def test_fan_out_gives_byte_identical_store(two_builds, repo):
     serial, parallel = two_builds
-    for dataset in ("smoke", "smoke-heldout"):
-        a = json.loads((serial / f"results/data/{dataset}/manifest.json").read_text())
-        b = json.loads((parallel / f"results/data/{dataset}/manifest.json").read_text())
+    dirs = smoke_datasets(repo)
+    for directory in dirs.values():
+        a = json.loads((serial / directory / "manifest.json").read_text())
+        b = json.loads((parallel / directory / "manifest.json").read_text())
         assert a["dataset_hash"] == b["dataset_hash"]
-        assert store_files(serial / f"results/data/{dataset}/store.zarr") == \
-            store_files(parallel / f"results/data/{dataset}/store.zarr")
-        assert (serial / f"results/data/{dataset}/manifest.json").read_bytes() == \
-            (parallel / f"results/data/{dataset}/manifest.json").read_bytes()
-    held = json.loads((serial / "results/data/smoke-heldout/manifest.json").read_text())
-    assert held["dataset_hash"] != json.loads((serial / "results/data/smoke/manifest.json").read_text())["dataset_hash"]
+        assert store_files(serial / directory / "store.zarr") == store_files(parallel / directory / "store.zarr")
+        assert (serial / directory / "manifest.json").read_bytes() == (parallel / directory / "manifest.json").read_bytes()
+    held = json.loads((serial / dirs["pendulum-heldout"] / "manifest.json").read_text())
+    assert held["dataset_hash"] != json.loads((serial / dirs["pendulum"] / "manifest.json").read_text())["dataset_hash"]
 
 
-def test_cli_info_and_verify(two_builds, env_with_venv, tmp_path):
+def test_cli_info_and_verify(two_builds, env_with_venv, tmp_path, repo):
     serial, _ = two_builds
-    dataset = serial / "results/data/smoke"
+    dataset = serial / smoke_datasets(repo)["pendulum"]
     info = subprocess.run(["worldpipe", "data", "info", str(dataset)], env=env_with_venv, capture_output=True,
                           text=True, timeout=120)
     assert info.returncode == 0, info.stderr

@@ -13,7 +13,8 @@ def test_default_pipeline_beats_repeat_last_observation(repo, env_with_venv, tmp
            str(repo / "workflow/profiles/workstation")]
     proc = subprocess.run(cmd, env=env_with_venv, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    metrics = json.loads((tmp_path / "results/runs/pendulum_rssm/eval/metrics.json").read_text())
+    (evaluation,) = (tmp_path / "results/runs/pendulum_rssm/latest/eval").iterdir()
+    metrics = json.loads((evaluation / "metrics.json").read_text())
     assert metrics["segments"] >= 100
     assert metrics["one_step_ratio"] < 1.0, metrics["one_step_ratio"]
     assert all(ratio < 1.0 for ratio in metrics["ratio"]), metrics["ratio"]

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline_project import plan_of
+from worldpipe import paths
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -24,26 +27,31 @@ def pipeline_dir(repo, env_with_venv, tmp_path_factory) -> Path:
     return workdir
 
 
-def test_outputs_exist(pipeline_dir):
+RUN = "results/runs/smoke/latest"  # the run the pipeline started last: here, the current config's
+
+
+def test_outputs_exist(pipeline_dir, repo):
+    datasets, runs = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    assert (pipeline_dir / RUN).resolve() == (pipeline_dir / runs["smoke"].dir).resolve()
     for rel in (
-        "results/data/smoke/store.zarr/zarr.json",
-        "results/data/smoke/manifest.json",
-        "results/data/smoke-heldout/manifest.json",
-        "results/runs/smoke/train_done.json",
-        "results/runs/smoke/checkpoints/latest",
-        "results/runs/smoke/eval/metrics.json",
-        "results/runs/smoke/eval/error_vs_horizon.png",
-        "results/runs/smoke/eval/loss_curve.png",
+        f"{datasets['pendulum'].dir}/store.zarr/zarr.json",
+        f"{datasets['pendulum'].dir}/manifest.json",
+        f"{datasets['pendulum-heldout'].dir}/manifest.json",
+        "results/runs/smoke/latest/train_done.json",
+        "results/runs/smoke/latest/checkpoints/latest",
+        f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/metrics.json",
+        f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/error_vs_horizon.png",
+        f"{RUN}/loss_curve.png",
         "results/mlflow.db",
     ):
         assert (pipeline_dir / rel).exists(), rel
-    metrics = json.loads((pipeline_dir / "results/runs/smoke/eval/metrics.json").read_text())
+    metrics = json.loads(next((pipeline_dir / RUN / "eval").glob("*/metrics.json")).read_text())
     assert len(metrics["model_mse"]) == metrics["horizon"] == 8
     assert metrics["one_step_ratio"] > 0
 
 
 def test_checkpoint_manifest_lists_every_file_with_sha256(pipeline_dir):
-    ckpt_root = pipeline_dir / "results/runs/smoke/checkpoints"
+    ckpt_root = pipeline_dir / "results/runs/smoke/latest/checkpoints"
     step_dir = ckpt_root / (ckpt_root / "latest").read_text().strip()
     manifest = json.loads((step_dir / "MANIFEST.json").read_text())
     listed = {entry["path"]: entry for entry in manifest["files"]}
@@ -60,7 +68,7 @@ def test_mlflow_run_has_every_config_key(pipeline_dir, tmp_path):
 
     from worldpipe.config import flatten
 
-    record = json.loads((pipeline_dir / "results/runs/smoke/train_done.json").read_text())
+    record = json.loads((pipeline_dir / "results/runs/smoke/latest/train_done.json").read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")
     run = client.get_run(record["mlflow_run_id"])
     assert run.info.status == "FINISHED"

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 from localslurm import ClusterUnavailable, LocalSlurmCluster
-from pipeline_runs import RUN_DIR, SMOKE, TRAIN_DONE, WORKSTATION_ARGS, digest, failure_report, run_snakemake
+from pipeline_runs import (
+    RUN_DIR,
+    SMOKE,
+    WORKSTATION_ARGS,
+    digest,
+    failure_report,
+    run_snakemake,
+    smoke_target,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +43,6 @@ def slurm_cluster(request, tmp_path_factory) -> LocalSlurmCluster:
 def workstation_smoke(env_with_venv, tmp_path_factory) -> tuple[Path, str]:
     """The smoke config trained on this machine (local executor): (working directory, checkpoint digest)."""
     workdir = tmp_path_factory.mktemp("workstation_smoke")
-    proc = run_snakemake(workdir, env_with_venv, [SMOKE], *WORKSTATION_ARGS, TRAIN_DONE)
+    proc = run_snakemake(workdir, env_with_venv, [SMOKE], *WORKSTATION_ARGS, smoke_target([SMOKE]))
     assert proc.returncode == 0, failure_report(proc.stdout + proc.stderr, workdir)
     return workdir, digest(workdir / RUN_DIR, env_with_venv)

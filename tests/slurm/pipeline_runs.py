@@ -10,8 +10,10 @@ from localslurm import run
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "conf/pipeline/smoke.yaml"
-TRAIN_DONE = "results/runs/smoke/train_done.json"
-RUN_DIR = "results/runs/smoke"
+# The run the pipeline started last (a symlink to its config-hash directory); a Snakemake target needs the
+# hash directory itself: smoke_target().
+RUN_DIR = "results/runs/smoke/latest"
+TRAIN_DONE = f"{RUN_DIR}/train_done.json"
 # Two SLURM jobs at a time on two cores; first status check after 2 s (squeue needs MinJobAge >= 3 x this).
 SLURM_ARGS = ("--profile", str(REPO / "workflow/profiles/slurm"), "--jobs", "2",
               "--slurm-init-seconds-before-status-checks", "2", "--slurm-keep-successful-logs")
@@ -37,6 +39,29 @@ def start_snakemake(workdir: Path, env: dict, configfiles: list[Path], *args: st
                                 stderr=subprocess.STDOUT)
     finally:
         out.close()
+
+
+def smoke_target(configfiles: list[Path]) -> str:
+    """The completion record of the smoke experiment's run under these config files (merged key by key)."""
+    from snakemake.utils import update_config
+
+    from worldpipe.pipeline import plan
+
+    config: dict = {}
+    for path in configfiles:
+        update_config(config, yaml.safe_load(Path(path).read_text()))
+    return f"{plan(config, REPO / 'conf')[1]['smoke'].dir}/train_done.json"
+
+
+def train_log(workdir: Path) -> Path:
+    """The training log of the newest smoke run (logs/train_model/smoke-<run-hash>.log)."""
+    logs = sorted((workdir / "logs/train_model").glob("smoke-*.log"), key=lambda p: p.stat().st_mtime)
+    return logs[-1] if logs else workdir / "logs/train_model/smoke.log"
+
+
+def smoke_dataset(workdir: Path) -> Path:
+    """The smoke pipeline's training dataset directory (results/data/pendulum/<spec-hash>)."""
+    return next((workdir / "results/data/pendulum").glob("*/manifest.json")).parent
 
 
 def overlay_config(path: Path, **sections) -> Path:
@@ -76,9 +101,9 @@ def failure_report(proc_output: str, workdir: Path, cluster=None) -> str:
     parts = [proc_output[-6000:]]
     for log in sorted(workdir.glob(".snakemake/slurm_logs/**/*.log"))[-4:]:
         parts.append(f"--- {log.relative_to(workdir)}\n{log.read_text(errors='replace')[-3000:]}")
-    train_log = workdir / "logs/train_model/smoke.log"
-    if train_log.exists():
-        parts.append(f"--- {train_log.relative_to(workdir)}\n{train_log.read_text(errors='replace')[-4000:]}")
+    log = train_log(workdir)
+    if log.exists():
+        parts.append(f"--- {log.relative_to(workdir)}\n{log.read_text(errors='replace')[-4000:]}")
     if cluster is not None:
         parts.append(cluster.logs_tail(1500))
     return "\n".join(parts)

@@ -7,7 +7,17 @@ import json
 import re
 
 import pytest
-from pipeline_runs import RUN_DIR, SLURM_ARGS, SMOKE, digest, failure_report, run_snakemake, slurm_jobs
+from pipeline_runs import (
+    RUN_DIR,
+    SLURM_ARGS,
+    SMOKE,
+    digest,
+    failure_report,
+    run_snakemake,
+    slurm_jobs,
+    smoke_dataset,
+    train_log,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -23,12 +33,13 @@ def slurm_smoke(slurm_cluster, env_with_venv, tmp_path_factory):
 
 
 def test_outputs(slurm_smoke):
-    for rel in ("results/data/smoke/manifest.json", "results/data/smoke-heldout/manifest.json",
-                "results/runs/smoke/train_done.json", "results/runs/smoke/checkpoints/latest",
-                "results/runs/smoke/eval/metrics.json", "results/runs/smoke/eval/error_vs_horizon.png",
-                "results/runs/smoke/eval/loss_curve.png", "results/mlflow.db"):
+    assert (smoke_dataset(slurm_smoke) / "store.zarr").is_dir()
+    assert list((slurm_smoke / "results/data/pendulum-heldout").glob("*/manifest.json"))
+    (evaluation,) = (slurm_smoke / RUN_DIR / "eval").iterdir()
+    for rel in (f"{RUN_DIR}/train_done.json", f"{RUN_DIR}/checkpoints/latest", f"{RUN_DIR}/loss_curve.png",
+                f"{evaluation}/metrics.json", f"{evaluation}/error_vs_horizon.png", "results/mlflow.db"):
         assert (slurm_smoke / rel).exists(), rel
-    record = json.loads((slurm_smoke / "results/runs/smoke/train_done.json").read_text())
+    record = json.loads((slurm_smoke / RUN_DIR / "train_done.json").read_text())
     assert record["final_step"] == record["target_steps"] == 40
     assert record["world_size"] == 2
 
@@ -42,7 +53,7 @@ def test_every_rule_ran_as_a_slurm_job(slurm_smoke):
 
 def test_training_was_its_own_job_step(slurm_smoke):
     (job_id, _), = slurm_jobs("train_model")
-    log = (slurm_smoke / "logs/train_model/smoke.log").read_text()
+    log = train_log(slurm_smoke).read_text()
     match = re.search(r"launch_training: job (\d+), training step on 1 node\(s\), 2 CPUs per node, "
                       r"rendezvous standalone", log)
     assert match, log[-3000:]

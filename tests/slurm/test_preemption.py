@@ -27,7 +27,10 @@ from pipeline_runs import (
     latest_step,
     overlay_config,
     slurm_jobs,
+    smoke_dataset,
+    smoke_target,
     start_snakemake,
+    train_log,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -58,7 +61,7 @@ def preempted_run(slurm_cluster, env_with_venv, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("preempted")
     overlay = overlay_config(workdir / "long.yaml", train=TRAIN)
     run_dir = workdir / RUN_DIR
-    proc = start_snakemake(workdir, env_with_venv, [SMOKE, overlay], *SLURM_ARGS, TRAIN_DONE)
+    proc = start_snakemake(workdir, env_with_venv, [SMOKE, overlay], *SLURM_ARGS, smoke_target([SMOKE, overlay]))
     events = {}
     try:
         # 1. warning signal, once the first checkpoint is published
@@ -99,8 +102,8 @@ def uninterrupted(preempted_run, env_with_venv):
     ref.mkdir()
     subprocess.run(
         ["worldpipe", "train", "experiment=smoke", f"run_dir={ref}",
-         f"data.store={workdir}/results/data/smoke/store.zarr",
-         f"data.manifest={workdir}/results/data/smoke/manifest.json",
+         f"data.store={smoke_dataset(workdir)}/store.zarr",
+         f"data.manifest={smoke_dataset(workdir)}/manifest.json",
          "parallel.nproc_per_node=2", "parallel.nnodes=1", f"tracking.uri=sqlite:///{ref}/mlflow.db",
          "trainer.progress_bar=false", *TRAIN["overrides"]],
         env=env_with_venv, check=True, capture_output=True, timeout=600, cwd=ref,  # MLflow artifacts: ./mlruns
@@ -116,8 +119,9 @@ def test_both_interruptions_checkpointed_and_resumed(preempted_run):
     assert events["final_state"] == "COMPLETED"
     assert not (workdir / RUN_DIR / "PREEMPTED").exists()
     # Snakemake empties a rule's log when it starts the rule again: the last attempt's log remains.
-    log = (workdir / "logs/train_model/smoke.log").read_text(errors="replace")
-    assert f"resumed from results/runs/smoke/checkpoints step {requeue_step} " in log, log[-3000:]
+    log = train_log(workdir).read_text(errors="replace")
+    run_hash = (workdir / RUN_DIR).resolve().name
+    assert f"resumed from results/runs/smoke/{run_hash}/checkpoints step {requeue_step} " in log, log[-3000:]
     # the failed first job's log, shown by Snakemake (show-failed-logs)
     shown = (workdir / "snakemake.out").read_text(errors="replace")
     assert re.search(rf"preempted by signal ({int(SIGUSR1)}|{int(SIGTERM)}): checkpoint at step {signal_step} published", shown)

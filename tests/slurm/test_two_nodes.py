@@ -20,6 +20,8 @@ from pipeline_runs import (
     overlay_config,
     run_snakemake,
     slurm_jobs,
+    smoke_target,
+    train_log,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -32,7 +34,7 @@ def two_node_run(slurm_cluster, env_with_venv, tmp_path_factory):
     assert set(slurm_cluster.node_states()) == set(SLURM_NODES)
     workdir = tmp_path_factory.mktemp("two_nodes")
     overlay = overlay_config(workdir / "two_nodes.yaml", train={"nproc_per_node": 1, "nnodes": 2, "overrides": []})
-    proc = run_snakemake(workdir, env_with_venv, [SMOKE, overlay], *SLURM_ARGS, TRAIN_DONE)
+    proc = run_snakemake(workdir, env_with_venv, [SMOKE, overlay], *SLURM_ARGS, smoke_target([SMOKE, overlay]))
     assert proc.returncode == 0, failure_report(proc.stdout + proc.stderr, workdir, slurm_cluster)
     return workdir
 
@@ -42,7 +44,7 @@ def test_one_job_spanning_both_nodes(two_node_run):
     assert state == "COMPLETED"
     assert job_field(job_id, "NumNodes") == "2"
     assert job_field(job_id, "NodeList") == "wp[1-2]"
-    log = (two_node_run / "logs/train_model/smoke.log").read_text(errors="replace")
+    log = train_log(two_node_run).read_text(errors="replace")
     assert re.search(rf"launch_training: job {job_id}, training step on 2 node\(s\), 1 CPUs per node, "
                      r"rendezvous 127\.0\.0\.1:\d+", log), log[-3000:]
 

@@ -1,45 +1,132 @@
-# Helpers shared by the rules: dataset specs, shard partitions, paths. No rules here.
+# The plan the rules are built from, and helpers shared by the rules. No rules here.
+#
+# Parse time: every experiment's Hydra config is composed from this checkout's conf/ with the pipeline's
+# overrides (worldpipe.pipeline); its run directory is named by the hash of that resolved config and of its
+# dataset's spec, and each dataset directory by the hash of its spec (worldpipe.paths). Editing conf/ or the
+# pipeline config therefore names new directories for exactly the experiments it changes.
 import json
 import math
 import os
+import re
+import shlex
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+from worldpipe import paths
+from worldpipe.pipeline import PipelineError, launch_overrides, plan, training_settings
+from worldpipe.preflight import validate_pipeline_experiments
+
+# Every experiment's training config (with train.overrides) is composed and validated now, while the Snakefile
+# is parsed: a bad value stops the pipeline before the data stages run.
+validate_pipeline_experiments(config)
+
+CONF_DIR = os.path.join(workflow.basedir, "conf")
+PATHS = paths.layout(Path(CONF_DIR))
+RESULTS, DATA, RUNS, LOGS, RULE_BENCHMARKS = (
+    PATHS[key] for key in ("results", "data", "runs", "logs", "rule_benchmarks")
+)
+try:
+    DATASETS, RUNS_PLANNED = plan(config, Path(CONF_DIR))
+except PipelineError as err:
+    raise WorkflowError(f"pipeline config: {err}") from None
+
+HASH_PATTERN = f"[0-9a-f]{{{paths.HASH_CHARS}}}"
 
 
-def dataset_spec(dataset):
-    """Generation spec of a dataset wildcard: the configured dataset or its held-out sibling."""
-    spec = dict(config["dataset"])
-    if dataset == spec["name"]:
-        return spec
-    if dataset == f"{spec['name']}-heldout":
-        spec.update(name=dataset, episodes=config["heldout"]["episodes"], seed=config["heldout"]["seed"])
-        return spec
-    raise ValueError(f"unknown dataset {dataset!r}: expected {spec['name']!r} or its -heldout")
+wildcard_constraints:
+    dataset="|".join(re.escape(name) for name in sorted(DATASETS)),
+    spec_hash=HASH_PATTERN,
+    run_hash=HASH_PATTERN,
+    eval_hash=HASH_PATTERN,
+    experiment="|".join(re.escape(name) for name in sorted(RUNS_PLANNED)),
+
+
+def dataset_of(wildcards):
+    """The declared dataset a {dataset}/{spec_hash} target stands for; only the current spec is built."""
+    dataset = DATASETS[wildcards.dataset]
+    if paths.short(dataset.spec_hash) != wildcards.spec_hash:
+        raise WorkflowError(
+            f"{DATA}/{wildcards.dataset}/{wildcards.spec_hash} is not the current spec of {wildcards.dataset} "
+            f"({paths.short(dataset.spec_hash)}): earlier datasets are kept, not rebuilt"
+        )
+    return dataset
+
+
+def run_of(wildcards):
+    """The planned run a {experiment}/{run_hash} target stands for; only the current config's run trains."""
+    run = RUNS_PLANNED[wildcards.experiment]
+    if paths.short(run.run_hash) != wildcards.run_hash:
+        raise WorkflowError(
+            f"{RUNS}/{wildcards.experiment}/{wildcards.run_hash} is not the current config's run of "
+            f"{wildcards.experiment} ({paths.short(run.run_hash)}): earlier runs are kept, not retrained"
+        )
+    return run
+
+
+def dataset_file(rule_output, dataset):
+    """A data rule's output pattern filled in for one dataset."""
+    return rule_output.format(dataset=dataset.name, spec_hash=paths.short(dataset.spec_hash))
+
+
+def run_file(rule_output, run):
+    """A run rule's output pattern filled in for one planned run (and its current evaluation)."""
+    return rule_output.format(
+        experiment=run.experiment, run_hash=paths.short(run.run_hash), eval_hash=paths.short(run.eval_hash)
+    )
 
 
 def spec_json(wildcards):
-    return json.dumps(dataset_spec(wildcards.dataset), sort_keys=True)
+    return json.dumps(dataset_of(wildcards).spec, sort_keys=True)
 
 
 def shard_parts(dataset):
     """Shard ranges [start, stop) simulated by separate jobs; the bytes do not depend on this split."""
-    spec = dataset_spec(dataset)
+    spec = dataset.spec
     shards = math.ceil(spec["episodes"] / spec["episodes_per_shard"])
     parts = min(config["simulate_jobs"], shards)
     return [(p * shards // parts, (p + 1) * shards // parts) for p in range(parts)]
 
 
-def part_records(wildcards):
-    count = len(shard_parts(wildcards.dataset))
-    return [f"results/data/{wildcards.dataset}/parts/part-{p:03d}.json" for p in range(count)]
-
-
 def shard_range(wildcards):
-    start, stop = shard_parts(wildcards.dataset)[int(wildcards.part)]
+    start, stop = shard_parts(dataset_of(wildcards))[int(wildcards.part)]
     return f"{start}:{stop}"
 
 
+# Input functions (evaluated when the DAG is built, after every rule is defined).
+def part_records(wildcards):
+    count = len(shard_parts(dataset_of(wildcards)))
+    return expand(rules.simulate_episodes.output.record, dataset=wildcards.dataset, spec_hash=wildcards.spec_hash,
+                  part=range(count))
+
+
+def training_data(wildcards):
+    dataset = run_of(wildcards).dataset
+    return {
+        "manifest": dataset_file(rules.seal_dataset.output.manifest, dataset),
+        "store": dataset_file(rules.init_store.output.store, dataset),
+    }
+
+
+def heldout_manifest(wildcards):
+    """The held-out manifest of a run's current evaluation (an earlier evaluation is kept, not redone)."""
+    run = run_of(wildcards)
+    if paths.short(run.eval_hash) != wildcards.eval_hash:
+        raise WorkflowError(
+            f"eval/{wildcards.eval_hash} of {run.dir} is not the current evaluation ({paths.short(run.eval_hash)})"
+        )
+    return dataset_file(rules.seal_dataset.output.manifest, run.heldout)
+
+
 def tracking_uri():
+    """The pipeline's tracking_uri, else $MLFLOW_TRACKING_URI, else the default of worldpipe.paths."""
     uri = config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
-    return uri or f"sqlite:///{os.path.abspath('results/mlflow.db')}"
+    return uri or paths.default_tracking_uri(Path(CONF_DIR))
+
+
+def training_argv(wildcards):
+    """The Hydra overrides that make a run (fixed by its hash), each quoted for the shell."""
+    return " ".join(shlex.quote(item) for item in launch_overrides(run_of(wildcards)))
 
 
 def rule_resources(rule_name):
@@ -70,6 +157,15 @@ def training_resources():
     return plain | {"nodes": nodes, "tasks": nodes, "mpi": "", "slurm_extra": " ".join(extra)}
 
 
-LAUNCH_TRAINING = os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh")
-TRAIN_DATASET = config["dataset"]["name"]
-HELDOUT_DATASET = f"{TRAIN_DATASET}-heldout"
+# Jobs inherit these (and a SLURM job sets them again when it reads this file). They are not parameters of the
+# rules, whose changes make Snakemake remake outputs: moving the checkout must not retrain anything, and neither
+# must a resume-safe setting (world size, tracking URI, log cadence: worldpipe.pipeline.training_settings), which
+# is not part of a run's identity. WORLDPIPE_CONF_DIR makes the jobs, and training, read the conf/ tree beside
+# this Snakefile, the one the run hashes come from.
+os.environ.update(
+    {
+        paths.CONF_DIR_ENV: CONF_DIR,
+        "WORLDPIPE_LAUNCH_TRAINING": os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh"),
+        "WORLDPIPE_TRAINING_SETTINGS": shlex.join(training_settings(config, tracking_uri())),
+    }
+)

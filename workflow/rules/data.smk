@@ -1,42 +1,45 @@
-# Episodes -> zarr v3 shards -> manifest. Fan out one job per shard range, fan in to seal.
+# Episodes -> zarr v3 shards -> manifest, in <data>/<dataset>/<spec-hash>/. Fan out one job per shard range,
+# fan in to seal. A changed spec is a new directory beside the old one.
 
 
 rule init_store:
     output:
-        record="results/data/{dataset}/parts/init.json",
+        store=directory(f"{DATA}/{{dataset}}/{{spec_hash}}/{paths.STORE_NAME}"),
+        record=f"{DATA}/{{dataset}}/{{spec_hash}}/parts/init.json",
     params:
         spec=spec_json,
-        store="results/data/{dataset}/store.zarr",
     conda:
         "../envs/worldpipe.yaml"
     resources:
         **rule_resources("init_store"),
     log:
-        "logs/init_store/{dataset}.log",
+        f"{LOGS}/init_store/{{dataset}}-{{spec_hash}}.log",
     benchmark:
-        "benchmarks/rules/init_store/{dataset}.tsv"
+        f"{RULE_BENCHMARKS}/init_store/{{dataset}}-{{spec_hash}}.tsv"
     shell:
-        "(rm -rf {params.store} && worldpipe data init --spec {params.spec:q} --store {params.store}"
+        "(worldpipe data init --spec {params.spec:q} --store {output.store}"
         " && echo {params.spec:q} > {output.record}) > {log} 2>&1"
 
 
 rule simulate_episodes:
+    # The store is a parameter, not an input: every part job writes shards into it, so its newest file is
+    # younger than the parts finished first, which an input's modification time would count as a change.
     input:
-        init="results/data/{dataset}/parts/init.json",
+        init=rules.init_store.output.record,
     output:
-        record="results/data/{dataset}/parts/part-{part}.json",
+        record=f"{DATA}/{{dataset}}/{{spec_hash}}/parts/part-{{part}}.json",
     params:
+        store=rules.init_store.output.store,
         spec=spec_json,
-        store="results/data/{dataset}/store.zarr",
         shards=shard_range,
     conda:
         "../envs/worldpipe.yaml"
     resources:
         **rule_resources("simulate_episodes"),
     log:
-        "logs/simulate_episodes/{dataset}-{part}.log",
+        f"{LOGS}/simulate_episodes/{{dataset}}-{{spec_hash}}-{{part}}.log",
     benchmark:
-        "benchmarks/rules/simulate_episodes/{dataset}-{part}.tsv"
+        f"{RULE_BENCHMARKS}/simulate_episodes/{{dataset}}-{{spec_hash}}-{{part}}.tsv"
     shell:
         "worldpipe data write --spec {params.spec:q} --store {params.store} --shards {params.shards}"
         " > {output.record} 2> {log}"
@@ -46,16 +49,16 @@ rule seal_dataset:
     input:
         parts=part_records,
     output:
-        manifest="results/data/{dataset}/manifest.json",
+        manifest=f"{DATA}/{{dataset}}/{{spec_hash}}/{paths.MANIFEST_NAME}",
     params:
-        store="results/data/{dataset}/store.zarr",
+        store=rules.init_store.output.store,
     conda:
         "../envs/worldpipe.yaml"
     resources:
         **rule_resources("seal_dataset"),
     log:
-        "logs/seal_dataset/{dataset}.log",
+        f"{LOGS}/seal_dataset/{{dataset}}-{{spec_hash}}.log",
     benchmark:
-        "benchmarks/rules/seal_dataset/{dataset}.tsv"
+        f"{RULE_BENCHMARKS}/seal_dataset/{{dataset}}-{{spec_hash}}.tsv"
     shell:
         "worldpipe data seal --store {params.store} --manifest {output.manifest} > {log} 2>&1"

@@ -1,20 +1,22 @@
-# Imagination rollouts on held-out episodes, and the figures of the report.
+# Imagination rollouts on the held-out sibling of each run's dataset, and the figures of the report. Evaluations
+# land in eval/<eval-hash>/ (held-out spec, context, horizon), so changing them adds one beside the earlier.
 
 
 rule evaluate_model:
     input:
-        done="results/runs/{experiment}/train_done.json",
-        manifest=f"results/data/{HELDOUT_DATASET}/manifest.json",
+        done=rules.train_model.output.done,
+        manifest=heldout_manifest,
     output:
-        metrics="results/runs/{experiment}/eval/metrics.json",
+        metrics=f"{RUNS}/{{experiment}}/{{run_hash}}/eval/{{eval_hash}}/metrics.json",
         plot=report(
-            "results/runs/{experiment}/eval/error_vs_horizon.png",
+            f"{RUNS}/{{experiment}}/{{run_hash}}/eval/{{eval_hash}}/error_vs_horizon.png",
             caption="../report/error_vs_horizon.rst",
             category="Evaluation",
+            subcategory="{experiment}",
         ),
     params:
-        store=f"results/data/{HELDOUT_DATASET}/store.zarr",
-        checkpoints="results/runs/{experiment}/checkpoints",
+        store=lambda wildcards: dataset_file(rules.init_store.output.store, run_of(wildcards).heldout),
+        checkpoints=lambda wildcards, input: os.path.join(os.path.dirname(input.done), "checkpoints"),
         context=config["evaluate"]["context"],
         horizon=config["evaluate"]["horizon"],
     conda:
@@ -22,9 +24,9 @@ rule evaluate_model:
     resources:
         **rule_resources("evaluate_model"),
     log:
-        "logs/evaluate_model/{experiment}.log",
+        f"{LOGS}/evaluate_model/{{experiment}}-{{run_hash}}-{{eval_hash}}.log",
     benchmark:
-        "benchmarks/rules/evaluate_model/{experiment}.tsv"
+        f"{RULE_BENCHMARKS}/evaluate_model/{{experiment}}-{{run_hash}}-{{eval_hash}}.tsv"
     shell:
         "worldpipe evaluate --checkpoints {params.checkpoints} --store {params.store} --manifest {input.manifest}"
         " --context {params.context} --horizon {params.horizon} --out {output.metrics} --plot {output.plot}"
@@ -33,12 +35,13 @@ rule evaluate_model:
 
 rule plot_loss_curve:
     input:
-        done="results/runs/{experiment}/train_done.json",
+        done=rules.train_model.output.done,
     output:
         plot=report(
-            "results/runs/{experiment}/eval/loss_curve.png",
+            f"{RUNS}/{{experiment}}/{{run_hash}}/loss_curve.png",
             caption="../report/loss_curve.rst",
             category="Training",
+            subcategory="{experiment}",
         ),
     params:
         tracking=tracking_uri(),
@@ -47,8 +50,8 @@ rule plot_loss_curve:
     resources:
         **rule_resources("plot_loss_curve"),
     log:
-        "logs/plot_loss_curve/{experiment}.log",
+        f"{LOGS}/plot_loss_curve/{{experiment}}-{{run_hash}}.log",
     benchmark:
-        "benchmarks/rules/plot_loss_curve/{experiment}.tsv"
+        f"{RULE_BENCHMARKS}/plot_loss_curve/{{experiment}}-{{run_hash}}.tsv"
     script:
         "../scripts/plot_loss_curve.py"

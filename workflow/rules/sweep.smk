@@ -1,14 +1,31 @@
 # Sweeps (config `sweep`, see src/worldpipe/sweep.py): one training + one evaluation job per point, each in its own
-# run directory results/sweeps/<name>/<point>/ and MLflow run, nested under the sweep's parent run; then a
-# comparison table and plot of all points.
+# run directory <results>/sweeps/<name>/<point>/ and MLflow run, nested under the sweep's parent run; then a
+# comparison table and plot of all points. Every point trains on the dataset of the sweep's base experiment.
 import json
 import re
+import shlex
 
+from worldpipe.pipeline import identity_overrides, plan_run
 from worldpipe.sweep import expand_sweep, sweep_dir
 
 SWEEP = config.get("sweep") or {}
 SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}
-SWEEP_DIR = sweep_dir(SWEEP)
+SWEEP_DIR = sweep_dir(SWEEP, RESULTS)
+SWEEP_NAME = SWEEP.get("name", "none")
+try:
+    SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
+except PipelineError as err:
+    raise WorkflowError(f"pipeline config: sweep: {err}") from None
+SWEEP_DATA = (
+    {
+        "manifest": dataset_file(rules.seal_dataset.output.manifest, SWEEP_BASE.dataset),
+        "store": dataset_file(rules.init_store.output.store, SWEEP_BASE.dataset),
+        "heldout_manifest": dataset_file(rules.seal_dataset.output.manifest, SWEEP_BASE.heldout),
+        "heldout_store": dataset_file(rules.init_store.output.store, SWEEP_BASE.heldout),
+    }
+    if SWEEP
+    else {}
+)
 
 
 wildcard_constraints:
@@ -26,9 +43,9 @@ rule open_sweep:
     resources:
         **rule_resources("open_sweep"),
     log:
-        f"logs/open_sweep/{SWEEP.get('name', 'none')}.log",
+        f"{LOGS}/open_sweep/{SWEEP_NAME}.log",
     benchmark:
-        f"benchmarks/rules/open_sweep/{SWEEP.get('name', 'none')}.tsv"
+        f"{RULE_BENCHMARKS}/open_sweep/{SWEEP_NAME}.tsv"
     shell:
         "worldpipe sweep open --sweep-json {params.sweep:q} --tracking-uri {params.tracking:q}"
         " --out {output.parent} > {log} 2>&1"
@@ -36,49 +53,47 @@ rule open_sweep:
 
 rule train_sweep_point:
     input:
-        manifest=f"results/data/{TRAIN_DATASET}/manifest.json",
+        manifest=SWEEP_DATA.get("manifest", []),
+        store=SWEEP_DATA.get("store", []),
     output:
-        done=f"{SWEEP_DIR}/{{point}}/train_done.json",
+        done=f"{SWEEP_DIR}/{{point}}/{paths.COMPLETION_RECORD}",
     params:
-        store=f"results/data/{TRAIN_DATASET}/store.zarr",
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
-        experiment=SWEEP.get("experiment"),
-        run_name=lambda wildcards: SWEEP_POINTS[wildcards.point].run_name(SWEEP["name"]),
-        point=lambda wildcards: " ".join(SWEEP_POINTS[wildcards.point].overrides),
-        nproc=config["train"]["nproc_per_node"],
-        nnodes=config["train"].get("nnodes", 1),
-        tracking=tracking_uri(),
+        run_name=lambda wildcards: SWEEP_POINTS[wildcards.point].run_name(SWEEP_NAME),
+        # the base experiment and the pipeline's identity overrides, then the point's values
+        overrides=lambda wildcards: shlex.join(
+            [*identity_overrides(config, SWEEP["experiment"]), *SWEEP_POINTS[wildcards.point].overrides]
+        ),
         mlflow_experiment=SWEEP.get("mlflow_experiment", "worldpipe"),
-        overrides=" ".join(config["train"].get("overrides", [])),
-        launcher=LAUNCH_TRAINING,
     threads: config["train"]["nproc_per_node"]
     resources:
         **training_resources(),
     conda:
         "../envs/worldpipe.yaml"
     log:
-        f"logs/train_sweep_point/{SWEEP.get('name', 'none')}/{{point}}.log",
+        f"{LOGS}/train_sweep_point/{SWEEP_NAME}/{{point}}.log",
     benchmark:
-        f"benchmarks/rules/train_sweep_point/{SWEEP.get('name', 'none')}/{{point}}.tsv"
+        f"{RULE_BENCHMARKS}/train_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
     shell:
-        "WORLDPIPE_RULE=train_sweep_point WORLDPIPE_JOB={wildcards.point:q}"
-        " bash {params.launcher}"
-        " experiment={params.experiment} experiment_name={params.run_name:q} run_dir={params.run_dir:q}"
-        " data.store={params.store} data.manifest={input.manifest} parallel.nproc_per_node={params.nproc}"
-        " parallel.nnodes={params.nnodes} tracking.uri={params.tracking:q}"
-        " tracking.experiment={params.mlflow_experiment:q} {params.overrides} {params.point} >> {log} 2>&1"
+        """
+        eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # resume-safe settings, shell-quoted in common.smk
+        WORLDPIPE_RULE=train_sweep_point WORLDPIPE_JOB={wildcards.point:q} \
+            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} experiment_name={params.run_name:q} \
+            run_dir={params.run_dir:q} data.store={input.store} data.manifest={input.manifest} \
+            tracking.experiment={params.mlflow_experiment:q} "${{settings[@]}}" > {log} 2>&1
+        """
 
 
 rule evaluate_sweep_point:
     input:
         done=f"{SWEEP_DIR}/{{point}}/train_done.json",
         parent=f"{SWEEP_DIR}/parent.json",
-        manifest=f"results/data/{HELDOUT_DATASET}/manifest.json",
+        manifest=SWEEP_DATA.get("heldout_manifest", []),
     output:
         metrics=f"{SWEEP_DIR}/{{point}}/eval/metrics.json",
         plot=f"{SWEEP_DIR}/{{point}}/eval/error_vs_horizon.png",
     params:
-        store=f"results/data/{HELDOUT_DATASET}/store.zarr",
+        store=SWEEP_DATA.get("heldout_store"),
         checkpoints=lambda wildcards, input: os.path.join(os.path.dirname(input.done), "checkpoints"),
         values=lambda wildcards: json.dumps(SWEEP_POINTS[wildcards.point].as_dict(), sort_keys=True),
         context=config["evaluate"]["context"],
@@ -89,9 +104,9 @@ rule evaluate_sweep_point:
     resources:
         **rule_resources("evaluate_model"),
     log:
-        f"logs/evaluate_sweep_point/{SWEEP.get('name', 'none')}/{{point}}.log",
+        f"{LOGS}/evaluate_sweep_point/{SWEEP_NAME}/{{point}}.log",
     benchmark:
-        f"benchmarks/rules/evaluate_sweep_point/{SWEEP.get('name', 'none')}/{{point}}.tsv"
+        f"{RULE_BENCHMARKS}/evaluate_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
     shell:
         "(worldpipe sweep link --parent {input.parent} --done {input.done:q} --point {wildcards.point:q}"
         " --values-json {params.values:q} --tracking-uri {params.tracking:q}"
@@ -114,9 +129,9 @@ rule compare_sweep:
     resources:
         **rule_resources("compare_sweep"),
     log:
-        f"logs/compare_sweep/{SWEEP.get('name', 'none')}.log",
+        f"{LOGS}/compare_sweep/{SWEEP_NAME}.log",
     benchmark:
-        f"benchmarks/rules/compare_sweep/{SWEEP.get('name', 'none')}.tsv"
+        f"{RULE_BENCHMARKS}/compare_sweep/{SWEEP_NAME}.tsv"
     shell:
         "worldpipe compare {input.parent} --tracking-uri {params.tracking:q} --plot {output.plot}"
         " --out {output.table} > {log} 2>&1"

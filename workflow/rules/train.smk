@@ -1,20 +1,20 @@
-# Training under torchrun. Only the completion record is a declared output: the checkpoint directory beside
-# it survives a failed or preempted job, and the next invocation resumes from it.
+# Training under torchrun, into <runs>/<experiment>/<run-hash>/ (the hash of the resolved config and dataset
+# spec, see common.smk). Only the completion record is a declared output: the checkpoint directory beside it
+# survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` checks the
+# directory is this config's, records the attempt and points <experiment>/latest at it; `runs end` records how
+# the attempt ended (for `worldpipe runs list`). The parameters are what makes the run (fixed by its hash); the
+# resume-safe settings, the conf/ tree and the launcher come from the environment (common.smk).
 
 
 rule train_model:
     input:
-        manifest=f"results/data/{TRAIN_DATASET}/manifest.json",
+        unpack(training_data),
     output:
-        done="results/runs/{experiment}/train_done.json",
+        done=f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.COMPLETION_RECORD}",
     params:
-        store=f"results/data/{TRAIN_DATASET}/store.zarr",
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
-        nproc=config["train"]["nproc_per_node"],
-        nnodes=config["train"].get("nnodes", 1),
-        tracking=tracking_uri(),
-        overrides=" ".join(config["train"].get("overrides", [])),
-        launcher=LAUNCH_TRAINING,
+        spec_hash=lambda wildcards: run_of(wildcards).dataset.spec_hash,
+        overrides=training_argv,
     threads: config["train"]["nproc_per_node"]
     # SLURM: one job of train.nnodes nodes, one task (one torchrun) per node. The `mpi` key makes the executor
     # plugin run this rule in the batch step, so launch_training.sh starts training as a job step of its own,
@@ -25,12 +25,17 @@ rule train_model:
     conda:
         "../envs/worldpipe.yaml"
     log:
-        "logs/train_model/{experiment}.log",
+        f"{LOGS}/train_model/{{experiment}}-{{run_hash}}.log",
     benchmark:
-        "benchmarks/rules/train_model/{experiment}.tsv"
+        f"{RULE_BENCHMARKS}/train_model/{{experiment}}-{{run_hash}}.tsv"
     shell:
-        "WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment}"
-        " bash {params.launcher}"
-        " experiment={wildcards.experiment} run_dir={params.run_dir} data.store={params.store}"
-        " data.manifest={input.manifest} parallel.nproc_per_node={params.nproc} parallel.nnodes={params.nnodes}"
-        " tracking.uri={params.tracking:q} {params.overrides} >> {log} 2>&1"
+        """
+        eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # shell-quoted by shlex.join in common.smk
+        worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} \
+            "${{settings[@]}}" > {log} 2>&1
+        code=0
+        WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment} \
+            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} "${{settings[@]}}" >> {log} 2>&1 || code=$?
+        worldpipe runs end {params.run_dir} --exit-code $code >> {log} 2>&1
+        exit $code
+        """

@@ -26,6 +26,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from worldpipe.paths import default_tracking_uri
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--disable-sync", "--hide-scrollbars"]
 EXIT_NO_CHROMIUM = 3
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         print(json.dumps({"error": "chromium is not installed (apt-get install chromium, or pass --install)"}))
         return EXIT_NO_CHROMIUM
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('results/mlflow.db').resolve()}"
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     server = None
     with tempfile.TemporaryDirectory(prefix="worldpipe-ui-") as tmp:
         try:

@@ -32,18 +32,9 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from worldpipe.config import ConfigError
     from worldpipe.launch import launch_training, main_env_endpoint
-    from worldpipe.resume import ResumeRefused
 
-    try:
-        return launch_training(args.overrides, main_env_endpoint())
-    except (ConfigError, ResumeRefused, HydraException, OmegaConfBaseException) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return launch_training(args.overrides, main_env_endpoint())
 
 
 def _evaluate(args) -> int:

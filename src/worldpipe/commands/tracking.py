@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from worldpipe.paths import COMPLETION_RECORD
+
 
 def register(sub) -> None:
     tracking = sub.add_parser("tracking", help="MLflow records of a run directory").add_subparsers(
@@ -75,7 +77,7 @@ def _sync(args) -> int:
     if report.error:
         print(f"error: tracking at {uri} failed: {report.error}", file=sys.stderr)
         return 1
-    done = Path(args.run_dir) / "train_done.json"
+    done = Path(args.run_dir) / COMPLETION_RECORD
     if report.run_id and done.exists():
         record = json.loads(done.read_text())
         if not record.get("mlflow_run_id"):  # trained while tracking was unreachable from the start

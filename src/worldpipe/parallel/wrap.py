@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -56,3 +58,17 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_st
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(unwrap(model), model_state, options=options)
     set_optimizer_state_dict(unwrap(model), optimizer, optim_state, options=options)
+
+
+def replica_digest(model: nn.Module, strategy: str) -> str | None:
+    """SHA-256 of this rank's replica of the parameters (None when parameters are sharded).
+
+    Replicas must agree bit for bit; the trainer records every rank's digest so this can be checked afterwards.
+    """
+    if strategy == "fsdp2":
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

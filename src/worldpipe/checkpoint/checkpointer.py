@@ -1,0 +1,191 @@
+"""The Checkpointer: the one owner of the state contract during training.
+
+The trainer hands it the run's stateful components (model, optimizer, scheduler, loader, progress, named RNG
+streams, identity); the Checkpointer decides when to save (``cfg.checkpoint``), assembles the state dict from the
+components (keys from :mod:`.layout`), publishes it through :class:`CheckpointManager`, and on resume loads the
+newest intact step and restores every component from it. What happens around a publication (journaling metrics,
+recording artifacts) is the caller's business, through a :class:`CheckpointListener`: this package never
+imports tracking code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from worldpipe.parallel.runtime import Runtime, broadcast_object, gather_objects
+from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state
+
+from . import layout
+from .digest import state_digest
+from .manager import CheckpointManager, checkpoint_digest
+from .state import capture_rng, restore_rng
+
+log = logging.getLogger("worldpipe.checkpoint")
+
+
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` / ``load_state_dict()`` (schedulers, loaders, :class:`Progress`)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class Progress:
+    """How far the run has come: optimizer steps, epochs, samples and valid tokens seen (global counts)."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The fields of ``layout.PROGRESS_FIELDS`` as plain ints."""
+        return {name: int(getattr(self, name)) for name in layout.PROGRESS_FIELDS}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Restore every field (missing ones stay as they are)."""
+        for name in layout.PROGRESS_FIELDS:
+            if name in state:
+                setattr(self, name, int(state[name]))
+
+
+@dataclass
+class TrainingComponents:
+    """Everything whose state the algorithm's future depends on, as live objects."""
+
+    model: torch.nn.Module  # possibly wrapped (DDP) or sharded (FSDP2)
+    optimizer: torch.optim.Optimizer
+    scheduler: Stateful | None
+    loader: Stateful  # owns the sampler: seed, epoch, cursor into the global order
+    progress: Progress
+    identity: dict[str, Any]
+    torch_generators: dict[str, torch.Generator] = field(default_factory=dict)
+
+
+class CheckpointListener(Protocol):
+    """Hooks around a publication (rank 0 only)."""
+
+    def before_publish(self, step: int) -> None:
+        """Called just before step ``step`` is handed to the store."""
+
+    def published(self, step: int, state: Mapping[str, Any], digest: str) -> Any:
+        """Called once the save call returned (async: snapshot taken); returns a token for :meth:`durable`."""
+
+    def durable(self, token: Any) -> None:
+        """Called once the checkpoint the token belongs to is durable."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume restored: the step and the identity recorded with it."""
+
+    step: int
+    identity: dict[str, Any]
+
+
+class Checkpointer:
+    """Saves and restores the training state of one run; collective calls run on every rank."""
+
+    def __init__(self, cfg: Mapping[str, Any], runtime: Runtime, components: TrainingComponents,
+                 listener: CheckpointListener | None = None) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.components = components
+        self.listener = listener
+        self.manager = CheckpointManager(cfg["dir"], keep_last=cfg["keep_last"], keep_every=cfg["keep_every"],
+                                         async_save=cfg["async_save"], verify=cfg["verify"])
+        self._undurable: list[Any] = []  # listener tokens of saves whose async publication may be in flight
+
+    # ---- cadence ----
+    def should_save(self, step: int, final: bool) -> bool:
+        """Every ``checkpoint.every`` steps, and always at the last step of a run (finished or preempted)."""
+        return final or step % self.cfg["every"] == 0
+
+    # ---- resume ----
+    def resume(self, check_identity: Callable[[dict, int], None]) -> Resumed | None:
+        """Restore every component from the newest intact checkpoint (None when there is none).
+
+        Rank 0 chooses the newest step that verifies and decodes (and reports skipped ones); every rank loads that step.
+        ``check_identity(identity, step)`` may refuse it by raising.
+        """
+        step = broadcast_object(self.runtime, self.manager.latest_loadable() if self.runtime.is_main else None)
+        if step is None:
+            return None
+        state = self.manager.load(step)
+        check_identity(state[layout.IDENTITY], step)
+        self.restore(state)
+        return Resumed(step, state[layout.IDENTITY])
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Load a state dict into the components (collective under FSDP2)."""
+        c = self.components
+        load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])
+        if c.scheduler is not None:
+            c.scheduler.load_state_dict(state[layout.SCHEDULER])
+        c.loader.load_state_dict(state[layout.SAMPLER])
+        c.progress.load_state_dict(state[layout.PROGRESS])
+        rng = state[layout.RNG]
+        # Per-rank streams restore to the same rank. On another world size ranks map to different data and the
+        # streams start fresh; noise that shapes the math is keyed by sample index, not by rank.
+        if len(rng) == self.runtime.world_size:
+            restore_rng(rng[self.runtime.rank], {}, c.torch_generators)
+
+    # ---- save ----
+    def capture(self) -> dict[str, Any] | None:
+        """The full state on rank 0 (None elsewhere); collective: every rank must call it."""
+        c = self.components
+        model_state = full_model_state(c.model)
+        optim_state = full_optimizer_state(c.model, c.optimizer)
+        rng = gather_objects(self.runtime, capture_rng({}, c.torch_generators))
+        if not self.runtime.is_main:
+            return None
+        return {
+            layout.MODEL: model_state,
+            layout.OPTIMIZER: optim_state,
+            layout.SCHEDULER: c.scheduler.state_dict() if c.scheduler is not None else None,
+            layout.SCALER: None,  # no AMP in this trainer: the contract stores only what the run uses
+            layout.EMA: None,
+            layout.PROGRESS: c.progress.state_dict(),
+            layout.SAMPLER: c.loader.state_dict(),
+            layout.RNG: rng,
+            layout.IDENTITY: c.identity,
+        }
+
+    def save(self, step: int, final: bool) -> str | None:
+        """Publish the current state as ``step``; returns its digest on rank 0 (None elsewhere).
+
+        Sync saves are durable on return. Async saves return once the snapshot is taken; their listener's
+        ``durable`` runs when the next save (or the final one, which waits) finds them published.
+        """
+        state = self.capture()
+        if state is None:
+            return None
+        if self.listener is not None:
+            self.listener.before_publish(step)
+        self.manager.save(step, state)
+        digest = state_digest(state)  # now, before the next step changes the live tensors
+        if self.listener is not None:
+            self._undurable.append(self.listener.published(step, state, digest))
+        wait = final or not self.cfg["async_save"]
+        if wait:
+            self.manager.wait()
+        durable = len(self._undurable) if wait else len(self._undurable) - 1
+        for token in self._undurable[:durable]:
+            self.listener.durable(token)
+        del self._undurable[:durable]
+        return digest
+
+    def digest(self, step: int) -> str:
+        """Digest of a published step (used when a run resumes at its final step and saves nothing)."""
+        return checkpoint_digest(self.cfg["dir"], step)
+
+    def close(self) -> None:
+        """Wait for an in-flight async save (raising its failure) and stop the writer thread."""
+        self.manager.close()

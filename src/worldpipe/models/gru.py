@@ -1,0 +1,71 @@
+"""A deterministic recurrent dynamics model: no latent variables, no noise.
+
+After reading (o_t, a_t) the GRU state h_{t+1} predicts the next observation as a residual and the reward of
+that transition. Shapes: B windows, T steps, O/A observation/action size, D state size.
+
+    h_0 = 0        h_{t+1} = GRU(h_t, enc([o_t, a_t]))        ô_{t+1} = o_t + dec(h_{t+1})        r̂_t = rew(h_{t+1})
+
+Imagination feeds its own predictions back as the next input. Like the RSSM it is a nonlinear recurrence, so it
+partitions over the batch only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
+
+
+def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inp, hidden), nn.ELU(), nn.Linear(hidden, out))
+
+
+class GRUDynamics(WorldModel):
+    """Deterministic GRU world model over vector observations."""
+
+    loss_terms = ("total", "recon", "reward")
+    parallel = ParallelSupport(batch=True, tensor_parallel=False, time_partition=None)
+
+    def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, hidden: int = 128,
+                 reward_scale: float = 1.0):
+        super().__init__(obs_dim, act_dim)
+        self.deter = deter
+        self.reward_scale = reward_scale
+        self.encoder = _mlp(obs_dim + act_dim, hidden, embed)
+        self.cell = nn.GRUCell(embed, deter)
+        self.decoder = _mlp(deter, hidden, obs_dim)
+        self.reward_head = _mlp(deter, hidden, 1)
+
+    def _advance(self, h: torch.Tensor, obs: torch.Tensor, action: torch.Tensor):
+        """One transition from (h_t, o_t, a_t): h_{t+1}, predicted o_{t+1} [B,O] and r_t [B]."""
+        h = self.cell(self.encoder(torch.cat([obs, action], dim=-1)), h)
+        return h, obs + self.decoder(h), self.reward_head(h).squeeze(-1)
+
+    def forward(self, obs, action, reward, mask, noise=None) -> dict[str, torch.Tensor]:
+        """Per-term loss sums over valid transitions (teacher forcing). obs [B,T,O], action [B,T,A], reward/mask [B,T]."""
+        h = obs.new_zeros(obs.shape[0], self.deter)
+        obs_pred, reward_pred = [], []
+        for t in range(obs.shape[1] - 1):
+            h, next_obs, r = self._advance(h, obs[:, t], action[:, t])
+            obs_pred.append(next_obs)
+            reward_pred.append(r)
+        valid = mask[:, 1:]  # a transition t -> t+1 counts when step t+1 is a real step
+        recon = 0.5 * (torch.stack(obs_pred, dim=1) - obs[:, 1:]).pow(2).sum(-1)  # [B,T-1]
+        reward_err = 0.5 * (torch.stack(reward_pred, dim=1) - reward[:, :-1]).pow(2)  # [B,T-1]
+        sums = {"recon": (recon * valid).sum(), "reward": (reward_err * valid).sum()}
+        sums["total"] = sums["recon"] + self.reward_scale * sums["reward"]
+        return sums
+
+    def observe_context(self, obs: torch.Tensor, action: torch.Tensor) -> RolloutState:
+        """Read the history; the state holds h and the last observation (the next step's input)."""
+        h = obs.new_zeros(obs.shape[0], self.deter)
+        for t in range(obs.shape[1] - 1):
+            h, _, _ = self._advance(h, obs[:, t], action[:, t])
+        return {"h": h, "obs": obs[:, -1]}
+
+    def imagine_step(self, state: RolloutState, action: torch.Tensor,
+                     noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, RolloutState]:
+        """Predict the next observation and reward; the prediction becomes the next input (noise is unused)."""
+        h, next_obs, reward = self._advance(state["h"], state["obs"], action)
+        return next_obs, reward, {"h": h, "obs": next_obs}

@@ -1,0 +1,145 @@
+"""The pipeline's plan: which datasets and runs the current pipeline config and `conf/` tree ask for.
+
+The Snakefile builds its DAG from this at parse time. Each experiment's Hydra config is composed with the
+pipeline's overrides; the experiment's dataset is the one its composed config names (`data.name`), looked up in
+the pipeline config's `datasets:`. A run is identified by the canonical hash of its resolved config (the part a
+resume may not change, `worldpipe.config.config_hash`) together with the hash of its dataset's spec; a dataset by
+the hash of its spec. Both hashes name directories (worldpipe.paths), so an edit anywhere in `conf/`, in the
+overrides or in a dataset spec leads to new directories for exactly what it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from worldpipe import paths
+from worldpipe.config import config_hash, is_resume_safe
+
+HELDOUT_SUFFIX = "-heldout"
+
+
+class PipelineError(ValueError):
+    """The pipeline config and the conf/ tree do not fit together; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """One dataset to generate: its full spec (as `worldpipe data init --spec` takes it) and its hash."""
+
+    name: str
+    spec: dict[str, Any]
+    spec_hash: str
+
+    @property
+    def dir(self) -> str:
+        return paths.dataset_dir(self.name, self.spec_hash)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One experiment's run under the current config: where it lives and how to start it."""
+
+    experiment: str
+    overrides: tuple[str, ...]  # overrides that make its identity: experiment=..., the pipeline's non-safe ones
+    config_hash: str
+    dataset: Dataset
+    heldout: Dataset
+    run_hash: str
+    eval_hash: str  # the held-out dataset's spec and the evaluation settings: one eval/<eval-hash>/ each
+
+    @property
+    def dir(self) -> str:
+        return paths.run_dir(self.experiment, self.run_hash)
+
+
+def run_hash(cfg_hash: str, dataset_spec_hash: str) -> str:
+    """Identity of a run: its config hash and its training data's spec hash, hashed together."""
+    return paths.canonical_hash({"config_hash": cfg_hash, "dataset_spec_hash": dataset_spec_hash})
+
+
+def compose(overrides: Sequence[str], conf: Path | None = None) -> DictConfig:
+    """The resolved training config for these overrides, from `conf` (default: worldpipe.paths.conf_dir())."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf or paths.conf_dir()), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
+    """Every dataset the pipeline config declares, and the held-out sibling of each (`<name>-heldout`)."""
+    from worldpipe.data.spec import DatasetSpec
+
+    found: dict[str, Dataset] = {}
+    for name, entry in config["datasets"].items():
+        spec = {key: value for key, value in entry.items() if key != "heldout"}
+        train = {"name": name, **spec}
+        heldout = {**train, "name": f"{name}{HELDOUT_SUFFIX}", **entry["heldout"]}
+        for raw in (train, heldout):
+            try:
+                # Normalized, so a default written out and a default left out give the same hash.
+                full = DatasetSpec.from_dict(raw).to_dict()
+            except ValueError as err:
+                raise PipelineError(f"datasets: {name}: {err}") from err
+            found[full["name"]] = Dataset(full["name"], full, paths.canonical_hash(full))
+    return found
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def identity_overrides(config: Mapping[str, Any], experiment: str) -> list[str]:
+    """The overrides that can change an experiment's config hash: its name and the pipeline's non-safe ones."""
+    extra = [o for o in config["train"].get("overrides", []) if not is_resume_safe(_override_key(o))]
+    return [f"experiment={experiment}", *extra]
+
+
+def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]:
+    """Overrides every training job gets that a resume may change (world size, records, the pipeline's safe ones).
+
+    They are not part of a run's identity, and the Snakefile hands them to the jobs outside the rule's
+    parameters, so changing one (say trainer.log_every) neither names a new run nor makes Snakemake retrain.
+    """
+    train = config["train"]
+    safe = [o for o in train.get("overrides", []) if is_resume_safe(_override_key(o))]
+    return [f"parallel.nproc_per_node={train['nproc_per_node']}", f"parallel.nnodes={train.get('nnodes', 1)}",
+            f"tracking.uri={tracking_uri}", *safe]
+
+
+def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
+             conf: Path | None = None) -> Run:
+    """Compose one experiment's config and address its run; PipelineError names what does not fit."""
+    overrides = identity_overrides(config, experiment)
+    try:
+        # With the settings too, so a bad one stops the pipeline here; they cannot change the hash.
+        cfg = compose([*overrides, *training_settings(config, "")], conf)
+    except Exception as err:  # Hydra's errors have no common base that covers interpolation and parse errors
+        raise PipelineError(f"experiments: {experiment!r} does not compose with overrides {overrides}: {err}") from err
+    name = str(cfg.data.name)
+    if name not in known or name.endswith(HELDOUT_SUFFIX):
+        raise PipelineError(f"experiments: {experiment!r} trains on data.name={name!r}, which is not under "
+                            f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
+    dataset, heldout = known[name], known[name + HELDOUT_SUFFIX]
+    cfg_hash = config_hash(cfg)
+    evaluation = paths.canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
+    return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
+               evaluation)
+
+
+def plan(config: Mapping[str, Any], conf: Path | None = None) -> tuple[dict[str, Dataset], dict[str, Run]]:
+    """Datasets declared and the current run of every experiment, in the pipeline config's order."""
+    known = datasets(config)
+    runs = {experiment: plan_run(config, experiment, known, conf) for experiment in config["experiments"]}
+    return known, runs
+
+
+def launch_overrides(run: Run) -> list[str]:
+    """The overrides that make a run: its identity ones, then where it and its data live (fixed by the hashes)."""
+    return [*run.overrides, f"run_dir={run.dir}", f"data.store={run.dataset.dir}/{paths.STORE_NAME}",
+            f"data.manifest={run.dataset.dir}/{paths.MANIFEST_NAME}"]

@@ -1,0 +1,157 @@
+"""The runs of each experiment on disk: the pipeline's run record, the `latest` link, and each run's status.
+
+The training rule calls `begin` before it launches training and `end` after, so a run directory says what it
+is (its overrides, resolved config and dataset), when it was first started, and how each attempt ended.
+Checkpoints, the completion record and the tracking spool say how far it got.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worldpipe import paths
+from worldpipe.atomic import fsync_dir, write_text_atomic
+from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
+from worldpipe.config import config_hash, flatten, identity_config, to_container
+from worldpipe.preemption import EXIT_PREEMPTED
+
+CHECKPOINTS_DIR = "checkpoints"
+
+
+class RunDirMismatch(ValueError):
+    """A run directory whose name is not the hash of the config about to train in it."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def point_latest(run_dir: Path) -> None:
+    """Make `<experiment>/latest` a relative symlink to `run_dir`, replacing the old link atomically."""
+    link = run_dir.parent / paths.LATEST_LINK
+    tmp = run_dir.parent / f".{paths.LATEST_LINK}.tmp-{uuid.uuid4().hex}"
+    os.symlink(run_dir.name, tmp)
+    os.replace(tmp, link)
+    fsync_dir(run_dir.parent)
+
+
+def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequence[str]) -> dict[str, Any]:
+    """Record an attempt at a run before training starts; refuse a directory that is not the config's hash.
+
+    The config is composed again from the same overrides the training gets, so a directory named by one hash
+    never holds a run of another (e.g. if conf/ changed between Snakemake's parse and this job).
+    """
+    from worldpipe.pipeline import compose, run_hash
+
+    run_dir = Path(run_dir)
+    cfg = compose(overrides)
+    cfg_hash = config_hash(cfg)
+    expected = paths.short(run_hash(cfg_hash, dataset_spec_hash))
+    if run_dir.name != expected:
+        raise RunDirMismatch(f"run directory {run_dir} is not this config's run: its hash is {expected} "
+                             "(conf/ or the overrides changed since the DAG was built; run snakemake again)")
+    record = _read_json(run_dir / paths.RUN_RECORD) or {
+        "experiment": run_dir.parent.name, "run_hash": expected, "config_hash": cfg_hash,
+        "dataset_spec_hash": dataset_spec_hash, "overrides": list(overrides),
+        "config": flatten(to_container(cfg)), "started_at": _now(), "attempts": [],
+    }
+    record["attempts"].append({"started_at": _now(), "exit_code": None})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / paths.RUN_RECORD, json.dumps(record, indent=2, default=str))
+    point_latest(run_dir)
+    return record
+
+
+def end(run_dir: str | os.PathLike, exit_code: int) -> None:
+    """Record how the newest attempt at a run ended."""
+    path = Path(run_dir) / paths.RUN_RECORD
+    record = _read_json(path)
+    if record is None or not record.get("attempts"):
+        raise FileNotFoundError(f"{path}: no run record with a started attempt")
+    record["attempts"][-1].update(exit_code=exit_code, ended_at=_now())
+    write_text_atomic(path, json.dumps(record, indent=2, default=str))
+
+
+@dataclass
+class RunInfo:
+    """One run directory as `worldpipe runs list` shows it."""
+
+    path: Path
+    record: dict[str, Any]
+    status: str
+    mlflow_run_id: str | None
+    is_latest: bool
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    """Step of the newest published checkpoint in the run's local checkpoint directory, if any."""
+    pointer = run_dir / CHECKPOINTS_DIR / LATEST_NAME
+    try:
+        return parse_step_dir(pointer.read_text().strip())
+    except OSError:
+        return None
+
+
+def run_status(run_dir: Path, record: dict[str, Any]) -> str:
+    """finished, running, interrupted (killed or preempted) or failed, with the step it got to."""
+    from worldpipe.tracking.spool import Spool
+
+    done = _read_json(run_dir / paths.COMPLETION_RECORD)
+    if done is not None:
+        return f"finished at step {done.get('final_step')}"
+    step = checkpoint_step(run_dir)
+    where = f"at step {step}" if step is not None else "before its first checkpoint"
+    if Spool(run_dir).writer_alive():
+        return f"running, checkpointed {where}"
+    attempts = record.get("attempts") or [{}]
+    code = attempts[-1].get("exit_code")
+    if code is None or code == EXIT_PREEMPTED:
+        return f"interrupted {where}" + (" (preempted)" if code == EXIT_PREEMPTED else "")
+    return f"failed {where} (exit code {code})"
+
+
+def mlflow_run_id(run_dir: Path) -> str | None:
+    """The run's MLflow run id: from its completion record, else from its tracking spool."""
+    from worldpipe.tracking.spool import Spool
+
+    done = _read_json(run_dir / paths.COMPLETION_RECORD) or {}
+    return done.get("mlflow_run_id") or Spool(run_dir).state().get("run_id")
+
+
+def experiment_runs(experiment_dir: Path) -> list[RunInfo]:
+    """Every run of one experiment, oldest first (by the time the pipeline first started it)."""
+    latest = experiment_dir / paths.LATEST_LINK
+    target = os.readlink(latest) if latest.is_symlink() else None
+    runs = []
+    for child in sorted(experiment_dir.iterdir()):
+        if child.is_symlink() or not child.is_dir() or child.name.startswith("."):
+            continue
+        record = _read_json(child / paths.RUN_RECORD)
+        if record is None:
+            continue
+        runs.append(RunInfo(child, record, run_status(child, record), mlflow_run_id(child), child.name == target))
+    return sorted(runs, key=lambda run: (run.record.get("started_at", ""), run.path.name))
+
+
+def config_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """`key: old -> new` for the identity keys (and the dataset) that differ from the previous run."""
+    if previous is None:
+        return []
+    before = identity_config(previous.get("config", {})) | {"dataset": previous.get("dataset_spec_hash")}
+    after = identity_config(current.get("config", {})) | {"dataset": current.get("dataset_spec_hash")}
+    return [f"{key}: {before.get(key, '<absent>')!r} -> {after.get(key, '<absent>')!r}"
+            for key in sorted(set(before) | set(after)) if before.get(key, "<absent>") != after.get(key, "<absent>")]

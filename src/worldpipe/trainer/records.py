@@ -1,0 +1,89 @@
+"""The trainer's records: one MLflow run (rank 0), metrics gated on checkpoint durability, completion files.
+
+Glue between the checkpoint package and the tracking package, which know nothing of each other: it implements
+the Checkpointer's listener with the run recorder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from worldpipe.atomic import write_text_atomic
+from worldpipe.config import flatten
+from worldpipe.paths import COMPLETION_RECORD
+from worldpipe.preemption import PREEMPTED_RECORD
+from worldpipe.tracking.datasets import TRAINING, DatasetRecord
+from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
+
+
+def checkpoint_location(cfg: DictConfig) -> str:
+    """The checkpoint directory as recorded: an absolute path, or the URL as given."""
+    location = str(cfg.checkpoint.dir)
+    return location if "://" in location else str(Path(location).resolve())
+
+
+class TrainingRecords:
+    """What a training run records besides its checkpoints; every call is a no-op off rank 0."""
+
+    def __init__(self, cfg: DictConfig, is_main: bool) -> None:
+        self.run_dir = Path(cfg.run_dir)
+        self.is_main = is_main
+        self.location = checkpoint_location(cfg)
+        self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
+                                    run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s)
+        self.store = str(cfg.data.store)
+        self.run_name = cfg.tracking.run_name
+
+    def open_run(self, identity: dict[str, Any], run_id: str | None, start_step: int) -> str | None:
+        """Open the MLflow run, or reopen the one a resumed checkpoint names; the run id on rank 0."""
+        return self.recorder.start(run_id, self.run_name, tags=run_tags(identity, start_step),
+                                   resume_step=start_step, checkpoint_dir=self.location)
+
+    def log_start(self, identity: dict[str, Any], manifest: Mapping, start_step: int) -> None:
+        """Every resolved config key as a param, and the artifacts of this start (config, identity, data, code)."""
+        if self.is_main:
+            self.recorder.log_params(flatten(identity["config"]))
+            self.recorder.log_files(start_artifacts(identity, manifest, self.run_dir, start_step))
+            self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
+
+    def add_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+        """Buffer a step's metrics; they reach MLflow once a checkpoint covering the step is durable."""
+        self.recorder.add_metrics(step, metrics, timestamp_ms)
+
+    # ---- CheckpointListener ----
+    def before_publish(self, step: int) -> None:
+        """Journal the metrics of steps <= step; they count once this checkpoint is durable."""
+        self.recorder.stage(step)
+
+    def published(self, step: int, state: Mapping[str, Any], digest: str) -> tuple:
+        """Artifacts and tags of a checkpoint, computed while its state is at hand."""
+        return step, checkpoint_artifacts(step, state, digest, self.location), checkpoint_tags(step, digest)
+
+    def durable(self, token: tuple) -> None:
+        """The checkpoint is durable: release its metrics, record its artifacts and tags."""
+        self.recorder.commit(*token)
+
+    # ---- endings ----
+    def finished(self, record: dict[str, Any]) -> None:
+        """Completion record on disk, MLflow run FINISHED."""
+        if self.is_main:
+            (self.run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+            write_text_atomic(self.run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
+            self.recorder.end("FINISHED")
+
+    def preempted(self, record: dict[str, Any]) -> None:
+        """Preemption record on disk (the launcher maps it to the requeue exit code), MLflow run KILLED."""
+        if self.is_main:
+            write_text_atomic(self.run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
+            self.recorder.end("KILLED")
+
+    def failed(self) -> None:
+        """The MLflow run says FAILED rather than RUNNING forever; a resume reopens it."""
+        if self.is_main:
+            self.recorder.end("FAILED")

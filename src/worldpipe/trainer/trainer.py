@@ -1,0 +1,206 @@
+"""The Trainer: one run of world-model training, in named steps that read top to bottom.
+
+    setup     seeds, data (verified store, world-size-invariant global order, this rank's slice), model,
+              optimizer, schedule, the Checkpointer and the records
+    resume    restore every component from the newest intact checkpoint; open (or reopen) the MLflow run
+    loop      train_step → advance → log_step → maybe_checkpoint, until done or preempted
+    finish    completion (or preemption) record, final MLflow status
+
+The trainer talks to the model only through the world-model interface (:mod:`worldpipe.models.base`) and to
+the state only through the Checkpointer (:mod:`worldpipe.checkpoint.checkpointer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
+from worldpipe.data.loader import WindowLoader
+from worldpipe.data.manifest import load_manifest
+from worldpipe.data.sampler import GlobalWindowSampler
+from worldpipe.data.store import TrajectoryStore
+from worldpipe.identity import run_identity
+from worldpipe.models import build_model
+from worldpipe.models.noise import sample_noise
+from worldpipe.parallel.runtime import Runtime, all_reduce_sum, any_rank, gather_objects
+from worldpipe.parallel.wrap import replica_digest, wrap_model
+from worldpipe.preemption import EXIT_PREEMPTED, PreemptionFlag
+from worldpipe.resume import check_resume_identity
+from worldpipe.trainer.optim import build_optimizer, build_scheduler
+from worldpipe.trainer.records import TrainingRecords
+from worldpipe.trainer.seeding import seed_rank_generators
+
+log = logging.getLogger("worldpipe.train")
+
+
+class Trainer:
+    """Trains (or resumes) the run described by a resolved config on this process's rank."""
+
+    def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
+        self.cfg = cfg
+        self.rt = runtime
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Seeds, data, model, optimizer, schedule, Checkpointer, records (every rank; no files written)."""
+        cfg, rt = self.cfg, self.rt
+        torch.set_num_threads(cfg.trainer.threads_per_rank)
+        torch.use_deterministic_algorithms(cfg.trainer.deterministic)
+        seed_rank_generators(cfg.seed, rt.rank)
+        self.preemption = PreemptionFlag()
+        self._setup_data()
+        self._setup_model()  # identical init on every rank: same torch seed
+        self.noise_generator = torch.Generator()
+        self.progress = Progress()
+        self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
+        self.records = TrainingRecords(cfg, rt.is_main)
+        components = TrainingComponents(
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader,
+            progress=self.progress, identity=self.identity,
+            torch_generators={"latent_noise": self.noise_generator})
+        self.checkpointer = Checkpointer(cfg.checkpoint, rt, components, listener=self.records)
+
+    def _setup_data(self) -> None:
+        d_cfg, t_cfg = self.cfg.data, self.cfg.trainer
+        self.manifest = load_manifest(d_cfg.manifest)
+        self.dataset_hash = self.manifest["dataset_hash"]
+        store = TrajectoryStore.open(d_cfg.store, manifest=self.manifest)
+        self.store, self.obs_stats = store, store.obs_stats()
+        sampler = GlobalWindowSampler(store.lengths, d_cfg.window, d_cfg.stride, t_cfg.batch_size, self.cfg.seed)
+        self.loader = WindowLoader(store, sampler, self.rt.rank, self.rt.world_size, obs_stats=self.obs_stats,
+                                   cache_bytes=d_cfg.cache_mb << 20, prefetch=d_cfg.prefetch)
+
+    def _setup_model(self) -> None:
+        self.core = build_model(self.cfg.model, self.store.obs_dim, self.store.act_dim).to(self.rt.device)
+        self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
+        self.model = wrap_model(self.core, self.cfg.parallel.strategy, self.rt)
+        self.optimizer = build_optimizer(self.model, self.cfg.trainer)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.trainer)
+
+    # ----------------------------------------------------------------- resume
+    def resume(self) -> int:
+        """Restore from the newest intact checkpoint (if any) and open the MLflow run; returns the start step."""
+        resumed = self.checkpointer.resume(
+            lambda identity, step: check_resume_identity(identity, self.cfg, self.dataset_hash, step))
+        run_id, start = None, 0
+        if resumed is not None:
+            run_id, start = resumed.identity.get("mlflow_run_id"), resumed.step
+            if self.rt.is_main:
+                log.info("resumed from %s step %d (written by %d ranks, now %d)", self.cfg.checkpoint.dir, start,
+                         resumed.identity["world_size"], self.rt.world_size)
+        self.identity["mlflow_run_id"] = run_id
+        run_id = gather_objects(self.rt, self.records.open_run(self.identity, run_id, start))[0]
+        self.identity["mlflow_run_id"] = run_id
+        self.records.log_start(self.identity, self.manifest, start)
+        return start
+
+    # ------------------------------------------------------------------- step
+    def train_step(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Forward (loss sums over this rank's valid steps), backward, clip, optimizer and schedule step."""
+        device = self.rt.device
+        obs, action = batch["obs"].to(device), batch["action"].to(device)  # [b,T,O], [b,T,A]
+        reward, mask = batch["reward"].to(device), batch["mask"].to(device)  # [b,T]
+        noise = sample_noise(self.cfg.seed, batch["sample_index"], self.core.noise_shape(obs.shape[1]),
+                             self.noise_generator)
+        sums = self.model(obs, action, reward, mask, None if noise is None else noise.to(device))
+        # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
+        loss = sums["total"] * (self.rt.world_size / batch["global_valid"])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return sums, grad_norm
+
+    def advance(self, batch: dict) -> None:
+        """Count the step and the global samples and valid tokens it consumed."""
+        self.progress.step += 1
+        self.progress.samples_seen += batch["global_batch_size"]
+        self.progress.tokens_seen += batch["global_valid"]
+        self.progress.epoch = self.loader.state_dict()["epoch"]
+
+    def log_step(self, sums: dict, grad_norm: torch.Tensor, batch: dict, timing: dict[str, float]) -> float:
+        """Global per-valid-step losses and throughput (collective); returns the loss for the progress bar."""
+        t_cfg = self.cfg.trainer
+        terms = self.core.loss_terms
+        totals = all_reduce_sum(self.rt, torch.stack([sums[k].detach() for k in terms]).cpu())
+        now = time.perf_counter()
+        metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(terms, totals, strict=True)}
+        metrics.update({
+            "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_s": t_cfg.log_every * t_cfg.batch_size / (now - timing["window_start"]),
+            "step_time_s": now - timing["step_start"], "data_wait_s": timing["data_wait"],
+        })
+        timing["window_start"] = time.perf_counter()
+        self.records.add_metrics(self.progress.step, metrics, int(time.time() * 1000))
+        return metrics["loss/total"]
+
+    def maybe_checkpoint(self, preempted: bool) -> str | None:
+        """Save when the cadence says so, or at the final step; returns the digest on rank 0."""
+        final = self.progress.step == self.cfg.trainer.steps or preempted
+        if self.checkpointer.should_save(self.progress.step, final):
+            return self.checkpointer.save(self.progress.step, final)
+        return None
+
+    # ------------------------------------------------------------------- loop
+    def loop(self) -> tuple[str | None, bool]:
+        """Step until the configured number of steps or a preemption; returns (final digest, preempted)."""
+        t_cfg = self.cfg.trainer
+        bar = tqdm(total=t_cfg.steps, initial=self.progress.step, desc="train", dynamic_ncols=True,
+                   disable=not (self.rt.is_main and t_cfg.progress_bar), file=sys.stderr,
+                   mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
+        digest, preempted = None, False
+        timing = {"window_start": time.perf_counter()}
+        while self.progress.step < t_cfg.steps:
+            timing["step_start"] = time.perf_counter()
+            batch = self.loader.next_batch()
+            timing["data_wait"] = time.perf_counter() - timing["step_start"]
+            sums, grad_norm = self.train_step(batch)
+            self.advance(batch)
+            if self.progress.step % t_cfg.log_every == 0 or self.progress.step == t_cfg.steps:
+                bar.set_postfix(loss=f"{self.log_step(sums, grad_norm, batch, timing):.3f}", refresh=False)
+            bar.update(1)
+            preempted = any_rank(self.rt, self.preemption.raised)
+            digest = self.maybe_checkpoint(preempted) or digest
+            if preempted:
+                break
+        bar.close()
+        self.loader.close()
+        self.checkpointer.close()
+        if digest is None and self.rt.is_main:  # resumed from the final checkpoint: nothing left to train
+            digest = self.checkpointer.digest(self.progress.step)
+        return digest, preempted
+
+    # ----------------------------------------------------------------- finish
+    def finish(self, digest: str | None, preempted: bool) -> dict:
+        """Write the completion (or preemption) record; a preempted run exits with the requeue code."""
+        replica_digests = gather_objects(self.rt, replica_digest(self.model, self.cfg.parallel.strategy))
+        record = {"final_step": self.progress.step, "target_steps": self.cfg.trainer.steps, "digest": digest,
+                  "replica_digests": replica_digests, "mlflow_run_id": self.identity["mlflow_run_id"],
+                  "dataset_hash": self.dataset_hash, "world_size": self.rt.world_size,
+                  "checkpoint_dir": str(self.cfg.checkpoint.dir)}
+        if preempted:
+            self.records.preempted(record)
+            if self.rt.is_main:
+                log.warning("preempted by signal %s: checkpoint at step %d published", self.preemption.signal,
+                            self.progress.step)
+            raise SystemExit(EXIT_PREEMPTED)
+        self.records.finished(record)
+        return record
+
+    def fit(self) -> dict:
+        """setup → resume → loop → finish; returns the completion record."""
+        self.setup()
+        self.resume()
+        try:
+            digest, preempted = self.loop()
+            return self.finish(digest, preempted)
+        except Exception:
+            self.records.failed()
+            raise

@@ -1,0 +1,170 @@
+"""Config-addressed runs through real Snakemake, torchrun and MLflow, on a throwaway copy of the project.
+
+Two smoke experiments that differ only in that `smoke_wd` spells `trainer.weight_decay` out in its overlay:
+an edit of that key in conf/trainer/default.yaml changes the resolved config of `smoke` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline_project import Project, files_of, kill_group, planned_jobs
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+RUN_RULES = {"train_model", "evaluate_model", "plot_loss_curve"}
+
+
+def smoke_config(repo: Path, experiments: list[str], overrides: list[str] | None = None) -> dict:
+    config = yaml.safe_load((repo / "conf/pipeline/smoke.yaml").read_text())
+    config["experiments"] = experiments
+    config["train"]["overrides"] = overrides or []
+    return config
+
+
+def add_overlay(project: Project, name: str, old: str = "", new: str = "") -> None:
+    """conf/experiment/<name>.yaml: the smoke overlay under another name, with `old` replaced by `new`."""
+    smoke = (project.src / "conf/experiment/smoke.yaml").read_text()
+    text = smoke.replace("experiment_name: smoke", f"experiment_name: {name}").replace(old, new, 1)
+    (project.src / f"conf/experiment/{name}.yaml").write_text(text)
+
+
+def mlflow_run(project: Project, run_id: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project.work / 'results/mlflow.db'}")
+    run = client.get_run(run_id)
+    return run.info.status, run.info.end_time, run.data.params, len(client.get_metric_history(run_id, "loss/total"))
+
+
+def done_record(project: Project, run) -> dict:
+    return json.loads((project.work / run.dir / "train_done.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def project(repo, env_with_venv, tmp_path_factory) -> Project:
+    project = Project(repo, tmp_path_factory.mktemp("identity"), env_with_venv)
+    add_overlay(project, "smoke_wd", "trainer:\n", "trainer:\n  weight_decay: 0.0\n")
+    project.write_config(smoke_config(repo, ["smoke", "smoke_wd"]))
+    proc = project.snakemake()
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return project
+
+
+def test_trainer_edit_trains_exactly_the_affected_experiment_into_a_new_run(project):
+    _, before = project.plan()
+    old_dir = project.work / before["smoke"].dir
+    old_files = files_of(old_dir)
+    old_id = done_record(project, before["smoke"])["mlflow_run_id"]
+    old_mlflow = mlflow_run(project, old_id)
+
+    project.edit("conf/trainer/default.yaml", "weight_decay: 0.0", "weight_decay: 1.0e-4")
+    _, after = project.plan()
+    assert after["smoke"].run_hash != before["smoke"].run_hash
+    assert after["smoke_wd"].run_hash == before["smoke_wd"].run_hash
+    dry = project.snakemake("--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    jobs = planned_jobs(dry.stdout + dry.stderr)
+    assert {job for job in jobs if job[0] != "all"} == {(rule, "smoke") for rule in RUN_RULES}
+
+    proc = project.snakemake()
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    record = done_record(project, after["smoke"])
+    identity = json.loads((project.work / after["smoke"].dir / "checkpoints" / f"step-{record['final_step']:06d}"
+                           / "identity.json").read_text())
+    assert identity["config"]["trainer"]["weight_decay"] == 1.0e-4
+    assert identity["config_hash"] == after["smoke"].config_hash
+    assert (project.work / "results/runs/smoke/latest").resolve() == (project.work / after["smoke"].dir).resolve()
+    # The earlier run: every file as it was, its MLflow run as it was, beside the new one.
+    assert files_of(old_dir) == old_files
+    assert mlflow_run(project, old_id) == old_mlflow
+    assert record["mlflow_run_id"] != old_id
+
+    project.edit("conf/trainer/default.yaml", "weight_decay: 1.0e-4", "weight_decay: 0.0")
+    dry = project.snakemake("--dry-run")
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+
+
+def test_safe_key_changes_neither_hash_nor_dag(project, repo):
+    _, before = project.plan()
+    project.write_config(smoke_config(repo, ["smoke", "smoke_wd"], ["trainer.log_every=7"]))
+    try:
+        _, after = project.plan()
+        assert {name: run.run_hash for name, run in after.items()} == \
+            {name: run.run_hash for name, run in before.items()}
+        dry = project.snakemake("--dry-run")
+        assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    finally:
+        project.write_config(smoke_config(repo, ["smoke", "smoke_wd"]))
+
+
+def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directory(project, repo):
+    _, before = project.plan()
+    old = {name: files_of(project.work / run.dir) for name, run in before.items()}
+    project.write_config(smoke_config(repo, ["smoke", "smoke_wd"], ["trainer.lr=0.002"]))
+    _, after = project.plan()
+    dry = project.snakemake("--dry-run")
+    jobs = {job for job in planned_jobs(dry.stdout + dry.stderr) if job[0] != "all"}
+    assert jobs == {(rule, name) for rule in RUN_RULES for name in ("smoke", "smoke_wd")}
+
+    # Training pauses before publishing step 20, so the newest checkpoint at the kill is step 10.
+    env = dict(project.env, WORLDPIPE_CKPT_FAULT="before_files@20:pause:600")
+    proc = project.start(env=env)
+    pointers = [project.work / run.dir / "checkpoints/latest" for run in after.values()]
+    deadline = time.monotonic() + 600
+    while not any(p.exists() for p in pointers) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    killed = next((name for name, p in zip(after, pointers, strict=True) if p.exists()), None)
+    kill_group(proc)
+    assert killed is not None, "no checkpoint appeared before the pipeline ended"
+    killed_dir = project.work / after[killed].dir
+    assert (killed_dir / "checkpoints/latest").read_text().strip() == "step-000010"
+    listing = subprocess.run(["worldpipe", "runs", "list", "--runs-dir", str(project.work / "results/runs"), killed],
+                             env=project.env, capture_output=True, text=True, timeout=120)
+    assert "interrupted at step 10" in listing.stdout, listing.stdout + listing.stderr
+    spooled_id = json.loads((killed_dir / "checkpoints/step-000010/identity.json").read_text())["mlflow_run_id"]
+    experiment_dir = project.work / "results/runs" / killed
+    dirs_at_kill = sorted(p.name for p in experiment_dir.iterdir())
+
+    assert project.snakemake("--unlock").returncode == 0
+    rerun = project.snakemake("--rerun-incomplete")
+    assert rerun.returncode == 0, rerun.stderr[-5000:]
+    assert "Error in rule" not in rerun.stdout + rerun.stderr
+    record = json.loads((killed_dir / "train_done.json").read_text())
+    assert record["final_step"] == 40 and record["mlflow_run_id"] == spooled_id
+    attempts = json.loads((killed_dir / "run.json").read_text())["attempts"]
+    assert [a["exit_code"] for a in attempts] == [None, 0]
+    assert sorted(p.name for p in experiment_dir.iterdir()) == dirs_at_kill  # resumed, no new directory
+    for name, run in before.items():
+        assert files_of(project.work / run.dir) == old[name]
+
+
+def test_each_experiment_trains_on_its_own_dataset(repo, env_with_venv, tmp_path):
+    project = Project(repo, tmp_path, env_with_venv)
+    add_overlay(project, "smoke_cartpole", "# @package _global_\n",
+                "# @package _global_\ndefaults:\n  - override /data: cartpole\n")
+    config = smoke_config(repo, ["smoke", "smoke_cartpole"])
+    config["datasets"]["cartpole"] = dict(config["datasets"]["pendulum"], env_id="CartPole-v1", policy="random")
+    project.write_config(config)
+    datasets, runs = project.plan()
+    targets = [f"{run.dir}/train_done.json" for run in runs.values()]
+    proc = project.snakemake(*targets)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    seen = {}
+    for name, run in runs.items():
+        record = done_record(project, run)
+        step_dir = project.work / run.dir / "checkpoints" / f"step-{record['final_step']:06d}"
+        identity = json.loads((step_dir / "identity.json").read_text())
+        manifest = json.loads((project.work / run.dataset.dir / "manifest.json").read_text())
+        assert identity["dataset_hash"] == manifest["dataset_hash"]
+        assert identity["config"]["data"]["name"] == run.dataset.name
+        seen[name] = (run.dataset.name, identity["dataset_hash"])
+    assert seen["smoke"][0] == "pendulum" and seen["smoke_cartpole"][0] == "cartpole"
+    assert seen["smoke"][1] != seen["smoke_cartpole"][1]
+    assert datasets["pendulum"].dir != datasets["cartpole"].dir

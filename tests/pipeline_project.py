@@ -1,0 +1,105 @@
+"""A throwaway copy of the project's Snakefile, conf/ and workflow/ for tests that edit the config.
+
+The copy uses the installed worldpipe package; its Snakefile composes (and its training jobs read) the copy's
+conf/ tree, so editing the copy changes what runs without touching the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from worldpipe.pipeline import plan
+
+
+def plan_of(repo: Path, configfile: Path):
+    """(datasets, runs) a pipeline config file asks for, composed from the checkout's conf/."""
+    return plan(yaml.safe_load(configfile.read_text()), repo / "conf")
+
+
+class Project:
+    """A copied project directory and a separate working directory Snakemake runs in."""
+
+    def __init__(self, repo: Path, root: Path, env: dict[str, str]):
+        self.src = root / "project"
+        self.work = root / "work"
+        self.env = env
+        self.src.mkdir(parents=True)
+        self.work.mkdir(parents=True)
+        shutil.copy2(repo / "Snakefile", self.src / "Snakefile")
+        for tree in ("conf", "workflow"):
+            shutil.copytree(repo / tree, self.src / tree)
+        self.configfile = root / "pipeline.yaml"
+
+    def write_config(self, config: dict) -> None:
+        self.configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def config(self) -> dict:
+        return yaml.safe_load(self.configfile.read_text())
+
+    def plan(self):
+        """(datasets, runs) the copy's current config asks for."""
+        return plan(self.config(), self.src / "conf")
+
+    def command(self, *args: str) -> list[str]:
+        return ["snakemake", "-s", str(self.src / "Snakefile"), "--directory", str(self.work), "--cores", "2",
+                "--configfile", str(self.configfile), *args]
+
+    def snakemake(self, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(*args), env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        """Snakemake in a process group of its own (so the test can kill -9 it with its jobs)."""
+        return subprocess.Popen(self.command(*args), env=env or self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def edit(self, rel: str, old: str, new: str) -> None:
+        path = self.src / rel
+        text = path.read_text()
+        assert old in text, f"{old!r} not in {rel}"
+        path.write_text(text.replace(old, new, 1))
+
+
+def planned_jobs(dry_run_output: str) -> set[tuple[str, str]]:
+    """(rule, experiment) of every job a `snakemake -n` output lists (experiment '' for data jobs)."""
+    jobs = set()
+    rule = None
+    for line in dry_run_output.splitlines():
+        head = re.match(r"^(?:local)?rule (\w+):", line.strip())
+        if head:
+            rule = head.group(1)
+            jobs.add((rule, ""))
+            continue
+        wildcards = re.search(r"wildcards: .*experiment=([\w.-]+)", line)
+        if wildcards and rule:
+            jobs.discard((rule, ""))
+            jobs.add((rule, wildcards.group(1)))
+    return jobs
+
+
+def files_of(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file below a directory with its size and modification time in ns (to see it untouched)."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process group started by Project.start and reap its leader."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    # Workers of torchrun share the group; wait until none of them is left before reusing the directory.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)

@@ -1,0 +1,84 @@
+"""Run records of the pipeline (`worldpipe runs begin/end`) and what `worldpipe runs list` makes of them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from worldpipe import paths
+from worldpipe.cli import main
+from worldpipe.pipeline import launch_overrides, plan
+from worldpipe.run_index import RunDirMismatch, begin, end, experiment_runs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def planned_run(overrides=()):
+    config = yaml.safe_load((REPO / "conf/pipeline/default.yaml").read_text())
+    config["train"]["overrides"] = list(overrides)
+    return plan(config, REPO / "conf")[1]["pendulum_rssm"]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # run directories are relative to the working directory, as in the pipeline
+    monkeypatch.delenv(paths.CONF_DIR_ENV, raising=False)
+    return tmp_path
+
+
+def start(run) -> Path:
+    begin(run.dir, run.dataset.spec_hash, launch_overrides(run))
+    return Path(run.dir)
+
+
+def test_begin_records_the_run_and_points_latest_at_it(workdir):
+    run = planned_run()
+    run_dir = start(run)
+    record = json.loads((run_dir / paths.RUN_RECORD).read_text())
+    assert record["config_hash"] == run.config_hash and record["run_hash"] == run_dir.name
+    assert record["config"]["trainer.lr"] == 1.0e-3
+    assert os.readlink(run_dir.parent / "latest") == run_dir.name
+    start(run)  # a second attempt keeps the first start time and adds an attempt
+    again = json.loads((run_dir / paths.RUN_RECORD).read_text())
+    assert again["started_at"] == record["started_at"] and len(again["attempts"]) == 2
+
+
+def test_begin_refuses_a_directory_that_is_not_the_configs_hash(workdir):
+    run = planned_run()
+    with pytest.raises(RunDirMismatch, match="is not this config's run"):
+        begin(f"{Path(run.dir).parent}/000000000000", run.dataset.spec_hash, launch_overrides(run))
+    assert not Path(run.dir).parent.exists()
+
+
+def test_status_follows_checkpoints_exit_codes_and_completion(workdir):
+    run_dir = start(planned_run())
+
+    def status():
+        (info,) = experiment_runs(run_dir.parent)
+        return info.status
+
+    assert status() == "interrupted before its first checkpoint"  # killed: no exit code recorded
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints/latest").write_text("step-000250\n")
+    end(run_dir, 75)
+    assert status() == "interrupted at step 250 (preempted)"
+    end(run_dir, 1)
+    assert status() == "failed at step 250 (exit code 1)"
+    (run_dir / paths.COMPLETION_RECORD).write_text(json.dumps({"final_step": 3000, "mlflow_run_id": "abc"}))
+    assert status() == "finished at step 3000"
+
+
+def test_runs_list_shows_each_run_with_what_changed(workdir, capsys):
+    first = start(planned_run())
+    second = start(planned_run(["trainer.lr=3e-4"]))
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("  ") and not line.startswith("      ")]
+    assert [row.split()[0] for row in rows] == [first.name, second.name]
+    assert rows[1].endswith("<- latest")
+    assert "      trainer.lr: 0.001 -> 0.0003" in out
+    assert main(["runs", "list", "no_such_experiment"]) == 1
