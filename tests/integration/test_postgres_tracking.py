@@ -34,7 +34,7 @@ def _pipeline(repo: Path, workdir: Path, env: dict, uri: str | None) -> dict:
         cmd += ["--config", f"tracking_uri={uri}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads((workdir / "results/runs/smoke/train_done.json").read_text())
+    return json.loads((workdir / "results/runs/smoke/latest/train_done.json").read_text())  # config-addressed
 
 
 @pytest.fixture(scope="module")
