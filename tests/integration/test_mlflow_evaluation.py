@@ -22,7 +22,8 @@ from datasets import SMOKE_SPEC, build_dataset
 from worldpipe.tracking.evaluation import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 from worldpipe.tracking.history import duplicate_steps, histories
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Whole pipelines in the module fixture: well past the default per-test timeout on a busy 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 CONTEXT, HORIZON, OTHER_HORIZON = 4, 8, 6
 MODEL_NAME = "smoke-world-model"

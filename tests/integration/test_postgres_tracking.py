@@ -21,7 +21,8 @@ from worldpipe.tracking.history import histories
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Whole pipelines in the module fixture: well past the default per-test timeout on a busy 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # Params that name where things are (they differ between the two pipeline directories by construction).
 LOCATION_PARAMS = ("run_dir", "data.store", "data.manifest", "checkpoint.dir", "tracking.uri")

@@ -20,7 +20,8 @@ from mlflow.tracking import MlflowClient
 from worldpipe.tracking.evaluation import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 from worldpipe.tracking.sweep_runs import point_runs
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Whole pipelines in the module fixture: well past the default per-test timeout on a busy 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SWEEP = "smoke_sweep"
 PNG = b"\x89PNG\r\n\x1a\n"
