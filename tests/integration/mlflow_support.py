@@ -67,6 +67,20 @@ class MlflowServer:
         self.proc = None
 
 
+def run_group(cmd: list[str], env: dict, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run in a process group of its own, killed whole (by the group's PID) if the caller is
+    interrupted or times out: a pipeline's jobs do not outlive the test."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def train_command(run_dir: Path, dataset: tuple[Path, Path], uri: str, *extra: str) -> list[str]:
     store, manifest = dataset
     return [str(BIN / "worldpipe"), "train", "experiment=smoke", f"run_dir={run_dir}", f"data.store={store}",

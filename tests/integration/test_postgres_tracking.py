@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from mlflow_support import MlflowServer
+from mlflow_support import MlflowServer, run_group
 from postgres_support import PostgresCluster, unavailable_reason
 
 from worldpipe.tracking.history import histories
@@ -33,7 +33,7 @@ def _pipeline(repo: Path, workdir: Path, env: dict, uri: str | None) -> dict:
            "--configfile", str(repo / "conf/pipeline/smoke.yaml")]
     if uri:  # else the config's default: the embedded SQLite file results/mlflow.db
         cmd += ["--config", f"tracking_uri={uri}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    proc = run_group(cmd, env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads((workdir / "results/runs/smoke/latest/train_done.json").read_text())  # config-addressed
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_support import run_group
 
 from worldpipe.tracking.evaluation import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 from worldpipe.tracking.sweep_runs import point_runs
@@ -30,7 +31,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def snakemake(repo: Path, workdir: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     cmd = ["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", "2",
            "--configfile", str(repo / "conf/pipeline/sweep_smoke.yaml"), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
+    return run_group(cmd, env, timeout=1500)
 
 
 @pytest.fixture(scope="module")
