@@ -23,6 +23,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/bench.smk"
 include: "workflow/rules/sweep.smk"
 
 
@@ -39,4 +40,5 @@ rule all:
                 rules.plot_loss_curve.output.plot,
             )
         ],
+        [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
         sweep_targets(config.get("sweep"), RESULTS),

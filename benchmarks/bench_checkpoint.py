@@ -1,6 +1,7 @@
 """Checkpoint save/load throughput against baselines measured in the same run.
 
     python benchmarks/bench_checkpoint.py [--mb 256] [--repeat 3] [--dir DIR] [--out results/bench/checkpoint.json]
+        [--step-s 0.5] [--ranks 2]
 
 State: ``--mb`` MB of fp32 tensors in total, a third in a model-like dict (layers of mixed shapes), two thirds
 in Adam-like optimizer state (exp_avg, exp_avg_sq per parameter). Contenders, each writing fresh files into
@@ -12,6 +13,13 @@ its own fresh directory, interleaved round by round (median of ``--repeat`` roun
 * ``dcp``            torch.distributed.checkpoint.save, single process (fsyncs by default)
 * ``ours_async``     time until CheckpointManager(async_save=True).save returns (the training stall),
                      publication awaited outside the timing; snapshot buffers recycled after the first save
+* ``ours_async_overlap``  the stall of an async save whose copy of parameters and optimizer state overlaps
+                     the next training step: time in ``save(..., optimizer=)`` plus the wait in
+                     ``before_optimizer_step()`` after a simulated forward/backward (real matmuls calibrated
+                     to ``--step-s`` seconds on an idle loop); how much slower that step ran is recorded too
+* sharded rows (``--ranks N`` > 0): ``benchmarks/bench_checkpoint_sharded.py`` under torchrun, N gloo ranks
+  each holding 1/N of the same state: our sharded save vs N ranks' raw write+fsync of the same bytes vs DCP's
+  ``save``, and the sharded async stall
 * loads: ours with sha256 verification, ours with size verification, torch.load of the torch.save files
 
 Ratios: raw_time / contender_time for writers (1.0 = raw bandwidth), async stall / sync save time.
@@ -24,6 +32,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +42,7 @@ from pathlib import Path
 import torch
 
 from worldpipe.checkpoint import CheckpointManager
-from worldpipe.checkpoint.publish import fsync_dir, write_all
+from worldpipe.checkpoint.files import fsync_dir, write_all
 
 MB = 1 << 20
 
@@ -63,6 +72,48 @@ def make_state(total_mb: int, seed: int = 0) -> dict:
                                                                   "tokens_seen": 0}, "sampler": {"cursor": 0}}
 
 
+class SimulatedStep:
+    """Forward/backward stand-in: real matmuls, calibrated once to take ``seconds`` on this machine."""
+
+    def __init__(self, seconds: float, size: int = 384) -> None:
+        self.a, self.b = torch.randn(size, size), torch.randn(size, size)
+        for _ in range(10):  # the first calls pay one-time setup
+            torch.mm(self.a, self.b)
+        count, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:
+            torch.mm(self.a, self.b)
+            count += 1
+        per_iteration = (time.perf_counter() - t0) / count
+        self.iterations = max(1, round(seconds / per_iteration))
+
+    def run(self) -> float:
+        """Run the step; return how long it took."""
+        t0 = time.perf_counter()
+        for _ in range(self.iterations):
+            torch.mm(self.a, self.b)
+        return time.perf_counter() - t0
+
+
+def optimizer_over(state: dict) -> torch.optim.Optimizer:
+    """An optimizer whose parameters and per-parameter state are the state's tensors (storage shared)."""
+    params = [torch.nn.Parameter(t, requires_grad=False) for t in state["model"].values()]
+    optimizer = torch.optim.SGD(params, lr=0.0)
+    for param, per_param in zip(params, state["optimizer"]["state"].values(), strict=True):
+        optimizer.state[param] = per_param
+    return optimizer
+
+
+def overlapped_stall(manager, step: int, state: dict, optimizer, simulated: SimulatedStep) -> tuple[float, float]:
+    """(stall, step time) of an async save whose copy overlaps one simulated forward/backward."""
+    t0 = time.perf_counter()
+    manager.save(step, state, optimizer=optimizer)
+    stall = time.perf_counter() - t0
+    step_time = simulated.run()
+    t0 = time.perf_counter()
+    manager.before_optimizer_step()  # what optimizer.step()'s pre-hook does
+    return stall + time.perf_counter() - t0, step_time
+
+
 def _tensors(obj):
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -88,6 +139,9 @@ class Bench:
         self.counter = 0
         self.async_manager: CheckpointManager | None = None
         self.async_root = base / "async"
+        self.overlap_manager: CheckpointManager | None = None
+        self.simulated: SimulatedStep | None = None
+        self.step_times: list[float] = []
         self.load_root = base / "load"
 
     def fresh(self, name: str) -> Path:
@@ -158,6 +212,17 @@ class Bench:
         self.async_manager.wait()
         return dt
 
+    def ours_async_overlap(self) -> float:
+        if self.overlap_manager is None:
+            self.overlap_manager = CheckpointManager(self.base / "overlap", async_save=True, keep_last=2)
+            self.optimizer, self.overlap_step = optimizer_over(self.state), 0
+        self.overlap_step += 1
+        stall, step_time = overlapped_stall(self.overlap_manager, self.overlap_step, self.state, self.optimizer,
+                                            self.simulated)
+        self.step_times.append(step_time)
+        self.overlap_manager.wait()
+        return stall
+
     def prepare_load(self) -> None:
         CheckpointManager(self.load_root).save(1, self.state)
         for name in ("model", "optimizer"):
@@ -180,43 +245,78 @@ class Bench:
         return time.perf_counter() - t0
 
 
-WRITERS = ("raw", "ours_sync", "torch_save", "dcp", "ours_async")
+WRITERS = ("raw", "ours_sync", "torch_save", "dcp", "ours_async", "ours_async_overlap")
+STALLS = ("ours_async", "ours_async_overlap")
 LOADERS = ("load_sha256", "load_size", "torch_load")
+
+
+def _measure(bench: Bench, repeat: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in WRITERS + LOADERS}
+    for name in WRITERS:  # warm-up round: imports, thread pools, first-touch allocations
+        getattr(bench, name)()
+    bench.step_times.clear()
+    for round_index in range(repeat):
+        # Interleaved, and rotated every round so no contender always runs first after an idle gap
+        # (this VM pays page faults writing fresh files after idling).
+        order = WRITERS[round_index % len(WRITERS):] + WRITERS[:round_index % len(WRITERS)]
+        for name in order:
+            times[name].append(getattr(bench, name)())
+    bench.prepare_load()
+    for name in LOADERS:
+        getattr(bench, name)()
+    for _ in range(repeat):
+        for name in LOADERS:
+            times[name].append(getattr(bench, name)())
+    for manager in (bench.async_manager, bench.overlap_manager):
+        if manager is not None:
+            manager.close()
+    return times
+
+
+def _first_async_stall(base: Path, state: dict) -> float:
+    cold = CheckpointManager(base / "async-cold", async_save=True)
+    t0 = time.perf_counter()
+    cold.save(1, state)
+    first_async = time.perf_counter() - t0
+    cold.close()
+    return first_async
+
+
+def run_sharded(args: argparse.Namespace, base: Path) -> dict | None:
+    """The sharded rows: ``bench_checkpoint_sharded.py`` on ``args.ranks`` gloo ranks under torchrun."""
+    if args.ranks < 1:
+        return None
+    out = base / "sharded.json"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", f"--nproc-per-node={args.ranks}",
+           str(Path(__file__).with_name("bench_checkpoint_sharded.py")), "--mb", str(args.mb), "--repeat",
+           str(args.repeat), "--dir", str(base / "sharded"), "--out", str(out), "--step-s", str(args.step_s)]
+    proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=args.sharded_timeout_s)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench checkpoint: sharded rows failed (exit {proc.returncode}): "
+                         f"{proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.read_text())
 
 
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; return (and write to ``args.out``) the results."""
     load_before = os.getloadavg()
+    # One intra-op thread, as a training rank runs (trainer.threads_per_rank): with more, an oversubscribed
+    # machine makes the simulated step's duration erratic (its threads wait for each other at every matmul).
+    torch.set_num_threads(1)
     state = make_state(args.mb)
     nbytes = state_bytes(state)
     base_parent = Path(args.dir) if args.dir else Path("results/bench")
     base_parent.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=base_parent))
     bench = Bench(base, state)
-    times: dict[str, list[float]] = {name: [] for name in WRITERS + LOADERS}
+    bench.simulated = SimulatedStep(args.step_s)
     try:
-        for name in WRITERS:  # warm-up round: imports, thread pools, first-touch allocations
-            getattr(bench, name)()
-        first_async = None
-        for round_index in range(args.repeat):
-            # Interleaved, and rotated every round so no contender always runs first after an idle gap
-            # (this VM pays page faults writing fresh files after idling).
-            order = WRITERS[round_index % len(WRITERS):] + WRITERS[:round_index % len(WRITERS)]
-            for name in order:
-                times[name].append(getattr(bench, name)())
-        bench.prepare_load()
-        for name in LOADERS:
-            getattr(bench, name)()
-        for _ in range(args.repeat):
-            for name in LOADERS:
-                times[name].append(getattr(bench, name)())
-        cold = CheckpointManager(base / "async-cold", async_save=True)
-        t0 = time.perf_counter()
-        cold.save(1, state)
-        first_async = time.perf_counter() - t0
-        cold.close()
-        if bench.async_manager is not None:
-            bench.async_manager.close()
+        idle_step = statistics.median(bench.simulated.run() for _ in range(3))
+        times = _measure(bench, args.repeat)
+        first_async = _first_async_stall(base, state)
+        sharded = run_sharded(args, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     med = {name: statistics.median(v) for name, v in times.items()}
@@ -225,12 +325,15 @@ def run(args: argparse.Namespace) -> dict:
         "repeat": args.repeat,
         "median_s": med,
         "all_s": times,
-        "bandwidth_MBps": {name: nbytes / MB / med[name] for name in WRITERS if name != "ours_async"},
+        "bandwidth_MBps": {name: nbytes / MB / med[name] for name in WRITERS if name not in STALLS},
         "ratio_vs_raw": {name: med["raw"] / med[name] for name in ("ours_sync", "torch_save", "dcp")},
         "async_stall_over_sync": med["ours_async"] / med["ours_sync"],
+        "async_overlap_stall_over_sync": med["ours_async_overlap"] / med["ours_sync"],
+        "simulated_step_s": {"idle": idle_step, "during_overlapped_copy": statistics.median(bench.step_times)},
         "async_first_save_stall_s": first_async,
         "async_first_stall_over_sync": first_async / med["ours_sync"],
         "load_ratio_vs_torch_load": {name: med["torch_load"] / med[name] for name in ("load_sha256", "load_size")},
+        "sharded": sharded,
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         # this benchmark is CPU-sensitive (hashing): record how busy the machine was
@@ -243,6 +346,34 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def _print(result: dict) -> None:
+    med = result["median_s"]
+    print(f"state {result['state_mb']:.0f} MB, median of {result['repeat']}, "
+          f"load average {result['loadavg_before_after'][0]:.1f} -> {result['loadavg_before_after'][1]:.1f}")
+    for name in WRITERS:
+        if name in STALLS:
+            continue
+        ratio = f"  {result['ratio_vs_raw'][name]:.2f}x raw" if name in result["ratio_vs_raw"] else ""
+        print(f"  {name:<11} {med[name]:.3f} s  {result['bandwidth_MBps'][name]:7.0f} MB/s{ratio}")
+    print(f"  async stall {med['ours_async']:.3f} s = {result['async_stall_over_sync']:.3f}x sync save "
+          f"(first save, cold buffers: {result['async_first_save_stall_s']:.3f} s)")
+    steps = result["simulated_step_s"]
+    print(f"  async stall, copy overlapping the next step: {med['ours_async_overlap']:.4f} s = "
+          f"{result['async_overlap_stall_over_sync']:.4f}x sync save (simulated step {steps['idle']:.3f} s idle, "
+          f"{steps['during_overlapped_copy']:.3f} s while copying)")
+    for name in LOADERS:
+        print(f"  {name:<11} {med[name]:.3f} s")
+    sharded = result.get("sharded")
+    if sharded:
+        print(f"  sharded, {sharded['ranks']} ranks x {sharded['bytes_per_rank'] / MB:.0f} MB:")
+        for name, bw in sharded["aggregate_MBps"].items():
+            ratio = sharded["ratio_vs_raw"].get(name)
+            print(f"    {name:<14} {sharded['median_s'][name]:.3f} s  {bw:7.0f} MB/s aggregate"
+                  + (f"  {ratio:.2f}x raw" if ratio else ""))
+        print(f"    async stall {sharded['median_s']['async_stall']:.4f} s = "
+              f"{sharded['async_stall_over_sync']:.4f}x sharded sync save")
+
+
 def main(argv: list[str] | None = None) -> dict:
     """CLI entry: parse arguments, run, print a summary."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,17 +381,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds (median reported)")
     parser.add_argument("--dir", default=None, help="where to write (default: results/bench/ckpt-bench-*)")
     parser.add_argument("--out", default="results/bench/checkpoint.json")
+    parser.add_argument("--step-s", type=float, default=0.5,
+                        help="simulated forward/backward the async copy overlaps (seconds, idle machine)")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks of the sharded rows (0: skip them)")
+    parser.add_argument("--sharded-timeout-s", type=float, default=1800)
     result = run(parser.parse_args(argv))
-    med = result["median_s"]
-    print(f"state {result['state_mb']:.0f} MB, median of {result['repeat']}, "
-          f"load average {result['loadavg_before_after'][0]:.1f} -> {result['loadavg_before_after'][1]:.1f}")
-    for name in WRITERS[:-1]:
-        ratio = f"  {result['ratio_vs_raw'][name]:.2f}x raw" if name in result["ratio_vs_raw"] else ""
-        print(f"  {name:<11} {med[name]:.3f} s  {result['bandwidth_MBps'][name]:7.0f} MB/s{ratio}")
-    print(f"  async stall {med['ours_async']:.3f} s = {result['async_stall_over_sync']:.2f}x sync save "
-          f"(first save, cold buffers: {result['async_first_save_stall_s']:.3f} s)")
-    for name in LOADERS:
-        print(f"  {name:<11} {med[name]:.3f} s")
+    _print(result)
     return result
 
 

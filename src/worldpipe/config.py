@@ -16,7 +16,7 @@ from worldpipe.config_schema import check_ranges
 
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
-# (world-size-invariant) global batch.
+# (world-size-invariant) global batch and how they are laid out.
 RESUME_SAFE_KEYS: tuple[str, ...] = (
     "trainer.steps",
     "trainer.log_every",
@@ -33,10 +33,9 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "data.manifest",
     "data.cache_mb",
     "data.prefetch",
-    "parallel.nproc_per_node",
-    "parallel.nnodes",
-    "parallel.backend",
-    "parallel.rdzv_timeout_s",
+    # The layout (strategy, degrees, rank counts): every layout computes the same global-mean gradient of the
+    # same global batch, so changing it changes only floating-point reduction order.
+    "parallel.",
     "tracking.",
     "paths.",
     "run_dir",
@@ -98,6 +97,9 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
             f"global batch {t['batch_size']} is not divisible by the world size {world_size} "
             "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
         )
+    from worldpipe.parallel.layout import validate_layout  # the layout's own rules (degrees, model axes)
+
+    validate_layout(c, world_size)
 
 
 def _is_safe(key: str) -> bool:

@@ -65,6 +65,8 @@ class ParallelConfig:
     backend: str = _range("auto", choices=("auto", "gloo", "nccl"))
     even_batches: bool = True
     rdzv_timeout_s: int | None = _range(None, gt=0)  # start-up rendezvous limit; None: the launcher's default
+    tensor_parallel: int = _range(1, ge=1)  # DTensor column/row-wise degree (worldpipe.parallel.layout)
+    context_parallel: int = _range(1, ge=1)  # ranks a sequence is cut over in time
 
 
 @dataclass

@@ -122,15 +122,20 @@ def append_traceback(log_file: Path | None, err: BaseException, who: str) -> Non
         pass
 
 
-def report(err: BaseException, log_file: Path | None, who: str = "worldpipe", prefix: str | None = None) -> int:
-    """Log the traceback, print one line on stderr (the traceback too in debug mode); returns the exit status."""
+def report(err: BaseException, log_file: Path | None, who: str = "worldpipe", prefix: str | None = None,
+           start_line: bool = False) -> int:
+    """Log the traceback, print one line on stderr (the traceback too in debug mode); returns the exit status.
+
+    ``start_line`` prefixes the line with a carriage return (a worker's stderr may hold a progress bar).
+    """
     append_traceback(log_file, err, who)
     line, code = describe(err, log_file)
     if debug_enabled():
         traceback.print_exception(err, file=sys.stderr)
     if prefix is not None:
         line = prefix + line.removeprefix(ERROR_PREFIX)
-    print(line, file=sys.stderr, flush=True)
+    # "\r" first: a progress bar leaves its line unterminated, and the error must start a line of its own.
+    print(("\r" if start_line else "") + line, file=sys.stderr, flush=True)
     return code
 
 
@@ -148,5 +153,6 @@ def run_worker_main(body: Callable[[], object], log_file: Callable[[], Path | No
             raise
         rank = os.environ.get("RANK", "0")
         secondary = is_secondary(err) and classify(err) is None
-        code = report(err, log_file(), who=f"rank {rank}", prefix=SECONDARY_PREFIX if secondary else None)
+        code = report(err, log_file(), who=f"rank {rank}", prefix=SECONDARY_PREFIX if secondary else None,
+                      start_line=True)
         raise SystemExit(code) from None

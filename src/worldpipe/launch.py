@@ -32,7 +32,6 @@ from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 from worldpipe.preflight import check_data, checked_config, compose_config
 from worldpipe.relay import OutputRelay
-from worldpipe.resume import preflight_resume
 from worldpipe.run_lock import RunLock
 
 __all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
@@ -97,6 +96,9 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir).acquire() if _holds_run_lock() else None
     try:
+        # Imported only now: it brings torch (seconds), which the refusals above do not need.
+        from worldpipe.resume import preflight_resume
+
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
@@ -154,7 +156,7 @@ def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Pa
         relay.write_log()
     line = relay.summary(code)
     if line is not None:
-        print(line, file=sys.stderr, flush=True)
+        print(("" if relay.at_line_start else "\n") + line, file=sys.stderr, flush=True)
     if code != 0 and relay.child_exit is not None and relay.child_exit > 0:
         return relay.child_exit
     return code

@@ -19,6 +19,8 @@ LAUNCHER_PID_ENV = "WORLDPIPE_LAUNCHER_PID"
 # Exit status of a worker that found its launcher gone at start-up.
 EXIT_ORPHANED = 70
 _PR_SET_PDEATHSIG = 1
+# Resolved once at import, in the parent: a preexec_fn must not dlopen in a freshly forked child.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -26,10 +28,9 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
     Safe in a ``preexec_fn``: the setting survives ``exec`` of a non-setuid program.
     """
-    if not sys.platform.startswith("linux"):
+    if _LIBC is None:
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
 

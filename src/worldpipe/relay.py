@@ -33,6 +33,7 @@ class OutputRelay:
         self.last_held: str | None = None
         self._held: list[str] = []
         self._in_traceback = False
+        self._at_line_start = True  # whether the console's current line is empty (a bar ends with '\r')
         self._partial = b""
 
     def feed(self, data: bytes) -> None:
@@ -72,12 +73,14 @@ class OutputRelay:
             self._held = []
 
     def _line(self, line: str) -> None:
+        if line == "\r" and self._at_line_start:
+            return  # a carriage return at the start of an empty line (before an error line): nothing to redraw
         text = line.rstrip("\r\n")
         exit_match = _CHILD_EXIT.search(text)
         if exit_match and self.child_exit is None:
             self.child_exit = int(exit_match.group(1))
         if self.debug:
-            self.out.write(line)
+            self._write(line)
             return
         if text.startswith(SECONDARY_PREFIX):
             self.secondary = self.secondary or text
@@ -85,7 +88,7 @@ class OutputRelay:
         elif text.startswith(ERROR_PREFIX) and not self._in_traceback:
             if self.primary is None:
                 self.primary = text
-                self.out.write(text + "\n")
+                self._write(("" if self._at_line_start else "\n") + text + "\n")
                 self.out.flush()
             else:
                 self._hold(line)
@@ -96,7 +99,16 @@ class OutputRelay:
         elif _AGENT_LINE.match(text):
             self._hold(line)
         else:
-            self.out.write(line)
+            self._write(line)
+
+    @property
+    def at_line_start(self) -> bool:
+        """Whether the console's current line is empty (what was written last ended with a newline)."""
+        return self._at_line_start
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self._at_line_start = text.endswith("\n")
 
     def _hold(self, line: str) -> None:
         self._held.append(line if line.endswith(("\n", "\r")) else line + "\n")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from worldpipe.checkpoint import CheckpointCorruptError, CheckpointManager
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 
 def _save(root: Path, steps) -> CheckpointManager:

@@ -123,11 +123,12 @@ def test_pipeline_schema_rejects_an_override_that_is_not_key_value(repo, tmp_pat
 
 @pytest.mark.slow
 def test_pipeline_overrides_reach_the_shell_quoted(repo, tmp_path, env_with_venv):
-    hostile = "tracking.run_name='a b; touch PWNED #'"
+    # experiment_name is part of a run's identity, so it travels in the rule's own (printed) command line.
+    hostile = "experiment_name='a b; touch PWNED #'"
     proc = snakemake(repo, tmp_path / "wd", env_with_venv, [hostile], "-n", "-p", "--forceall")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "launch_training.sh" in line]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "WORLDPIPE_LAUNCH_TRAINING" in line]
     assert lines, proc.stdout[-3000:]
-    argv = shlex.split(lines[0].split(">>")[0])
+    argv = shlex.split(lines[0].split(">>")[0].split('"$WORLDPIPE_LAUNCH_TRAINING"', 1)[1])
     assert hostile in argv  # one argument, exactly as written: nothing for the shell to interpret
     assert "touch" not in argv

@@ -66,3 +66,15 @@ def test_debug_shows_everything(tmp_path):
     relay.feed(TORCHRUN_FAILURE)
     relay.close()
     assert "ChildFailedError" in out.getvalue() and relay.summary(1) is None
+
+
+def test_an_error_after_an_unterminated_progress_bar_is_still_its_own_line(tmp_path):
+    # What a rank-0 worker writes: a bar redrawn with a leading '\r' and never ended, then its error line
+    # (started with '\r' by errors.report), then another rank's secondary error.
+    relay, shown = relay_of(b"\rtrain:   0%|   | 0/20", b"\rtrain:  50%|#  | 10/20",
+                            b"\rerror: saving checkpoint step 10 failed at /r/model.pt: [Errno 5] EIO\n",
+                            b"\rerror (secondary): Connection closed by peer\n", TORCHRUN_FAILURE, tmp_path=tmp_path)
+    lines = shown.splitlines()
+    assert lines[-1] == "error: saving checkpoint step 10 failed at /r/model.pt: [Errno 5] EIO"
+    assert [line for line in lines if "error" in line] == [lines[-1]]
+    assert relay.summary(1) is None and relay.at_line_start

@@ -19,14 +19,14 @@ import pytest
 
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.fault import PHASES
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 pytestmark = pytest.mark.crash
 
 CHILD = textwrap.dedent("""
     import json, os, sys
     from worldpipe.checkpoint import CheckpointManager
-    from worldpipe.checkpoint.testing import example_state
+    from checkpoint_states import example_state
     root, fault, mode, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     cm = CheckpointManager(root, keep_last=2, async_save=(mode == "async"), storage_options=options)
     cm.save(1, example_state(seed=1))
@@ -107,7 +107,9 @@ def test_kill9_at_random_moments(tmp_path, seed):
     assert proc.stdout.readline().strip() == "saved 1"
     time.sleep(random.Random(seed).uniform(0.0, 0.5))  # somewhere inside the following saves
     proc.kill()
-    proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
+    # The child saves until killed: it must have died of this SIGKILL, not of an error of its own.
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
     _check_consistent(root)
     CheckpointManager(root, keep_last=2).save(10_000, example_state(seed=10_000))
     assert _posix_leftovers(root) == []

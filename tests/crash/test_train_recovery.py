@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import subprocess
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kill_support import kill_at_random_point
 
 from datasets import SMOKE_SPEC, build_dataset
 from processes import pids_with_arg, wait_gone
@@ -100,13 +100,9 @@ def kill_tree(proc: subprocess.Popen, run_dir: Path, mode: str) -> None:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_kill9_at_random_points_resumes_bit_exact(seed, mode, tmp_path, smoke_dataset, env_with_venv, reference):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(run_dir, smoke_dataset), env=env_with_venv, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(random.Random(seed).uniform(0.0, 1.5))  # somewhere in the next steps or inside a save
-    kill_tree(proc, run_dir, mode)
+    kill = kill_at_random_point(train_cmd(run_dir, smoke_dataset), run_dir, env_with_venv, seed, final_step=STEPS,
+                                kill=lambda proc, where: kill_tree(proc, where, mode))
+    print(f"kill ({mode}) landed after step {kill.step} (delay {kill.delay_s:.2f} s, attempt {kill.attempts})")
     assert_no_partial_reported(run_dir)
     assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
 

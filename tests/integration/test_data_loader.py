@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ SPEC = DatasetSpec(
     name="cp", env_id="CartPole-v1", policy="random", episodes=12, max_steps=30, episodes_per_shard=3, seed=9
 )
 WINDOW, STRIDE, GLOBAL_BATCH, SEED = 8, 4, 5, 3
+HANG_GUARD_S = 120  # only stops a broken producer from hanging the suite; never a timing window
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +142,10 @@ def test_prefetch_never_advances_saved_state(store):
     initial = sampler.state_dict()
     loader = WindowLoader(store, sampler, 0, 1, prefetch=3)
     try:
-        deadline = time.monotonic() + 5
-        while not loader._queue.full() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert loader._queue.full()
+        queue = loader._queue
+        with queue.not_empty:  # notified on every put: wake up until the prefetch queue is full
+            full = queue.not_empty.wait_for(lambda: queue._qsize() >= queue.maxsize, timeout=HANG_GUARD_S)
+        assert full, "the prefetch thread never filled its queue"
         assert loader.state_dict() == initial
         first = loader.next_batch()
         after_one = loader.state_dict()

@@ -88,3 +88,19 @@ def test_resume_from_a_recorded_checkpoint_continues_into_a_new_run(recorded, en
     missing = _run(["worldpipe", "resume", recorded["run_id"], "--step", "5", "--tracking-uri", recorded["uri"],
                     "--run-dir", str(root / "runs" / "nope")], env_with_venv, root)
     assert missing.returncode == 2 and "no longer" in missing.stderr
+
+
+def test_rerun_exits_1_and_names_the_first_difference_when_the_record_disagrees(recorded, env_with_venv):
+    """Last in this module: it alters the recorded history (a later value at step 10 of loss/total, as if the
+    original had computed something else), so the faithful rerun must report a difference and exit 1."""
+    root = recorded["root"]
+    client = MlflowClient(recorded["uri"])
+    original = {m.step: m for m in client.get_metric_history(recorded["run_id"], "loss/total")}[10]
+    client.log_metric(recorded["run_id"], "loss/total", original.value + 1.0, timestamp=original.timestamp + 1,
+                      step=10)
+    proc = _run(["worldpipe", "rerun", recorded["run_id"], "--tracking-uri", recorded["uri"],
+                 "--run-dir", str(root / "runs" / "rerun-differs"), "--data-dir", str(root / "regenerated")],
+                env_with_venv, root)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "differs: first at step 10, metric loss/total" in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -3,7 +3,7 @@
 import torch
 
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest, state_digest
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 
 def test_same_state_same_digest_across_saves(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 
 def _assert_previous_is_latest(root, step):

@@ -14,7 +14,7 @@ from worldpipe.checkpoint import (
     CheckpointNotFoundError,
     CheckpointWriteError,
 )
-from worldpipe.checkpoint.testing import example_state, flip_byte
+from checkpoint_states import example_state, flip_byte
 
 
 def _equal_trees(a, b):

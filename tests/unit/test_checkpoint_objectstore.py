@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, state_digest
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 
 @pytest.fixture(params=["memory", "s3"])

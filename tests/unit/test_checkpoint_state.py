@@ -8,7 +8,7 @@ import torch
 
 from worldpipe.checkpoint import CheckpointManager, capture_rng, restore_rng, snapshot_state
 from worldpipe.checkpoint.state import validate_state
-from worldpipe.checkpoint.testing import example_state
+from checkpoint_states import example_state
 
 
 def _draws(np_gens, torch_gens):

@@ -23,7 +23,7 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 SCRIPT = textwrap.dedent("""
     import sys
     from worldpipe.checkpoint import CheckpointManager
-    from worldpipe.checkpoint.testing import example_state
+    from checkpoint_states import example_state
     cm = CheckpointManager(sys.argv[1], keep_last=2)
     for step in (1, 2):
         cm.save(step, example_state(seed=step, ranks=2))

@@ -175,7 +175,7 @@ def test_status_command_lists_pending_records(tmp_path, dead_uri, capsys):
 @pytest.mark.parametrize("published", [True, False])
 def test_sync_decides_a_dead_writers_staged_metrics_by_its_checkpoints(tmp_path, dead_uri, sqlite_uri, published):
     from worldpipe.checkpoint import CheckpointManager
-    from worldpipe.checkpoint.testing import example_state
+    from checkpoint_states import example_state
 
     run_dir, ckpt_dir = tmp_path / "run", tmp_path / "run" / "checkpoints"
     recorder = RunRecorder(True, dead_uri, f"spool-dead-writer-{published}", run_dir=run_dir)

@@ -23,6 +23,8 @@ from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load
 from . import layout
 from .digest import state_digest
 from .manager import CheckpointManager, checkpoint_digest
+from .resharding import is_sharded, load_resharded
+from .sharded_saver import ShardedSaver, is_sharded_model, local_state_dicts
 from .state import capture_rng, restore_rng
 
 log = logging.getLogger("worldpipe.checkpoint")
@@ -102,6 +104,10 @@ class Checkpointer:
         self.manager = CheckpointManager(cfg["dir"], keep_last=cfg["keep_last"], keep_every=cfg["keep_every"],
                                          async_save=cfg["async_save"], verify=cfg["verify"])
         self._undurable: list[Any] = []  # listener tokens of saves whose async publication may be in flight
+        # A DTensor-sharded model (FSDP2, TP) is saved sharded: every rank writes its own pieces, none gathers.
+        self.saver = (ShardedSaver(self.manager, async_save=cfg["async_save"], digest=runtime.is_main)
+                      if is_sharded_model(components.model) else None)
+        self._records: dict[int, dict] = {}  # rank 0: what the listener needs of a sharded save in flight
 
     # ---- cadence ----
     def should_save(self, step: int, final: bool) -> bool:
@@ -115,9 +121,19 @@ class Checkpointer:
         Rank 0 chooses the newest step that verifies and decodes (and reports skipped ones); every rank loads that step.
         ``check_identity(identity, step)`` may refuse it by raising.
         """
-        step = broadcast_object(self.runtime, self.manager.latest_loadable() if self.runtime.is_main else None)
+        # A sharded model's rank 0 only verifies (sha256): decoding to test loadability would assemble the
+        # whole state in one process. An undecodable shard then fails the load below, naming the file.
+        choose = self.manager.latest_intact if self.saver is not None else self.manager.latest_loadable
+        step = broadcast_object(self.runtime, choose() if self.runtime.is_main else None)
         if step is None:
             return None
+        if self.saver is not None or is_sharded(self.manager, step):
+            # Each rank reads only the regions its own tensors cover, whatever layout wrote the step.
+            identity = self.manager.load(step, keys={layout.IDENTITY})[layout.IDENTITY]
+            check_identity(identity, step)
+            rest = load_resharded(self.manager, step, self.components.model, self.components.optimizer)
+            self._restore_rest(rest)
+            return Resumed(step, identity)
         state = self.manager.load(step)
         check_identity(state[layout.IDENTITY], step)
         self.restore(state)
@@ -127,6 +143,10 @@ class Checkpointer:
         """Load a state dict into the components (collective under FSDP2)."""
         c = self.components
         load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])
+        self._restore_rest(state)
+
+    def _restore_rest(self, state: Mapping[str, Any]) -> None:
+        c = self.components
         if c.scheduler is not None:
             c.scheduler.load_state_dict(state[layout.SCHEDULER])
         c.loader.load_state_dict(state[layout.SAMPLER])
@@ -138,14 +158,20 @@ class Checkpointer:
             restore_rng(rng[self.runtime.rank], {}, c.torch_generators)
 
     # ---- save ----
-    def capture(self) -> dict[str, Any] | None:
-        """The full state on rank 0 (None elsewhere); collective: every rank must call it."""
+    def capture(self, sharded: bool = False) -> dict[str, Any] | None:
+        """The full state on rank 0 (None elsewhere); collective: every rank must call it.
+
+        ``sharded``: every rank's own shards of model and optimizer instead (the rest only on rank 0).
+        """
         c = self.components
-        model_state = full_model_state(c.model)
-        optim_state = full_optimizer_state(c.model, c.optimizer)
+        if sharded:
+            model_state, optim_state = local_state_dicts(c.model, c.optimizer)
+        else:
+            model_state = full_model_state(c.model)
+            optim_state = full_optimizer_state(c.model, c.optimizer)
         rng = gather_objects(self.runtime, capture_rng({}, c.torch_generators))
         if not self.runtime.is_main:
-            return None
+            return {layout.MODEL: model_state, layout.OPTIMIZER: optim_state} if sharded else None
         return {
             layout.MODEL: model_state,
             layout.OPTIMIZER: optim_state,
@@ -164,12 +190,15 @@ class Checkpointer:
         Sync saves are durable on return. Async saves return once the snapshot is taken; their listener's
         ``durable`` runs when the next save (or the final one, which waits) finds them published.
         """
+        if self.saver is not None:
+            return self._save_sharded(step, final)
         state = self.capture()
         if state is None:
             return None
         if self.listener is not None:
             self.listener.before_publish(step)
-        self.manager.save(step, state)
+        # Async: the copy of what optimizer.step() writes overlaps the next forward/backward (a step pre-hook waits).
+        self.manager.save(step, state, optimizer=self.components.optimizer)
         digest = state_digest(state)  # now, before the next step changes the live tensors
         if self.listener is not None:
             self._undurable.append(self.listener.published(step, state, digest))
@@ -182,10 +211,31 @@ class Checkpointer:
         del self._undurable[:durable]
         return digest
 
+    def _save_sharded(self, step: int, final: bool) -> str | None:
+        """Every rank publishes its own shards; rank 0 reports each save to the listener once it is durable,
+        with the digest streamed from the published shards (no rank ever holds the whole state)."""
+        state = self.capture(sharded=True)
+        if self.runtime.is_main:
+            if self.listener is not None:
+                self.listener.before_publish(step)
+            self._records[step] = {k: state[k] for k in (layout.PROGRESS, layout.SAMPLER, layout.RNG)}
+        self.saver.save(step, state, self.components.optimizer)
+        if final or not self.cfg["async_save"]:
+            self.saver.wait()
+        digests = {}
+        while self.saver.durable:  # appended by the writer thread: pop, never clear
+            done, digests[done] = self.saver.durable.pop(0)
+            record = self._records.pop(done, None)
+            if self.listener is not None and record is not None:
+                self.listener.durable(self.listener.published(done, record, digests[done]))
+        return digests.get(step)
+
     def digest(self, step: int) -> str:
         """Digest of a published step (used when a run resumes at its final step and saves nothing)."""
         return checkpoint_digest(self.cfg["dir"], step)
 
     def close(self) -> None:
         """Wait for an in-flight async save (raising its failure) and stop the writer thread."""
+        if self.saver is not None:
+            self.saver.close()
         self.manager.close()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import layout
+from . import layout, shards
 from .state import from_portable, rng_view, to_portable, validate_state
 from .tensorfile import EncodedFile, Segment, encode_with_fallback
 
@@ -71,6 +71,7 @@ def decode_state(contents: Mapping, load_torch: Callable[[str, bool], Any], read
 
     ``load_torch(relpath, on_cpu)`` loads a tensor file (``on_cpu`` forces CPU: RNG states must be CPU tensors),
     ``read_json(relpath)`` parses a JSON file. ``keys`` restricts which state keys are loaded; others are None.
+    A sharded checkpoint's tensors are assembled whole from its shard files (see :mod:`.shards`).
     """
     wanted = set(layout.STATE_KEYS) if keys is None else set(keys)
     state: dict[str, Any] = dict.fromkeys(layout.STATE_KEYS)
@@ -85,6 +86,17 @@ def decode_state(contents: Mapping, load_torch: Callable[[str, bool], Any], read
         state[layout.IDENTITY] = read_json(contents[layout.IDENTITY])
     if layout.RNG in wanted:
         state[layout.RNG] = [from_portable(load_torch(p, True)) for p in contents.get(layout.RNG) or []]
+    sharded = contents.get(shards.CONTENTS_KEY)
+    if sharded and wanted & set(shards.SHARDED_STATE_KEYS):
+        index, opened = read_json(sharded["index"]), {}
+
+        def open_file(relpath: str):
+            if relpath not in opened:
+                opened[relpath] = load_torch(relpath, True)
+            return opened[relpath]
+
+        for key in shards.SHARDED_STATE_KEYS:
+            state[key] = shards.resolve(state[key], index, open_file)
     return state
 
 
@@ -99,4 +111,7 @@ def files_for_keys(contents: Mapping, keys: set[str] | None) -> set[str] | None:
         paths.add(contents[layout.IDENTITY])
     if layout.RNG in keys:
         paths.update(contents.get(layout.RNG) or [])
+    sharded = contents.get(shards.CONTENTS_KEY)
+    if sharded and keys & set(shards.SHARDED_STATE_KEYS):
+        paths.update([sharded["index"], *sharded["files"]])
     return paths

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from . import layout
+from .shards import LazyTensor
 
 DIGEST_KEYS = (layout.MODEL, layout.OPTIMIZER, layout.SCHEDULER, layout.SCALER, layout.EMA, layout.PROGRESS,
                layout.SAMPLER)
@@ -60,6 +61,8 @@ def _key_bytes(key) -> bytes:
 def _feed(h, obj) -> None:
     if obj is None:
         _frame(h, b"N", b"")
+    elif isinstance(obj, LazyTensor):  # a sharded checkpoint's tensor: assembled now, dropped after hashing
+        _feed(h, obj.materialize())
     elif isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         header = json.dumps({"dtype": str(t.dtype), "shape": list(t.shape)}, sort_keys=True).encode()

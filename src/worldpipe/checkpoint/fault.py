@@ -7,9 +7,15 @@
 * ``raise``          raise ``OSError(EIO)`` as a failing disk would.
 
 A phase may name the step it applies to, ``<phase>@<step>:<action>`` (e.g. ``after_rename@20:die``), so a
-training run can publish earlier checkpoints normally and fail inside a later one.
+training run can publish earlier checkpoints normally and fail inside a later one. In a multi-rank (sharded)
+save, ``#<rank>`` selects the rank the fault applies to, ``<phase>[@<step>]#<rank>:<action>`` (e.g.
+``mid_files@4#1:die`` kills rank 1 while it writes its shard of step 4); the rank is the ``RANK`` torchrun sets
+(0 without one). Without ``#<rank>`` every process that reaches the phase applies it.
 Several faults may be given separated by ``,``. The variable is read at every phase, so a process can change
 it between saves. Phases, in publication order, are listed in :data:`PHASES`.
+
+In-process, :func:`hooked` runs a callback at a phase instead: tests synchronise on it (block publication
+on an event, observe, release) rather than on a pause of some length.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 ENV_VAR = "WORLDPIPE_CKPT_FAULT"
@@ -35,6 +41,7 @@ PHASES = (
 
 
 _publishing_step: int | None = None
+_hooks: dict[str, Callable[[int | None], None]] = {}
 
 
 @contextmanager
@@ -48,17 +55,40 @@ def publishing(step: int) -> Iterator[None]:
         _publishing_step = previous
 
 
+def _this_rank() -> int:
+    # The launcher's rank, not the process group's: faults fire before and after the group exists.
+    return int(os.environ.get("RANK", "0"))
+
+
+@contextmanager
+def hooked(phase: str, callback: Callable[[int | None], None]) -> Iterator[None]:
+    """While active, call ``callback(step)`` in whichever thread of this process reaches ``phase``."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+    _hooks[phase] = callback
+    try:
+        yield
+    finally:
+        _hooks.pop(phase, None)
+
+
 def inject(phase: str) -> None:
-    """Apply any fault configured for ``phase``."""
+    """Run the hook and apply any fault configured for ``phase``."""
+    hook = _hooks.get(phase)
+    if hook is not None:
+        hook(_publishing_step)
     spec = os.environ.get(ENV_VAR, "")
     if not spec:
         return
     for item in spec.split(","):
         name, _, action = item.strip().partition(":")
+        name, _, only_rank = name.partition("#")
         name, _, only_step = name.partition("@")
         if name not in PHASES:
             raise ValueError(f"{ENV_VAR}: unknown phase {name!r} (known: {', '.join(PHASES)})")
         if name != phase or (only_step and int(only_step) != _publishing_step):
+            continue
+        if only_rank and int(only_rank) != _this_rank():
             continue
         if action == "die":
             os.kill(os.getpid(), signal.SIGKILL)

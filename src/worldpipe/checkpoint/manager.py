@@ -10,14 +10,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from . import fault, layout
 from .codec import decode_state, encode_state, files_for_keys
+from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
 from .retention import select_deletions
 from .state import snapshot_state, validate_state
-from .store import Store, open_store
+from .stores import Store, open_store
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -71,17 +74,22 @@ class CheckpointManager:
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
         self._snapshot_buffers: dict = {}
+        self._copy: DeferredCopy | None = None
+        self._guards: dict[int, object] = {}  # id(optimizer) -> step pre-hook handle
         self._closed = False
         self._preloaded: tuple[int, dict] | None = None  # chosen by latest_loadable(), handed to load()
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, step: int, state: Mapping) -> None:
+    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Publish ``state`` as checkpoint ``step``.
 
         Sync: returns once the checkpoint is durable and ``latest`` names it. Async: returns after copying the
         state; publication runs in the background, one at a time and in order (this call first waits for the
         previous one). A failure of the previous background save is raised here (and this save not started).
+        Async with ``optimizer``: the tensors ``optimizer.step()`` writes (parameters, optimizer state) are
+        copied on a background thread too; the optimizer's next ``step()`` waits for that copy (a step
+        pre-hook, or call :meth:`before_optimizer_step`), so the copy overlaps the next forward and backward.
         """
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
@@ -92,12 +100,23 @@ class CheckpointManager:
             self._publish(step, state)
             return
         buffers: dict = {}
-        snapshot = snapshot_state(state, reuse=self._snapshot_buffers, record=buffers)
+        pairs: list = []
+        snapshot = snapshot_state(state, reuse=self._snapshot_buffers, record=buffers,
+                                  defer=step_mutated(optimizer) if optimizer is not None else None, deferred=pairs)
         # The previous publication is finished: its buffers are reused by the next snapshot.
         self._snapshot_buffers = buffers
+        self._copy = DeferredCopy(pairs) if pairs else None
+        if optimizer is not None and id(optimizer) not in self._guards:
+            self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
-        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot)
+        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot, self._copy)
+
+    def before_optimizer_step(self) -> None:
+        """Block until the background copy of the last async save is complete (the optimizer may step then)."""
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            copy.wait()
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
@@ -111,6 +130,9 @@ class CheckpointManager:
             self._collect()
         finally:
             self._closed = True
+            for handle in self._guards.values():
+                handle.remove()
+            self._guards = {}
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
@@ -129,8 +151,10 @@ class CheckpointManager:
             if error is not None:
                 raise error
 
-    def _publish_in_background(self, step: int, state: Mapping) -> None:
+    def _publish_in_background(self, step: int, state: Mapping, copy: DeferredCopy | None = None) -> None:
         try:
+            if copy is not None:
+                copy.wait()
             self._publish(step, state)
         except BaseException as exc:
             # Logged now (the process may never call save/wait/close again) and re-raised by _collect().
@@ -318,8 +342,18 @@ class CheckpointManager:
 
 def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
                       storage_options: Mapping | None = None) -> str:
-    """:func:`state_digest` of a stored checkpoint (default: the newest intact one)."""
-    return state_digest(CheckpointManager(root, storage_options=storage_options).load(step))
+    """:func:`state_digest` of a stored checkpoint (default: the newest intact one).
+
+    A sharded checkpoint is digested tensor by tensor from its memory-mapped shards, never whole.
+    """
+    from .resharding import is_sharded, lazy_state
+
+    manager = CheckpointManager(root, storage_options=storage_options)
+    if step is None:
+        step = manager.latest_intact()
+    if step is not None and is_sharded(manager, step):
+        return state_digest(lazy_state(manager, step))
+    return state_digest(manager.load(step))
 
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "state_digest"]

@@ -162,7 +162,7 @@ def _contents_problems(contents: object, listed: set[str], where: str) -> list[s
         return [f"{where}: 'contents' is not a table"]
     problems = []
     for key, value in contents.items():
-        for path in value if isinstance(value, list) else [value]:
+        for path in _named_paths(value):
             if path is None and not isinstance(value, list):
                 continue
             if _illegal_path(path):
@@ -170,6 +170,13 @@ def _contents_problems(contents: object, listed: set[str], where: str) -> list[s
             elif path not in listed:
                 problems.append(f"{where}: contents.{key} names {path!r}, which is not listed in files")
     return problems
+
+
+def _named_paths(value: object) -> list:
+    # A table (sharded checkpoints: {"index": path, "files": [paths], "world_size": n}) names its string leaves.
+    if isinstance(value, dict):
+        return [p for v in value.values() if not isinstance(v, int) for p in _named_paths(v)]
+    return value if isinstance(value, list) else [value]
 
 
 def check_sizes(manifest: Mapping, step: int, size_of, only: set[str] | None = None) -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -55,15 +55,20 @@ def validate_state(state: Mapping) -> None:
         raise ValueError("state['rng'] must be a list of per-rank dicts (index = rank)")
 
 
-def snapshot_state(state: Mapping, *, reuse: dict | None = None, record: dict | None = None) -> dict:
+def snapshot_state(state: Mapping, *, reuse: dict | None = None, record: dict | None = None,
+                   defer: Callable[[torch.Tensor], bool] | None = None,
+                   deferred: list | None = None) -> dict:
     """Deep copy of ``state`` that training may keep mutating: tensors are detached CPU clones.
 
     Tensors that are the same view of the same storage (tied weights) stay shared in the copy. ``reuse`` and
     ``record`` let a caller recycle buffers between snapshots: ``record`` receives this snapshot's tensors by
     position; passing that dict as ``reuse`` next time copies into those tensors (same shape and dtype) instead
     of allocating. Only pass ``reuse`` once nothing reads the earlier snapshot any more.
+
+    With ``defer``, tensors for which ``defer(tensor)`` is true get their destination only: ``(destination,
+    source)`` pairs are appended to ``deferred`` and the caller copies them later (see :mod:`.deferred_copy`).
     """
-    return _copy_tree(state, {}, reuse, record, ())
+    return _copy_tree(state, {}, reuse, record, (), (defer, deferred) if defer is not None else None)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
@@ -71,7 +76,7 @@ def _tensor_key(t: torch.Tensor) -> tuple:
             t.dtype)
 
 
-def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: tuple):
+def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: tuple, defer=None):
     """Copy ``obj``. ``reuse`` (path -> tensor of an earlier, no longer used snapshot) provides buffers to copy
     into when shape and dtype match; ``record`` collects this snapshot's buffers by path for the next one.
 
@@ -84,8 +89,13 @@ def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: t
             return memo[key]
         src = obj.detach()
         buf = reuse.get(path) if reuse is not None else None
-        if (buf is not None and buf.shape == src.shape and buf.dtype == src.dtype
-                and buf.is_contiguous() and src.layout == torch.strided):
+        reusable = (buf is not None and buf.shape == src.shape and buf.dtype == src.dtype
+                    and buf.is_contiguous() and src.layout == torch.strided)
+        if defer is not None and src.layout == torch.strided and defer[0](src):
+            # Allocation is lazy (pages are touched by the copy), so it costs the caller next to nothing.
+            out = buf if reusable else torch.empty(src.shape, dtype=src.dtype, device="cpu")
+            defer[1].append((out, src))
+        elif reusable:
             out = buf.copy_(src)
         else:
             out = src.to("cpu", copy=True) if src.layout == torch.strided else src.cpu().clone()
@@ -95,13 +105,13 @@ def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: t
             memo[key] = out
         return out
     if isinstance(obj, Mapping):
-        copied = {k: _copy_tree(v, memo, reuse, record, (*path, k)) for k, v in obj.items()}
+        copied = {k: _copy_tree(v, memo, reuse, record, (*path, k), defer) for k, v in obj.items()}
         # Keep OrderedDict & co. (state_dict() returns OrderedDict); plain dict otherwise.
         return copied if type(obj) is dict else type(obj)(copied)
     if isinstance(obj, list):
-        return [_copy_tree(v, memo, reuse, record, (*path, i)) for i, v in enumerate(obj)]
+        return [_copy_tree(v, memo, reuse, record, (*path, i), defer) for i, v in enumerate(obj)]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        items = [_copy_tree(v, memo, reuse, record, (*path, i)) for i, v in enumerate(obj)]
+        items = [_copy_tree(v, memo, reuse, record, (*path, i), defer) for i, v in enumerate(obj)]
         return tuple(items) if type(obj) is tuple else type(obj)(items)
     return copy.deepcopy(obj)
 

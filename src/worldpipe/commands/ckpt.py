@@ -16,6 +16,9 @@ def register(sub) -> None:
         parser.add_argument("run_dir", help="run directory (holding checkpoints/) or the checkpoints directory")
         if name != "list":
             parser.add_argument("--step", type=int)
+        if name == "verify":
+            parser.add_argument("--rng", action="store_true",
+                                help="also check the RNG files: one per rank, per-rank streams distinct")
         parser.set_defaults(handler=handler)
 
 
@@ -44,6 +47,10 @@ def _verify(args) -> int:
     failed = 0
     for step in steps:
         problems = manager.verify(step, full=True)
+        if args.rng and not problems:
+            from worldpipe.checkpoint.rng_audit import check_rng_files
+
+            problems = check_rng_files(manager, step)
         print(f"step {step}: {'ok' if not problems else 'FAILED'}")
         for problem in problems:
             print(f"  {problem}")

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from .state import capture_rng
+from worldpipe.checkpoint.state import capture_rng
 
 
 def example_state(seed: int = 0, ranks: int = 1, width: int = 16, scheduler: bool = True,

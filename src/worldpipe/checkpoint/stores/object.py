@@ -1,15 +1,6 @@
-"""Checkpoint stores: the interface the manager uses, and the object-store implementation (fsspec).
-
-Two protocols publish a step (docs/architecture.md, "Publication protocol"):
-
-* POSIX directories (:class:`worldpipe.checkpoint.publish.PosixStore`): write into a hidden partial directory,
-  fsync, atomically rename into place.
-* Object stores without atomic rename (``memory://``, ``s3://``, ... via fsspec; :class:`ObjectStore`): write
-  the files directly under ``step-NNNNNN/``, then ``MANIFEST.json`` LAST as the commit marker. Readers treat a
-  step without a manifest as nonexistent. ``latest`` is written after the manifest.
-
-Single writer: one process publishes to a store at a time (rank 0). POSIX stores enforce this with a lock file;
-object stores cannot.
+"""Object-store protocol over fsspec (``memory://``, ``s3://``, ...): no atomic rename, so the files of a step
+are written first and ``MANIFEST.json`` LAST, as the commit marker; readers treat a step without a manifest as
+nonexistent, and ``latest`` is written after the manifest.
 """
 
 from __future__ import annotations
@@ -19,89 +10,19 @@ import io
 import json
 import logging
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
 import torch
 
-from . import fault, layout
-from .codec import PendingFile
-from .errors import CheckpointWriteError
-from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
+from .. import fault, layout
+from ..codec import PendingFile
+from ..errors import CheckpointWriteError
+from ..manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
+from .base import Store
 
 logger = logging.getLogger("worldpipe.checkpoint")
-
-
-class Store:
-    """What the manager needs from a place that holds checkpoints."""
-
-    url: str
-
-    def step_names(self) -> list[int]:
-        """Steps visible to readers (object stores: only committed ones), unsorted."""
-        raise NotImplementedError
-
-    def step_exists(self, step: int) -> bool:
-        """Whether anything exists under the step's directory name."""
-        raise NotImplementedError
-
-    def location(self, step: int) -> str:
-        """Printable location of a step directory."""
-        raise NotImplementedError
-
-    def read_manifest(self, step: int) -> bytes | None:
-        """Raw MANIFEST.json of ``step``, or None when missing."""
-        raise NotImplementedError
-
-    def size_of(self, step: int, relpath: str) -> int | None:
-        """Size of a file of ``step``, None when missing."""
-        raise NotImplementedError
-
-    def sha256_of(self, step: int, relpath: str) -> str:
-        """SHA-256 of a file of ``step``, read from the store."""
-        raise NotImplementedError
-
-    def load_torch(self, step: int, relpath: str, map_location: Any) -> Any:
-        """``torch.load(..., weights_only=True)`` of a file of ``step``."""
-        raise NotImplementedError
-
-    def read_json(self, step: int, relpath: str) -> Any:
-        """Parsed JSON file of ``step``."""
-        raise NotImplementedError
-
-    def read_latest(self) -> int | None:
-        """Step named by the ``latest`` pointer, None when absent or unreadable."""
-        raise NotImplementedError
-
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping) -> None:
-        """Publish ``files`` as step ``step`` and point ``latest`` at it; raise CheckpointWriteError on failure."""
-        raise NotImplementedError
-
-    def remove_leftovers(self) -> list[str]:
-        """Remove what crashed saves or deletions left behind; return what was removed."""
-        raise NotImplementedError
-
-    def delete_step(self, step: int) -> None:
-        """Remove a published step so that no reader sees a half-deleted one."""
-        raise NotImplementedError
-
-    @contextlib.contextmanager
-    def writer_lock(self, step: int) -> Iterator[None]:
-        """Held while publishing; a no-op where the store cannot lock."""
-        yield
-
-
-def open_store(root: str | Any, storage_options: Mapping | None = None) -> Store:
-    """POSIX store for local paths (and ``file://``), object store for any other fsspec URL."""
-    from .publish import PosixStore  # local import: publish depends on this module
-
-    text = str(root)
-    if "://" not in text:
-        return PosixStore(text)
-    if text.startswith("file://"):
-        return PosixStore(text[len("file://"):])
-    return ObjectStore(text, storage_options)
 
 
 class ObjectStore(Store):

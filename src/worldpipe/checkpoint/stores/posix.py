@@ -1,4 +1,4 @@
-"""POSIX publication protocol (docs/architecture.md, "Publication protocol"): atomic via rename, durable via fsync, in this order.
+"""POSIX store: the publication protocol for a local directory (docs/architecture.md, "Publication protocol"): atomic via rename, durable via fsync, in this order.
 
 1. write every file into ``.step-NNNNNN.partial-<nonce>/``: write, ``fsync(file)``; fsync its subdirectories;
 2. write ``MANIFEST.json`` (every file, size, sha256; step; identity), ``fsync`` it, ``fsync`` the partial dir;
@@ -20,74 +20,19 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from worldpipe.atomic import fsync_dir
 
-from . import fault, layout
-from .codec import PendingFile
-from .errors import CheckpointWriteError
-from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
-from .store import Store
-from .tensorfile import Segment
-
-_MAX_WRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
-
-
-def write_all(fd: int, segment: Segment) -> None:
-    """Write all of ``segment`` to ``fd`` (large writes, partial writes resumed)."""
-    view = memoryview(segment).cast("B")
-    while len(view):
-        written = os.write(fd, view[:_MAX_WRITE])
-        view = view[written:]
-
-
-def write_file(path: str, segments: list[Segment]) -> int:
-    """Create ``path`` (must not exist), write ``segments``; return the open descriptor (not yet fsynced)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        for seg in segments:
-            write_all(fd, seg)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def fsync_and_close(fd: int) -> None:
-    """``fsync`` then close ``fd`` (closed even when fsync fails)."""
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durably(path: str, segments: list[Segment]) -> None:
-    """Create ``path`` (must not exist), write ``segments``, ``fsync`` it, close it."""
-    fsync_and_close(write_file(path, segments))
-
-
-_fsync_pool: ThreadPoolExecutor | None = None
-
-
-def fsync_pool() -> ThreadPoolExecutor:
-    """Threads that fsync finished files while the next ones are being written (device I/O overlaps)."""
-    global _fsync_pool
-    if _fsync_pool is None:
-        _fsync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-fsync")
-    return _fsync_pool
-
-
-def _forget_fsync_pool_in_child() -> None:
-    # A forked child inherits the executor but not its threads.
-    global _fsync_pool
-    _fsync_pool = None
-
-
-os.register_at_fork(after_in_child=_forget_fsync_pool_in_child)
+from .. import fault, layout
+from ..codec import PendingFile
+from ..errors import CheckpointWriteError
+from ..files import fsync_and_close, fsync_pool, write_file, write_file_durably
+from ..manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
+from .base import Store
 
 
 class _Cursor:
@@ -327,5 +272,3 @@ class PosixStore(Store):
         shutil.rmtree(doomed)
         fsync_dir(self.root)
 
-
-__all__ = ["PosixStore", "fsync_dir", "write_all", "write_file_durably"]

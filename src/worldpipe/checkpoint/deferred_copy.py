@@ -1,0 +1,89 @@
+"""The background copy of an async checkpoint's parameters and optimizer state.
+
+Parameters and optimizer state change only inside ``optimizer.step()``. So the snapshot copy of those tensors
+need not stall the loop: it runs on a thread while the next step's forward and backward run, and only has to
+be complete before that step's optimizer update. :func:`step_mutated` says which tensors qualify (their storage
+belongs to a parameter or a per-parameter state tensor of the optimizer); everything else (buffers, RNG
+states, anything a forward pass may change) is still copied synchronously, so correctness never depends on
+the trainer's order of calls beyond "the copy is awaited before ``optimizer.step()``", which a step pre-hook
+enforces (:func:`guard_optimizer`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # a DTensor's storage is its local shard's
+    return to_local() if callable(to_local) else t
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().data_ptr()
+
+
+def step_mutated(optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], bool]:
+    """Predicate: does ``tensor`` share storage with what ``optimizer.step()`` writes (params, their state)?"""
+    ptrs = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            ptrs.add(_storage_ptr(p))
+    for per_param in optimizer.state.values():
+        for value in per_param.values():
+            if isinstance(value, torch.Tensor):
+                ptrs.add(_storage_ptr(value))
+    ptrs.discard(0)
+    return lambda t: _storage_ptr(t) in ptrs
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def copy_pool() -> ThreadPoolExecutor:
+    """The process-wide copy thread. Kept alive between saves: starting a thread waits until the new thread
+    runs, which on a busy machine costs the caller milliseconds it would otherwise not stall."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-snapshot-copy")
+    return _pool
+
+
+def _forget_pool_in_child() -> None:
+    # A forked child inherits the executor but not its thread.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for dst, src in pairs:
+        dst.copy_(_local(src))
+    pairs.clear()  # drop references to the live tensors
+
+
+class DeferredCopy:
+    """Copies ``(destination, source)`` pairs on the copy thread (``copy_`` releases the GIL)."""
+
+    def __init__(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._future = copy_pool().submit(_copy_all, list(pairs))
+
+    @property
+    def done(self) -> bool:
+        """True once every copy has finished."""
+        return self._future.done()
+
+    def wait(self) -> None:
+        """Block until every copy has finished; raise the copy's failure, if any."""
+        self._future.result()
+
+
+def guard_optimizer(optimizer: torch.optim.Optimizer, wait: Callable[[], None]):
+    """Call ``wait()`` before every ``optimizer.step()``; returns the hook handle (``.remove()`` to undo)."""
+    return optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: wait())

@@ -1,0 +1,195 @@
+"""Loading a checkpoint into a model and optimizer of any layout and world size (resharding).
+
+Every rank reads only the regions its own tensors cover: for a ``DTensor`` the region its placement says
+(e.g. FSDP2's row block), for a plain tensor the whole tensor. The regions are cut from the saved pieces
+(:mod:`.shards`; shard files are memory-mapped on POSIX stores, so a rank touches only the bytes it needs), or
+from the whole tensors of a checkpoint saved unsharded. So a checkpoint saved by N ranks in one layout loads on M
+ranks in another: fsdp 4→2, 2→1, 1→4, fsdp↔ddp.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import layout, shards
+from .codec import decode_state
+from .errors import CheckpointCorruptError
+from .manifest import check_sizes
+from .stores import PosixStore
+
+_OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
+
+
+class _Source:
+    """The files of one published step, opened lazily and cached (memory-mapped where possible)."""
+
+    def __init__(self, manager, step: int, manifest: Mapping) -> None:
+        self.manager, self.step, self.manifest = manager, step, manifest
+        self.contents = manifest["contents"]
+        self._opened: dict[str, Any] = {}
+        sharded = self.contents.get(shards.CONTENTS_KEY)
+        self.index = self.read_json(sharded["index"]) if sharded else None
+
+    def _where(self, relpath: str) -> str:
+        return f"{layout.step_dir_name(self.step)}/{relpath}"
+
+    def load(self, relpath: str) -> Any:
+        """A tensor file (``weights_only``), memory-mapped on POSIX stores."""
+        if relpath not in self._opened:
+            store = self.manager.store
+            try:
+                if isinstance(store, PosixStore):
+                    self._opened[relpath] = torch.load(os.path.join(store.location(self.step), *relpath.split("/")),
+                                                       map_location="cpu", weights_only=True, mmap=True)
+                else:
+                    self._opened[relpath] = store.load_torch(self.step, relpath, "cpu")
+            except Exception as exc:  # a damaged file that passed the size check
+                raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({exc})"]) from exc
+        return self._opened[relpath]
+
+    def read_json(self, relpath: str) -> Any:
+        """A JSON file of the step."""
+        try:
+            return self.manager.store.read_json(self.step, relpath)
+        except (OSError, ValueError) as exc:
+            raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({exc})"]) from exc
+
+    def skeleton(self, key: str) -> Any:
+        """The stored tree of ``key`` (placeholders not resolved), or None when absent."""
+        relpath = self.contents.get(key)
+        return self.load(relpath) if relpath else None
+
+    def region(self, saved: Any, name: str, offset: list[int], shape: list[int]) -> torch.Tensor:
+        """The region ``[offset, offset + shape)`` of the saved logical tensor ``saved`` (placeholder or tensor)."""
+        if shards.is_placeholder(saved):
+            if self.index is None:
+                raise CheckpointCorruptError(self.step, [f"{name}: placeholder in an unsharded checkpoint"])
+            entry = self.index["tensors"][shards.placeholder_id(saved, self.index)]
+            try:
+                return shards.read_region(entry, offset, shape, self.load)
+            except (ValueError, KeyError) as exc:
+                raise CheckpointCorruptError(self.step, [f"{self._where(shards.INDEX_FILE)}: {name}: {exc}"]) from exc
+        if not isinstance(saved, torch.Tensor):
+            raise CheckpointCorruptError(self.step, [f"{name}: expected a tensor, found {type(saved).__name__}"])
+        return saved[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))].clone()
+
+    def global_shape(self, saved: Any) -> list[int]:
+        """Logical shape of a saved tensor or placeholder."""
+        if shards.is_placeholder(saved) and self.index is not None:
+            return list(self.index["tensors"][shards.placeholder_id(saved, self.index)]["shape"])
+        return list(saved.shape) if isinstance(saved, torch.Tensor) else []
+
+
+def open_step(manager, step: int, keys: set[str] | None = None) -> _Source:
+    """Manifest and size checks of the files this rank will read; raises CheckpointCorruptError naming them."""
+    manifest, problems = manager._manifest(step)
+    if manifest is None:
+        raise CheckpointCorruptError(step, problems)
+    problems = check_sizes(manifest, step, lambda p: manager.store.size_of(step, p))
+    if problems:
+        raise CheckpointCorruptError(step, problems)
+    return _Source(manager, step, manifest)
+
+
+def _fill(source: _Source, saved: Any, target: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor laid out like ``target`` holding the saved values."""
+    if list(target.shape) != source.global_shape(saved):
+        raise CheckpointCorruptError(source.step, [f"{name}: saved shape {source.global_shape(saved)} != "
+                                                   f"{list(target.shape)} in the model being loaded"])
+    if shards.is_dtensor(target):
+        from torch.distributed.tensor import DTensor
+
+        offset, shape = shards.placement_of(target)
+        local = source.region(saved, name, offset, shape).to(target.device)
+        return DTensor.from_local(local, target.device_mesh, target.placements, run_check=False,
+                                  shape=target.shape, stride=target.stride())
+    return source.region(saved, name, [0] * target.dim(), list(target.shape)).to(target.device)
+
+
+def _fill_tree(source: _Source, saved: Any, target: Any, path: list) -> Any:
+    """``saved`` with its tensors laid out like their counterparts in ``target`` (same paths)."""
+    name = "/".join(map(str, path))
+    if shards.is_placeholder(saved) or isinstance(saved, torch.Tensor):
+        if not isinstance(target, torch.Tensor):
+            # No counterpart (e.g. a state the optimizer creates lazily): load the whole tensor.
+            shape = source.global_shape(saved)
+            return source.region(saved, name, [0] * len(shape), shape)
+        return _fill(source, saved, target, name)
+    if isinstance(saved, Mapping):
+        sub = target if isinstance(target, Mapping) else {}
+        return {k: _fill_tree(source, v, sub.get(k), [*path, k]) for k, v in saved.items()}
+    if isinstance(saved, list | tuple):
+        sub = target if isinstance(target, list | tuple) and len(target) == len(saved) else [None] * len(saved)
+        return type(saved)(_fill_tree(source, v, t, [*path, i]) for i, (v, t) in enumerate(zip(saved, sub,
+                                                                                                strict=True)))
+    return saved
+
+
+def _module(model: nn.Module) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Load checkpoint ``step`` into ``model`` (and ``optimizer``) as they are laid out now; call on every rank.
+
+    Works for sharded and unsharded checkpoints alike, whatever layout and world size wrote them. Files are
+    size-checked here; full SHA-256 verification is the caller's choice (e.g. rank 0's ``latest_intact``).
+    Returns the other parts of the state (scheduler, scaler, progress, sampler, rng, identity; model and
+    optimizer None), as :meth:`CheckpointManager.load` would.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    source = open_step(manager, step)
+    module = _module(model)
+    saved_model = source.skeleton(layout.MODEL) or {}
+    target = get_model_state_dict(module)
+    missing = sorted(set(target) - set(saved_model))
+    if missing:
+        raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}/{source.contents[layout.MODEL]}: "
+                                            f"no tensor {missing[0]!r} (and {len(missing) - 1} more)"])
+    set_model_state_dict(module, {k: _fill(source, saved_model[k], t, f"model/{k}") for k, t in target.items()})
+    if optimizer is not None:
+        saved_optim = source.skeleton(layout.OPTIMIZER)
+        if saved_optim is None:
+            raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}: holds no optimizer state"])
+        target_optim = get_optimizer_state_dict(module, optimizer)
+        set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
+    return decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
+
+
+def _loader(source: _Source) -> Callable[[str, bool], Any]:
+    return lambda relpath, _on_cpu: source.load(relpath)
+
+
+def lazy_state(manager, step: int, verify: bool = True) -> dict:
+    """Checkpoint ``step`` with its sharded tensors as :class:`.shards.LazyTensor` s (shards memory-mapped).
+
+    With ``verify`` every file is checked by SHA-256 first (raises CheckpointCorruptError naming them); for
+    :func:`.digest.state_digest`, which then assembles one tensor at a time.
+    """
+    problems = manager.verify(step, full=True) if verify else []
+    if problems:
+        raise CheckpointCorruptError(step, problems)
+    source = open_step(manager, step)
+    state = decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
+    for key in shards.SHARDED_STATE_KEYS:
+        state[key] = shards.resolve(source.skeleton(key), source.index, source.load, lazy=True)
+    return state
+
+
+def is_sharded(manager, step: int) -> bool:
+    """Whether published step ``step`` has shard files (False when its manifest is missing or damaged)."""
+    manifest, _ = manager._manifest(step)
+    return manifest is not None and bool(manifest["contents"].get(shards.CONTENTS_KEY))

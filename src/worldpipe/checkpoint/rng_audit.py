@@ -1,0 +1,125 @@
+"""Checks on the per-rank RNG files of a checkpoint, and comparable fingerprints of RNG states.
+
+A checkpoint holds one RNG file per rank (``rng/rank-NNNNN.pt``, see :mod:`worldpipe.checkpoint.layout`).
+Restoring rank 0's state on every rank, or losing a rank's file, changes what a resumed run draws without
+changing the checkpoint digest (which leaves RNG out by definition). :func:`audit_rng` finds both from the
+stored files: the files listed are exactly ranks 0..W-1 for the recorded world size, each loads, and the
+streams that training seeds per rank are distinct between ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import layout
+from .state import from_portable, to_portable
+
+# Streams the trainer seeds differently on every rank (worldpipe.trainer.seeding.seed_rank_generators); torch's global
+# generator is seeded identically on purpose (same model init everywhere), so it is not expected to differ.
+PER_RANK_STREAMS = ("python", "numpy_global")
+
+
+def _hash_tree(obj: Any, digest: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        digest.update(b"T" + obj.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, np.ndarray):
+        digest.update(b"A" + obj.dtype.str.encode() + np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, Mapping):
+        for key in sorted(obj, key=str):
+            digest.update(b"K" + str(key).encode())
+            _hash_tree(obj[key], digest)
+    elif isinstance(obj, list | tuple):
+        digest.update(b"L%d" % len(obj))
+        for item in obj:
+            _hash_tree(item, digest)
+    else:
+        digest.update(b"V" + json.dumps(obj).encode())
+
+
+def rng_fingerprint(rng: Mapping) -> dict[str, str]:
+    """SHA-256 per stream of one rank's RNG state (as :func:`~worldpipe.checkpoint.state.capture_rng` returns it
+    or a checkpoint loads it); named generators appear as ``torch:<name>`` / ``numpy:<name>``.
+
+    Equal fingerprints mean equal states: the representation is normalized (lists vs tuples, portable NumPy
+    arrays), so a state captured live and the same state read back from a file agree.
+    """
+    rng = from_portable(to_portable(dict(rng)))
+    streams: dict[str, Any] = {"python": rng.get("python"), "numpy_global": rng.get("numpy_global"),
+                               "torch": rng.get("torch"), "cuda": rng.get("cuda")}
+    streams.update({f"numpy:{k}": v for k, v in (rng.get("numpy") or {}).items()})
+    streams.update({f"torch:{k}": v for k, v in (rng.get("generators") or {}).items()})
+    out = {}
+    for name, state in streams.items():
+        if state is None:
+            continue
+        digest = hashlib.sha256()
+        _hash_tree(_lists(state), digest)
+        out[name] = digest.hexdigest()
+    return out
+
+
+def _lists(obj: Any) -> Any:
+    # Python's random state is a tuple when captured and a list after a JSON/pickle round trip.
+    if isinstance(obj, list | tuple):
+        return [_lists(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: _lists(v) for k, v in obj.items()}
+    return obj
+
+
+def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | None) -> list[str]:
+    """Problems with a checkpoint's RNG files (``[]`` when fine), each naming the step and file.
+
+    ``manifest``: the step's parsed manifest; ``rng_states``: its RNG states as loaded, index = rank;
+    ``world_size``: the world size recorded in the step's identity (None: unknown, not checked).
+    """
+    step = manifest.get("step")
+    where = layout.step_dir_name(step) if isinstance(step, int) else "checkpoint"
+    listed = list((manifest.get("contents") or {}).get(layout.RNG) or [])
+    expected = [layout.rng_file(rank) for rank in range(len(listed))]
+    problems = []
+    if not listed:
+        return [f"{where}: no RNG files ({layout.RNG_DIR}/)"]
+    if listed != expected:
+        problems.append(f"{where}: RNG files {listed} are not one per rank in order (expected {expected})")
+    if world_size is not None and len(listed) != world_size:
+        problems.append(f"{where}: {len(listed)} RNG file(s) for a run of world size {world_size} "
+                        f"(identity.json)")
+    prints = [rng_fingerprint(state) for state in rng_states]
+    for stream in PER_RANK_STREAMS:
+        owner: dict[str, int] = {}
+        for rank, fingerprint in enumerate(prints):
+            value = fingerprint.get(stream)
+            if value is None:
+                problems.append(f"{where}/{layout.rng_file(rank)}: no {stream!r} state")
+            elif value in owner:
+                problems.append(f"{where}/{layout.rng_file(rank)}: {stream!r} state identical to rank "
+                                f"{owner[value]}'s (each rank must keep its own stream)")
+            else:
+                owner[value] = rank
+    return problems
+
+
+def check_rng_files(manager: Any, step: int) -> list[str]:
+    """:func:`audit_rng` of step ``step`` of a :class:`~worldpipe.checkpoint.CheckpointManager`'s store."""
+    from .errors import CheckpointError
+    from .manifest import parse_manifest
+
+    raw = manager.store.read_manifest(step)
+    if raw is None:
+        return [f"{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}: missing"]
+    manifest, problems = parse_manifest(raw, step)
+    if manifest is None:
+        return problems
+    try:
+        state = manager.load(step, keys=[layout.RNG, layout.IDENTITY])
+    except CheckpointError as exc:
+        return [str(exc)]
+    world_size = (state[layout.IDENTITY] or {}).get("world_size")
+    return audit_rng(manifest, state[layout.RNG] or [], world_size if isinstance(world_size, int) else None)

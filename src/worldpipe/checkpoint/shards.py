@@ -1,0 +1,221 @@
+"""Sharded tensors in a checkpoint: splitting a rank's state into its own pieces, and reading regions back.
+
+A sharded checkpoint holds the usual files (see :mod:`.layout`), written by rank 0, in which every
+``DTensor`` leaf of ``model``/``optimizer``/``ema`` is replaced by a placeholder ``{PLACEHOLDER: id}``; plain
+tensors stay inline (they are replicated: rank 0's copy is the one stored). Besides them::
+
+    shards/rank-00000.pt     rank 0's local pieces, {key: tensor}, torch.load(weights_only=True)-loadable
+    shards/rank-00001.pt     ...one per rank that holds any piece
+    shards/index.json        per placeholder id: state path, global shape, dtype, and its pieces
+                             (file, key, global offset, shape): together they tile the logical tensor once
+
+Pieces are regions of the logical (unsharded) tensor, so any reader can cut any other region out of them:
+that is what makes loading onto another layout or world size possible (see :mod:`.resharding`). Replicated
+mesh dimensions are written once (by the replica at coordinate 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import layout
+
+PLACEHOLDER = "__worldpipe_shard__"
+SHARD_DIR = "shards"
+INDEX_FILE = f"{SHARD_DIR}/index.json"
+SHARD_FILE_FORMAT = SHARD_DIR + "/rank-{rank:05d}.pt"
+INDEX_FORMAT = 1
+SHARDED_STATE_KEYS = (layout.MODEL, layout.OPTIMIZER, layout.EMA)
+CONTENTS_KEY = "shards"  # manifest contents: {"index": INDEX_FILE, "files": [...], "world_size": N}
+
+
+def shard_file(rank: int) -> str:
+    """Relative path of rank ``rank``'s shard file."""
+    return SHARD_FILE_FORMAT.format(rank=rank)
+
+
+def is_dtensor(obj: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor``."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without distributed support has no sharded tensors
+        return False
+    return isinstance(obj, DTensor)
+
+
+def placement_of(dtensor) -> tuple[list[int], list[int]]:
+    """(global offset, local shape) of this rank's local tensor inside the logical tensor."""
+    offset, local_shape = _placement(tuple(dtensor.shape), dtensor.device_mesh, tuple(dtensor.placements))
+    return list(offset), list(local_shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement(shape: tuple, mesh, placements: tuple) -> tuple[tuple, tuple]:
+    # Cached: an async save computes it for every tensor on the training thread's clock, and it never changes.
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
+    return tuple(offset), tuple(local_shape)
+
+
+def _writes_piece(dtensor) -> bool:
+    # Replicas along a mesh dimension hold the same piece: only coordinate 0 of that dimension writes it.
+    mesh = dtensor.device_mesh
+    for dim, placement in enumerate(dtensor.placements):
+        if placement.is_partial():
+            raise ValueError("cannot checkpoint a DTensor with a Partial placement (reduce it first)")
+        if placement.is_replicate() and mesh.get_local_rank(dim) != 0:
+            return False
+    return True
+
+
+@dataclass
+class LocalShards:
+    """One rank's view of a state being saved sharded."""
+
+    skeleton: dict  # the state with every DTensor leaf replaced by a placeholder (same on every rank)
+    tensors: list[dict] = field(default_factory=list)  # per id: path, shape, dtype (same on every rank)
+    local: dict[str, torch.Tensor] = field(default_factory=dict)  # key in this rank's file -> local piece
+    pieces: dict[int, dict] = field(default_factory=dict)  # id -> this rank's piece (key, offset, shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this rank's pieces."""
+        return sum(t.numel() * t.element_size() for t in self.local.values())
+
+
+def split_state(state: Mapping) -> LocalShards:
+    """Replace the DTensor leaves of ``state`` by placeholders and collect this rank's pieces of them.
+
+    Every rank must call it on a state of the same structure (SPMD): placeholder ids are assigned in
+    traversal order, so they agree across ranks without communication.
+    """
+    shards = LocalShards(skeleton={})
+    for key, value in state.items():
+        shards.skeleton[key] = _split(value, [key], shards) if key in SHARDED_STATE_KEYS else value
+    return shards
+
+
+def _split(obj: Any, path: list, shards: LocalShards) -> Any:
+    if is_dtensor(obj):
+        ident = len(shards.tensors)
+        shards.tensors.append({"path": path, "shape": list(obj.shape), "dtype": str(obj.dtype).removeprefix("torch.")})
+        local = obj.to_local().detach()
+        if local.numel() and _writes_piece(obj):
+            offset, shape = placement_of(obj)
+            if list(local.shape) != shape:
+                raise ValueError(f"{'/'.join(map(str, path))}: local shape {list(local.shape)} != {shape} "
+                                 "expected from the placement")
+            key = str(ident)
+            shards.local[key] = local
+            shards.pieces[ident] = {"key": key, "offset": offset, "shape": shape}
+        return {PLACEHOLDER: ident}
+    if isinstance(obj, Mapping):
+        return {k: _split(v, [*path, k], shards) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_split(v, [*path, i], shards) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_split(v, [*path, i], shards) for i, v in enumerate(obj))
+    return obj
+
+
+def build_index(tensors: list[dict], pieces_by_rank: list[dict[int, dict]]) -> dict:
+    """The ``shards/index.json`` body from every rank's pieces (index = rank); checks they tile each tensor."""
+    entries = []
+    for ident, meta in enumerate(tensors):
+        pieces = []
+        for rank, pieces_of_rank in enumerate(pieces_by_rank):
+            piece = pieces_of_rank.get(ident)
+            if piece is not None:
+                pieces.append({"file": shard_file(rank), **piece})
+        covered = sum(math.prod(p["shape"]) for p in pieces)
+        if covered != math.prod(meta["shape"]):
+            raise ValueError(f"{'/'.join(map(str, meta['path']))}: pieces cover {covered} of "
+                             f"{math.prod(meta['shape'])} elements")
+        entries.append({**meta, "pieces": pieces})
+    return {"format_version": INDEX_FORMAT, "world_size": len(pieces_by_rank), "tensors": entries}
+
+
+def is_placeholder(obj: Any) -> bool:
+    """True for a placeholder left in the skeleton instead of a sharded tensor."""
+    return isinstance(obj, Mapping) and len(obj) == 1 and PLACEHOLDER in obj
+
+
+def placeholder_id(obj: Mapping, index: Mapping) -> int:
+    """The tensor id a placeholder names (validated against ``index``)."""
+    ident = obj[PLACEHOLDER]
+    if isinstance(ident, bool) or not isinstance(ident, int) or not 0 <= ident < len(index["tensors"]):
+        raise ValueError(f"{INDEX_FILE}: no sharded tensor {ident!r}")
+    return ident
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{INDEX_FILE}: unknown dtype {name!r}")
+    return dtype
+
+
+def read_region(entry: Mapping, offset: list[int], shape: list[int],
+                open_file: Callable[[str], Mapping[str, torch.Tensor]], out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """The region ``[offset, offset + shape)`` of the logical tensor ``entry`` describes, cut from its pieces.
+
+    ``open_file(relpath)`` returns a shard file's ``{key: tensor}`` (ideally memory-mapped, so only the
+    overlapping bytes are read). Raises ValueError when the pieces do not cover the region.
+    """
+    if out is None:
+        out = torch.empty(shape, dtype=_dtype(entry["dtype"]))
+    covered = 0
+    for piece in entry["pieces"]:
+        lo = [max(o, po) for o, po in zip(offset, piece["offset"], strict=True)]
+        hi = [min(o + s, po + ps) for o, s, po, ps in zip(offset, shape, piece["offset"], piece["shape"],
+                                                           strict=True)]
+        if any(h <= l_ for l_, h in zip(lo, hi, strict=True)):
+            continue
+        source = open_file(piece["file"])[piece["key"]]
+        src = source[tuple(slice(l_ - po, h - po) for l_, h, po in zip(lo, hi, piece["offset"], strict=True))]
+        dst = out[tuple(slice(l_ - o, h - o) for l_, h, o in zip(lo, hi, offset, strict=True))]
+        dst.copy_(src)
+        covered += src.numel()
+    if covered != math.prod(shape):
+        where = "/".join(map(str, entry["path"]))
+        raise ValueError(f"{INDEX_FILE}: {where}: shards cover {covered} of {math.prod(shape)} elements")
+    return out
+
+
+class LazyTensor:
+    """A logical tensor of a sharded checkpoint, assembled from its pieces only when asked for.
+
+    The state digest materializes these one at a time, so digesting a sharded checkpoint never holds more
+    than one whole tensor (plus the memory-mapped pieces) in one process.
+    """
+
+    def __init__(self, entry: Mapping, open_file: Callable[[str], Mapping[str, torch.Tensor]]) -> None:
+        self.entry, self.open_file = entry, open_file
+
+    def materialize(self) -> torch.Tensor:
+        """The whole tensor."""
+        return read_region(self.entry, [0] * len(self.entry["shape"]), self.entry["shape"], self.open_file)
+
+
+def resolve(tree: Any, index: Mapping, open_file: Callable[[str], Mapping[str, torch.Tensor]],
+            lazy: bool = False) -> Any:
+    """``tree`` with every placeholder replaced by its whole logical tensor (assembled tensor by tensor);
+    ``lazy``: by a :class:`LazyTensor` instead."""
+    if is_placeholder(tree):
+        tensor = LazyTensor(index["tensors"][placeholder_id(tree, index)], open_file)
+        return tensor if lazy else tensor.materialize()
+    if isinstance(tree, Mapping):
+        return {k: resolve(v, index, open_file, lazy) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [resolve(v, index, open_file, lazy) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(resolve(v, index, open_file, lazy) for v in tree)
+    return tree

@@ -1,0 +1,74 @@
+"""`worldpipe bench checkpoint` and `worldpipe bench loader` through the CLI at tiny sizes.
+
+Structure of the JSON only: benchmarks measure speed, tests never assert on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CHECKPOINT_WRITERS = {"raw", "ours_sync", "torch_save", "dcp", "ours_async"}
+CHECKPOINT_LOADERS = {"load_sha256", "load_size", "torch_load"}
+LOADER_FIELDS = {"build_s", "loader_first_batch_s", "loader_vs_demand", "loader_vs_mmap", "loader_windows_per_s",
+                 "mmap_windows_per_s", "store_bytes", "training_loop_overhead"}
+
+
+def bench(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["worldpipe", "bench", *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _positive_numbers(mapping: dict, keys: set[str]) -> None:
+    assert set(mapping) == keys
+    for key, value in mapping.items():
+        assert isinstance(value, int | float) and value > 0, (key, value)
+
+
+def test_bench_checkpoint_writes_its_json(tmp_path, env_with_venv):
+    out, work = tmp_path / "bench" / "checkpoint.json", tmp_path / "scratch"
+    proc = bench(env_with_venv, tmp_path, "checkpoint", "--mb", "1", "--repeat", "2", "--dir", str(work),
+                 "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["repeat"] == 2 and 0.5 < result["state_mb"] < 2
+    _positive_numbers(result["median_s"], CHECKPOINT_WRITERS | CHECKPOINT_LOADERS)
+    assert {k: len(v) for k, v in result["all_s"].items()} == dict.fromkeys(CHECKPOINT_WRITERS | CHECKPOINT_LOADERS, 2)
+    _positive_numbers(result["bandwidth_MBps"], CHECKPOINT_WRITERS - {"ours_async"})
+    _positive_numbers(result["ratio_vs_raw"], {"ours_sync", "torch_save", "dcp"})
+    _positive_numbers(result["load_ratio_vs_torch_load"], {"load_sha256", "load_size"})
+    for key in ("async_stall_over_sync", "async_first_save_stall_s", "async_first_stall_over_sync"):
+        assert result[key] > 0
+    # Ratios are computed from the medians recorded beside them, not measured separately.
+    med = result["median_s"]
+    assert result["ratio_vs_raw"]["ours_sync"] == pytest.approx(med["raw"] / med["ours_sync"])
+    assert result["async_stall_over_sync"] == pytest.approx(med["ours_async"] / med["ours_sync"])
+    assert "x raw" in proc.stdout and "async stall" in proc.stdout
+    assert list(work.iterdir()) == []  # its checkpoints are cleaned up
+
+
+@pytest.mark.slow  # builds two stores and times a GRU loop: ~25 s of CPU even at this size
+def test_bench_loader_writes_its_json(tmp_path, env_with_venv):
+    out = tmp_path / "bench" / "loader.json"
+    proc = bench(env_with_venv, tmp_path, "loader", "--out", str(out), "--episodes", "8", "--max-steps", "24",
+                 "--episodes-per-shard", "4", "--window", "8", "--batch", "4", "--batches", "4", "--repeats", "1",
+                 "--demand", "1000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "loader"
+    assert result["config"] == {"batch": 4, "batches": 4, "demand": 1000.0, "episodes": 8, "episodes_per_shard": 4,
+                                "max_steps": 24, "repeats": 1, "window": 8}
+    assert set(result["compressors"]) == {"none", "zstd"}
+    for fields in result["compressors"].values():
+        assert set(fields) == LOADER_FIELDS
+        assert fields["loader_vs_mmap"] == pytest.approx(fields["loader_windows_per_s"] / fields["mmap_windows_per_s"])
+        assert fields["loader_vs_demand"] == pytest.approx(fields["loader_windows_per_s"] / 1000.0)
+    assert set(result["targets"]) == {"loader_vs_demand", "loader_vs_mmap"}
+    assert isinstance(result["meets_targets"], bool)
+    assert result["training_demand_windows_per_s"] == 1000.0
+    assert f"wrote {out}" in proc.stdout

@@ -1,0 +1,176 @@
+"""Mutation probe: break one promised behaviour at a time and check that the named tests notice.
+
+Each mutant is a minimal textual change to the source (found by its exact text, anywhere under ``src/``, so it
+keeps working when code moves between modules). For each mutant the probe copies the working tree into a
+temporary directory, applies the change there, and runs the named tests with the *default* pytest options
+(slow tests deselected) against the copy: ``PYTHONPATH`` points at the copy's ``src/``, so the torchrun ranks
+and CLI subprocesses the tests start run the mutated code too. The working tree is never modified.
+
+    .venv/bin/python tests/mutation_probe.py                 # every mutant
+    .venv/bin/python tests/mutation_probe.py first_never_hashes rng_rank_index
+    .venv/bin/python tests/mutation_probe.py --list
+
+A mutant is *caught* when its tests fail, *survived* when they pass, and an *error* when they could not run
+(nothing collected, a mutant whose text is no longer in the source, ...). First, unless ``--no-baseline``, the
+tests are run unmutated: they must pass there or the verdicts mean nothing. Exit status: 0 if every mutant was
+caught, 1 otherwise. See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_TIMEOUT_S = 900  # per mutant: the whole set of named tests
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One minimal break: replace ``old`` (which must occur exactly once under src/) by ``new``."""
+
+    name: str
+    promise: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant("rng_rank_index", "every rank resumes with the RNG state it saved",
+           "restore_rng(rng[self.runtime.rank]", "restore_rng(rng[0]",
+           ("tests/crash/test_rng_resume.py::test_each_rank_resumes_with_the_rng_state_it_saved",)),
+    Mutant("first_never_hashes", "verify=first hashes a step the first time it is selected",
+           'return (self.root, step, manifest["manifest_sha256"]) not in _fully_verified',
+           "return False",
+           ("tests/unit/test_checkpoint_verify_modes.py",)),
+    Mutant("restore_skips_numpy", "restore_rng restores NumPy's global generator",
+           'np.random.set_state(tuple(from_portable(rng["numpy_global"])))', "pass",
+           ("tests/unit/test_checkpoint_state.py",)),
+    Mutant("manifest_checksum_ignored", "a damaged MANIFEST.json is never trusted",
+           "if claimed != actual:", "if False:",
+           ("tests/unit/test_checkpoint_manager.py",)),
+    Mutant("retention_ignores_intact", "retention keeps keep_last intact checkpoints",
+           "        if is_intact(step):\n            keep.add(step)",
+           "        if True:\n            keep.add(step)",
+           ("tests/unit/test_checkpoint_retention.py", "tests/unit/test_checkpoint_manager.py")),
+    Mutant("sampler_cursor_not_restored", "the sampler resumes at the saved cursor",
+           "        self.epoch = epoch\n        self.cursor = cursor",
+           "        self.epoch = epoch\n        self.cursor = 0",
+           ("tests/unit/test_data_sampler.py",)),
+    Mutant("rank_slice_overlaps", "ranks take disjoint slices of the global batch",
+           "return slice(start, start + base + (1 if rank < extra else 0))",
+           "return slice(start, start + base + 1)",
+           ("tests/unit/test_data_sampler.py",)),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    """The files git would carry (tracked and untracked-not-ignored), as they are in the working tree now."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def apply(mutant: Mutant, root: Path) -> str:
+    """Apply ``mutant`` under ``root/src``; returns the relative path changed. ValueError if not exactly once."""
+    hits = [p for p in (root / "src").rglob("*.py") if mutant.old in p.read_text()]
+    count = sum(p.read_text().count(mutant.old) for p in hits)
+    if count != 1:
+        raise ValueError(f"mutant {mutant.name}: its text occurs {count} times under src/ (expected once); "
+                         "update MUTANTS in tests/mutation_probe.py")
+    path = hits[0]
+    path.write_text(path.read_text().replace(mutant.old, mutant.new))
+    return str(path.relative_to(root))
+
+
+def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    """Run ``tests`` in ``root`` with the default pytest options; returns (exit status, output tail)."""
+    env = dict(os.environ, PYTHONPATH=str(root / "src"), PYTHONDONTWRITEBYTECODE="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {TEST_TIMEOUT_S} s"
+    return proc.returncode, (proc.stdout + proc.stderr)[-1500:]
+
+
+def verdict(status: int) -> str:
+    # pytest: 0 all passed, 1 some failed; anything else (2-5, timeout) means the tests did not run properly.
+    return {0: "survived", 1: "caught"}.get(status, "error")
+
+
+def probe(mutant: Mutant) -> dict:
+    """Apply one mutant to a fresh copy and run its tests."""
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        root = Path(tmp)
+        copy_tree(root)
+        try:
+            where = apply(mutant, root)
+        except ValueError as err:
+            return {"mutant": mutant.name, "verdict": "error", "detail": str(err)}
+        start = time.monotonic()
+        status, tail = run_tests(root, mutant.tests)
+        return {"mutant": mutant.name, "file": where, "verdict": verdict(status), "pytest_status": status,
+                "seconds": round(time.monotonic() - start, 1), "detail": tail if verdict(status) != "caught" else ""}
+
+
+def baseline(mutants: list[Mutant]) -> tuple[int, str]:
+    tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+        copy_tree(Path(tmp))
+        return run_tests(Path(tmp), tests)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and their tests, run nothing")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the tests")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    known = {m.name: m for m in MUTANTS}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        print(f"error: unknown mutant(s) {unknown}; known: {sorted(known)}", file=sys.stderr)
+        return 2
+    chosen = [known[n] for n in args.names] if args.names else list(MUTANTS)
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:30} {m.promise}\n{'':30} tests: {' '.join(m.tests)}")
+        return 0
+    if not args.no_baseline:
+        status, tail = baseline(chosen)
+        if status != 0:
+            print(f"error: the named tests do not pass unmutated (pytest exit {status}):\n{tail}", file=sys.stderr)
+            return 2
+        print("baseline: the named tests pass unmutated", flush=True)
+    results = []
+    for mutant in chosen:
+        result = probe(mutant)
+        results.append(result)
+        print(f"{result['verdict']:9} {mutant.name:30} {result.get('seconds', '-'):>6} s  {mutant.promise}", flush=True)
+        if result["detail"]:
+            print("    " + result["detail"].strip().replace("\n", "\n    ")[-800:])
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    caught = sum(r["verdict"] == "caught" for r in results)
+    print(f"{caught}/{len(results)} mutants caught")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Launching the sharded-checkpoint worker (tests/integration/sharded_worker.py) under a real torchrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+WORKER = Path(__file__).parent / "integration" / "sharded_worker.py"
+TIMEOUT_S = 240
+
+
+def torchrun(env: dict, nproc: int, *args, fault: str | None = None,
+             extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the worker on ``nproc`` gloo ranks; ``fault`` sets WORLDPIPE_CKPT_FAULT for every rank."""
+    run_env = dict(env, OMP_NUM_THREADS="1", **(extra_env or {}))
+    run_env.pop("WORLDPIPE_CKPT_FAULT", None)
+    if fault:
+        run_env["WORLDPIPE_CKPT_FAULT"] = fault
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc-per-node={nproc}",
+           str(WORKER), *map(str, args)]
+    # torchrun waits for its ranks and stops the others when one dies; the timeout bounds a hang.
+    return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
