@@ -34,10 +34,16 @@ def start_system_metrics(run_id: str | None, uri: str, interval_s: float, resume
 
 
 def stop_system_metrics(monitor) -> None:
-    """Stop sampling and flush what was sampled (before the run is marked terminated)."""
+    """Stop sampling, take one last sample and flush (before the run is marked terminated).
+
+    The last sample gives every segment at least one, however short it was compared with the interval.
+    """
     if monitor is None:
         return
     try:
-        monitor.finish()
-    except Exception as err:  # noqa: BLE001
+        monitor.finish()  # stops and joins the sampling thread, flushes its samples
+        monitor.collect_metrics()
+        monitor.publish_metrics(monitor.aggregate_metrics())
+        monitor.mlflow_logger.flush()
+    except Exception as err:  # noqa: BLE001 - telemetry must never fail the run
         log.warning("stopping system metrics failed: %s", err)
