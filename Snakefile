@@ -4,6 +4,8 @@ import os
 
 from snakemake.utils import min_version, validate
 
+from worldpipe.sweep import sweep_targets
+
 min_version("9.0")
 
 
@@ -22,6 +24,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/sweep.smk"
 
 
 # The current config's run of every experiment (earlier runs stay on disk, outside the DAG).
@@ -37,4 +40,5 @@ rule all:
                 rules.plot_loss_curve.output.plot,
             )
         ],
-        rules.plot_models_vs_baseline.output.plot,
+        [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
+        sweep_targets(config.get("sweep"), RESULTS),

@@ -5,6 +5,8 @@ needed=()
 command -v strace >/dev/null || needed+=(strace)
 command -v fiu-run >/dev/null || needed+=(fiu-utils)
 command -v chromium >/dev/null || needed+=(chromium)
+# a real PostgreSQL for the tracking-server test (Debian keeps initdb/pg_ctl under /usr/lib/postgresql/<v>/bin)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || needed+=(postgresql)
 # a real SLURM cluster on localhost for tests/slurm (slurmctld, slurmd, client commands) and its auth daemon
 { command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null || needed+=(slurm-wlm)
 { command -v munged && command -v munge; } >/dev/null || needed+=(munge)

@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 
-from worldpipe.commands import bench, ckpt, data, rerun, run, runs, serve, tracking
+from worldpipe.commands import bench, ckpt, data, rerun, run, runs, serve, sweep, tracking
 from worldpipe.errors import DEBUG_ENV, report
 
-GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve)
+GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve, sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,6 +91,8 @@ class TrackingConfig:
     uri: str | None = None
     experiment: str = "worldpipe"
     run_name: str = MISSING
+    system_metrics_interval_s: float = _range(10.0, ge=0)  # MLflow system metrics from rank 0; 0: off
+    register_as: str | None = None  # model registry name of the evaluated model (worldpipe evaluate)
 
 
 GROUP_SCHEMAS: dict[str, type] = {

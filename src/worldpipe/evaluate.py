@@ -7,15 +7,18 @@ imagines `horizon` steps from the recorded actions alone. Its error at each hori
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from worldpipe.atomic import write_atomic
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.models import WorldModel, build_model
+from worldpipe.models.open_loop import predict_observations
 
 
 def load_model(checkpoint_dir: str, obs_dim: int, act_dim: int, step: int | None = None) -> tuple[WorldModel, dict]:
@@ -43,15 +46,20 @@ def heldout_segments(episodes: dict[str, np.ndarray], length: int) -> tuple[np.n
     return np.stack(obs), np.stack(actions)
 
 
-def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: int, horizon: int) -> dict:
-    """Per-horizon MSE of model and baseline (raw observation units) and their ratio."""
+def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: int, horizon: int,
+             predictions_out: str | Path | None = None) -> dict:
+    """Per-horizon MSE of model and baseline (raw observation units) and their ratio.
+
+    ``predictions_out``: also write the inputs and the predicted trajectories (npz: obs, action, predicted).
+    """
     manifest = load_manifest(manifest_path)
     store = TrajectoryStore.open(store_url, manifest=manifest)
     model, identity = load_model(checkpoint_dir, store.obs_dim, store.act_dim)
     obs, action = heldout_segments(store.read_episodes(0, store.num_episodes), context + horizon)
     obs_t, action_t = torch.from_numpy(obs), torch.from_numpy(action)  # [N,C+H,O], [N,C+H,A]
-    normalized = (obs_t - model.obs_mean) / model.obs_std
-    predicted = model.predict_open_loop(normalized, action_t, context) * model.obs_std + model.obs_mean  # [N,H,O]
+    predicted = predict_observations(model, obs_t, action_t, context)  # [N,H,O]
+    if predictions_out is not None:
+        write_predictions(predictions_out, obs, action, predicted.numpy())
     target = obs_t[:, context:]
     baseline = obs_t[:, context - 1 : context].expand_as(target)
     model_mse = (predicted - target).pow(2).mean(dim=(0, 2)).double().numpy()  # [H]
@@ -73,6 +81,13 @@ def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: i
         "one_step_ratio": float(ratio[0]),
         "beats_baseline_one_step": bool(ratio[0] < 1.0),
     }
+
+
+def write_predictions(path: str | Path, obs: np.ndarray, action: np.ndarray, predicted: np.ndarray) -> None:
+    """The held-out inputs and the open-loop predictions, published atomically as one npz file."""
+    buffer = io.BytesIO()
+    np.savez(buffer, obs=obs, action=action, predicted=predicted)
+    write_atomic(Path(path), buffer.getvalue())
 
 
 def plot_error_vs_horizon(result: dict, path: str | Path) -> None:

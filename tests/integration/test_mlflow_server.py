@@ -22,6 +22,7 @@ from worldpipe.tracking.history import duplicate_steps, histories, read_artifact
 from worldpipe.tracking.params import split_params
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.spool import Spool
+from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,7 +86,7 @@ def test_history_is_complete_and_without_duplicates_after_sync(interrupted):
     run_id = done["mlflow_run_id"]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    history = histories(client, run_id)
+    history = {k: v for k, v in histories(client, run_id).items() if not k.startswith(SYSTEM_PREFIX)}
     expected = {"loss/total", "loss/recon", "loss/reward", "loss/kl", "grad_norm", "lr", *TIMING_METRICS}
     assert set(history) == expected
     steps = list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
@@ -112,6 +113,9 @@ def test_params_equal_the_flattened_config_and_artifacts_are_present(interrupted
                 "worldpipe.host", "worldpipe.parallel_layout"):
         assert run.data.tags.get(tag) not in (None, "None"), tag
     assert run.data.tags["worldpipe.dataset_hash"] == identity["dataset_hash"]
+    # the training dataset is a run input (spooled like every record, replayed by the sync)
+    assert [(d.dataset.name, d.dataset.digest) for d in run.inputs.dataset_inputs] == [
+        ("smoke", identity["dataset_hash"][:32])]
     assert run.data.tags["worldpipe.snakemake.rule"] == "train_model" and run.data.tags["worldpipe.snakemake.job"] == "smoke"
     top = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "identity.json", "dataset", "environment", "hydra", "segments", "checkpoints"} <= top

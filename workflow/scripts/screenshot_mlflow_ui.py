@@ -2,6 +2,7 @@
 
     python workflow/scripts/screenshot_mlflow_ui.py                      # results/mlflow.db -> results/mlflow_ui.png
     python workflow/scripts/screenshot_mlflow_ui.py --tracking-uri http://127.0.0.1:5000 --out /tmp/ui.png
+    python workflow/scripts/screenshot_mlflow_ui.py --compare RUN_A RUN_B --expect eval/one_step_ratio  # compare view
 
 With a database URI (default: the embedded sqlite:///results/mlflow.db) a temporary `mlflow server` serves the
 UI on a free local port. `--install` apt-installs chromium when it is missing (needs root). The page's DOM is
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from worldpipe.paths import default_tracking_uri
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--disable-sync", "--hide-scrollbars"]
 EXIT_NO_CHROMIUM = 3
+COMPARE_HEIGHT = 2400
 
 
 def find_chromium(install: bool) -> str | None:
@@ -69,9 +72,10 @@ def start_ui_server(backend_uri: str, workdir: Path) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"mlflow server for {backend_uri} did not start")
 
 
-def chromium(binary: str, url: str, profile: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1600,1000",
-           "--virtual-time-budget=20000", *args, url]
+def chromium(binary: str, url: str, profile: Path, *args: str, timeout: float = 120,
+             height: int = 1000) -> subprocess.CompletedProcess:
+    cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size=1600,{height}",
+           "--virtual-time-budget=30000", *args, url]
     return subprocess.run(cmd, capture_output=True, timeout=timeout)
 
 
@@ -94,7 +98,33 @@ def screenshot(url: str, experiment: str, out: Path, binary: str) -> dict:
     shown = [name for name in names if f">{name}<" in dom]
     if names and not shown:
         raise RuntimeError(f"the UI at {page} shows none of the runs {names}")
-    return {"page": page, "screenshot": str(out), "bytes": out.stat().st_size, "runs": len(runs), "shown": shown}
+    return {"page": page, "screenshot": str(out), "bytes": out.stat().st_size, "runs": len(runs), "shown": shown,
+            "dom": dom}
+
+
+def compare_page(url: str, run_ids: list[str]) -> tuple[str, list[str]]:
+    """The UI's compare view of runs (their params and metrics side by side) and the run names it must show."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    runs = [client.get_run(run_id) for run_id in run_ids]
+    experiments = sorted({r.info.experiment_id for r in runs})
+    query = urllib.parse.urlencode({"runs": json.dumps(run_ids), "experiments": json.dumps(experiments)})
+    return f"{url}/#/compare-runs?{query}", [r.info.run_name for r in runs]
+
+
+def screenshot_page(page: str, out: Path, binary: str, expect: list[str], height: int = 1000) -> dict:
+    """Screenshot any UI page; every expected text must be in its rendered DOM."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="worldpipe-chromium-") as tmp:
+        dom = chromium(binary, page, Path(tmp) / "profile-dom", "--dump-dom").stdout.decode(errors="replace")
+        shot = chromium(binary, page, Path(tmp) / "profile-shot", f"--screenshot={out}", height=height)
+    if shot.returncode != 0 or not out.exists():
+        raise RuntimeError(f"chromium failed ({shot.returncode}): {shot.stderr.decode(errors='replace')[-1000:]}")
+    missing = [text for text in expect if text not in dom]
+    if missing:
+        raise RuntimeError(f"the UI at {page} does not show {missing}")
+    return {"page": page, "screenshot": str(out), "bytes": out.stat().st_size, "shown": expect}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="worldpipe")
     parser.add_argument("--out", default="results/mlflow_ui.png")
     parser.add_argument("--install", action="store_true", help="apt-get install chromium if missing (root)")
+    parser.add_argument("--compare", nargs="+", metavar="RUN_ID",
+                        help="screenshot the compare view of these runs instead of the run list")
+    parser.add_argument("--expect", action="append", default=[],
+                        help="text the page must show (repeatable; with --compare the run names are expected too)")
     args = parser.parse_args(argv)
 
     binary = find_chromium(args.install)
@@ -118,7 +152,15 @@ def main(argv: list[str] | None = None) -> int:
                 server, url = start_ui_server(uri, Path(tmp))
             else:
                 url = uri
-            summary = screenshot(url, args.experiment, Path(args.out), binary)
+            if args.compare:
+                page, names = compare_page(url, args.compare)
+                # tall: the compare view lists the runs' params and metrics below its plots
+                summary = screenshot_page(page, Path(args.out), binary, names + args.expect, height=COMPARE_HEIGHT)
+            else:
+                summary = screenshot(url, args.experiment, Path(args.out), binary)
+                missing = [text for text in args.expect if text not in summary.get("dom", "")]
+                if missing:
+                    raise RuntimeError(f"the run list does not show {missing}")
         except Exception as err:  # noqa: BLE001 - report any failure as JSON
             print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
             return 1
@@ -126,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             if server is not None:
                 os.killpg(server.pid, signal.SIGTERM)
                 server.wait(timeout=30)
+    summary.pop("dom", None)
     print(json.dumps(summary))
     return 0
 

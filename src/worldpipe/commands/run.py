@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 from pathlib import Path
 
 from worldpipe.atomic import write_text_atomic
@@ -21,6 +23,11 @@ def register(sub) -> None:
     ev.add_argument("--horizon", type=int, default=16)
     ev.add_argument("--out", required=True, help="metrics JSON to write")
     ev.add_argument("--plot", help="error-vs-horizon PNG to write")
+    ev.add_argument("--predictions", help="npz to write: held-out inputs and open-loop predictions")
+    ev.add_argument("--tracking-uri", help="MLflow to log to (default: the run's recorded URI, "
+                                           "$MLFLOW_TRACKING_URI, results/mlflow.db)")
+    ev.add_argument("--no-tracking", action="store_true", help="do not log the evaluation or the model to MLflow")
+    ev.add_argument("--register-as", help="register the model under this name (default: tracking.register_as)")
     ev.set_defaults(handler=_evaluate)
 
 
@@ -33,9 +40,30 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from worldpipe.evaluate import evaluate, plot_error_vs_horizon
 
-    result = evaluate(args.checkpoints, args.store, args.manifest, args.context, args.horizon)
-    write_text_atomic(Path(args.out), json.dumps(result, indent=2))
-    if args.plot:
-        plot_error_vs_horizon(result, args.plot)
-    print(f"one-step MSE ratio (model / repeat-last): {result['one_step_ratio']:.4f} over {result['segments']} segments")
+    with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:
+        predictions = args.predictions or str(Path(tmp) / "predictions.npz")
+        result = evaluate(args.checkpoints, args.store, args.manifest, args.context, args.horizon, predictions)
+        write_text_atomic(Path(args.out), json.dumps(result, indent=2))
+        if args.plot:
+            plot_error_vs_horizon(result, args.plot)
+        print(f"one-step MSE ratio (model / repeat-last): {result['one_step_ratio']:.4f} "
+              f"over {result['segments']} segments")
+        if not args.no_tracking:
+            return _track_evaluation(args, result, predictions)
+    return 0
+
+
+def _track_evaluation(args, result: dict, predictions: str) -> int:
+    from worldpipe.evaluation_record import EvaluationInputs, record_evaluation
+
+    files = {"metrics": args.out, **({"plot": args.plot} if args.plot else {})}
+    inputs = EvaluationInputs(args.checkpoints, args.store, args.manifest, files, predictions)
+    try:
+        run_id = record_evaluation(result, inputs, args.tracking_uri, args.register_as)
+    except Exception as err:  # noqa: BLE001 - any MLflow failure: one line, the files are written
+        print(f"error: logging the evaluation to MLflow failed ({type(err).__name__}: {err}); {args.out} is "
+              "written; run the same command again to log it (nothing is logged twice)", file=sys.stderr)
+        return 1
+    if run_id:
+        print(f"logged to MLflow run {run_id}")
     return 0

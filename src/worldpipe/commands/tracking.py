@@ -22,9 +22,28 @@ def register(sub) -> None:
     status.add_argument("run_dir")
     status.set_defaults(handler=_status)
 
-    compare = sub.add_parser("compare", help="param differences and final metrics of runs side by side")
-    compare.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    server = tracking.add_parser("server", help="run an MLflow tracking server (PostgreSQL backend for clusters)")
+    server.add_argument("--backend-store-uri", default=None,
+                        help="postgresql://USER:PASSWORD@HOST:PORT/DB (default: sqlite:///results/mlflow.db)")
+    server.add_argument("--artifacts-destination", default=None,
+                        help="artifact root, on the shared filesystem (default: results/mlartifacts)")
+    server.add_argument("--host", default=None, help="address to bind (default 127.0.0.1: this machine only; "
+                                                     "0.0.0.0 opens it to the network, without authentication)")
+    server.add_argument("--port", type=int, default=None, help="default 5000")
+    server.add_argument("--workers", type=int, default=1)
+    server.add_argument("--print-command", action="store_true", help="print the mlflow command instead")
+    server.set_defaults(handler=_server, accepts_overrides=True)
+
+    compare = sub.add_parser("compare", help="differing params and evaluation metrics of runs (or of a sweep) "
+                                             "side by side; optionally a metric-vs-swept-key plot")
+    compare.add_argument("run_ids", nargs="+", metavar="RUN",
+                         help="run id, sweep parent run id (all its runs), or a JSON file naming one "
+                              "(train_done.json, a sweep's parent.json)")
     compare.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db")
+    compare.add_argument("--plot", help="PNG to write: the metric against the first swept key, seeds as error bars")
+    compare.add_argument("--metric", default=None, help="metric of the plot (default eval/one_step_ratio)")
+    compare.add_argument("--x", dest="x_key", help="param on the plot's x axis (default: the first swept key)")
+    compare.add_argument("--out", help="also write the table to this file (atomically)")
     compare.set_defaults(handler=_compare)
 
 
@@ -84,7 +103,53 @@ def _status(args) -> int:
 
 
 def _compare(args) -> int:
-    from worldpipe.tracking.history import client_for, compare_table
+    from worldpipe.atomic import write_text_atomic
+    from worldpipe.tracking.comparison import (
+        DEFAULT_METRIC,
+        ComparisonError,
+        comparison_table,
+        plot_comparison,
+        resolve,
+    )
+    from worldpipe.tracking.history import client_for
 
-    print(compare_table(client_for(args.tracking_uri), args.run_ids))
+    try:
+        comparison = resolve(client_for(args.tracking_uri), args.run_ids)
+        table = comparison_table(comparison)
+        if args.plot:
+            plot_comparison(comparison, args.plot, args.metric or DEFAULT_METRIC, args.x_key)
+    except ComparisonError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    if args.out:
+        write_text_atomic(Path(args.out), table)
+    return 0
+
+
+def _server(args) -> int:
+    from worldpipe.tracking.server import (
+        DEFAULT_ARTIFACTS,
+        DEFAULT_BACKEND,
+        DEFAULT_PORT,
+        LOCAL_HOST,
+        ServerConfigError,
+        exec_server,
+        server_command,
+    )
+
+    extra = [a for a in args.overrides if a != "--"]  # anything after `--` goes to `mlflow server` as is
+    try:
+        command = server_command(args.backend_store_uri or DEFAULT_BACKEND,
+                                 args.artifacts_destination or DEFAULT_ARTIFACTS, args.host or LOCAL_HOST,
+                                 args.port or DEFAULT_PORT, args.workers, extra)
+    except ServerConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.print_command:
+        print(" ".join(command))
+        return 0
+    if (args.host or LOCAL_HOST) != LOCAL_HOST:
+        print(f"warning: the tracking server listens on {args.host} without authentication", file=sys.stderr)
+    exec_server(command)
     return 0

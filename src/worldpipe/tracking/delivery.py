@@ -14,6 +14,7 @@ Record kinds and why replaying each is idempotent:
                 that resumed from an earlier step (those steps are recomputed and staged again). The first record
                 of a delivery session may have been applied by a process that died before acknowledging it: its
                 values already present (same key, step, timestamp, value) are filtered out.
+- ``inputs``    datasets as run inputs; one already logged (same name, digest, context) is skipped.
 - ``commit``    marker: checkpoint ``step`` is durable.
 - ``end``       set_terminated with the recorded end time.
 """
@@ -219,6 +220,11 @@ class _Applier:
     def _send_metrics(self, metrics: list) -> None:
         for start in range(0, len(metrics), METRIC_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start:start + METRIC_BATCH])
+
+    def _inputs(self, record: dict, _first: bool) -> None:
+        from worldpipe.tracking.datasets import DatasetRecord, log_datasets
+
+        log_datasets(self.client, self.run_id, [DatasetRecord(**fields) for fields in record["datasets"]])
 
     def _commit(self, _record: dict, _first: bool) -> None:
         pass

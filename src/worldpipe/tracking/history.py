@@ -15,8 +15,13 @@ import yaml
 
 from worldpipe.config import flatten
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
+from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.records import TIMING_METRICS
+from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
+
+# Metrics that are not part of a training run's computation: the machine's, and evaluations logged afterwards.
+NOT_TRAINING_PREFIXES = (SYSTEM_PREFIX, EVAL_PREFIX)
 
 
 class RecordError(RuntimeError):
@@ -70,10 +75,10 @@ def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[s
     """First (step, metric, value_a, value_b) where two histories differ bitwise; None if identical.
 
     Values are compared per step (timestamps ignored); a step or metric present on one side only is a
-    difference (its missing side shown as None). Steps are visited in order, metrics by name within a step.
+    difference (its missing side shown as None); system and evaluation metrics are not compared. Steps are visited in order, metrics by name within a step.
     """
     skip = set(ignore)
-    keys = sorted((set(a) | set(b)) - skip)
+    keys = sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES))
     by_step: dict[int, dict[str, tuple[Any, Any]]] = {}
     for key in keys:
         va = {s: v for s, _, v in a.get(key, [])}

@@ -29,6 +29,7 @@ from worldpipe.paths import default_tracking_uri
 from worldpipe.tracking.delivery import DeliveryReport, deliver
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
+from worldpipe.tracking.system_metrics import start_system_metrics, stop_system_metrics
 
 log = logging.getLogger("worldpipe.tracking")
 
@@ -68,8 +69,10 @@ class RunRecorder:
     """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
 
     def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
-                 retry_s: float = 30.0, join_s: float = 60.0):
+                 retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0):
         self.enabled = enabled
+        self.system_metrics_s = system_metrics_s
+        self._system_metrics = None
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self.experiment = experiment
         self.retry_s = retry_s
@@ -115,12 +118,17 @@ class RunRecorder:
             self._stopping = False
             self._thread = threading.Thread(target=self._deliver_loop, name="worldpipe-tracking", daemon=True)
             self._thread.start()
+        if self._system_metrics is None:
+            self._system_metrics = start_system_metrics(self.run_id, self.uri, self.system_metrics_s,
+                                                        resume=resume_step > 0)
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
         """Mark the run terminated (FINISHED, FAILED or KILLED) and replay what is still spooled."""
         if not self.enabled:
             return
+        stop_system_metrics(self._system_metrics)
+        self._system_metrics = None
         self._spool.append("end", status=status)
         self._stop_thread()
         report = self.deliver(force=True) if self._thread is None else None
@@ -149,6 +157,14 @@ class RunRecorder:
         for directory, group in sorted(group_files(files).items()):
             self._spool.append("artifacts", files=group, path=directory)
         if deliver:
+            self.deliver()
+
+    def log_datasets(self, records: list) -> None:
+        """Record datasets (``DatasetRecord``) as run inputs: the UI's Dataset column."""
+        if self.enabled and records:
+            from dataclasses import asdict
+
+            self._spool.append("inputs", datasets=[asdict(r) for r in records])
             self.deliver()
 
     # ---- metrics ----

@@ -41,6 +41,7 @@ from worldpipe.tracking.jsonable import to_jsonable
 TIMING_METRICS = ("samples_per_s", "step_time_s", "data_wait_s")
 CHECKPOINT_ARTIFACT_DIR = "checkpoints"
 RULE_ENV, JOB_ENV = "WORLDPIPE_RULE", "WORLDPIPE_JOB"
+CHECKPOINT_STEP_TAG, CHECKPOINT_DIGEST_TAG = "worldpipe.checkpoint.step", "worldpipe.checkpoint.digest"
 
 
 def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]:
@@ -162,4 +163,4 @@ def checkpoint_artifacts(step: int, state: Mapping[str, Any], digest: str | None
 
 
 def checkpoint_tags(step: int, digest: str | None) -> dict[str, str]:
-    return {"worldpipe.checkpoint.step": str(step), "worldpipe.checkpoint.digest": str(digest)}
+    return {CHECKPOINT_STEP_TAG: str(step), CHECKPOINT_DIGEST_TAG: str(digest)}

@@ -17,6 +17,7 @@ from worldpipe.atomic import write_text_atomic
 from worldpipe.config import flatten
 from worldpipe.paths import COMPLETION_RECORD
 from worldpipe.preemption import PREEMPTED_RECORD
+from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
@@ -35,7 +36,8 @@ class TrainingRecords:
         self.is_main = is_main
         self.location = checkpoint_location(cfg)
         self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
-                                    run_dir=self.run_dir)
+                                    run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s)
+        self.store = str(cfg.data.store)
         self.run_name = cfg.tracking.run_name
 
     def open_run(self, identity: dict[str, Any], run_id: str | None, start_step: int) -> str | None:
@@ -48,6 +50,7 @@ class TrainingRecords:
         if self.is_main:
             self.recorder.log_params(flatten(identity["config"]))
             self.recorder.log_files(start_artifacts(identity, manifest, self.run_dir, start_step))
+            self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
 
     def add_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         """Buffer a step's metrics; they reach MLflow once a checkpoint covering the step is durable."""

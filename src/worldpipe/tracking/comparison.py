@@ -1,0 +1,170 @@
+"""Runs side by side: the params that differ, the evaluation metrics, a metric-vs-swept-key plot.
+
+A reference is a run id, a JSON file naming one (``train_done.json``, a sweep's ``parent.json``), or a sweep's
+parent run, which stands for all of its point runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
+from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
+
+SEED_PARAM = "seed"
+DEFAULT_METRIC = f"{METRIC_PREFIX}one_step_ratio"
+TRAINING_METRICS = ("loss/total",)
+# Params that name a run rather than configure it: they differ between any two runs, so the table omits them.
+NAMING_PARAMS = ("run_dir", "checkpoint.dir", "experiment_name", "tracking.run_name")
+LOG_AXIS_SPAN = 10  # x values spanning this factor or more are plotted on a log axis
+MAX_COLUMN = 28
+IDENTITY_TAGS = ("worldpipe.git_sha", "worldpipe.dataset_hash", "worldpipe.checkpoint.digest",
+                 "worldpipe.eval.heldout_dataset_hash", "worldpipe.world_size")
+
+
+class ComparisonError(ValueError):
+    """A reference that names no run, or nothing to compare."""
+
+
+@dataclass
+class Comparison:
+    runs: list  # mlflow Run objects, in table order
+    swept: list[str]  # keys that vary (from the sweep, else the differing params)
+
+
+def _run_id(ref: str) -> str:
+    path = Path(ref)
+    if ref.endswith(".json") and path.is_file():
+        record = json.loads(path.read_text())
+        run_id = record.get("run_id") or record.get("mlflow_run_id")
+        if not run_id:
+            raise ComparisonError(f"{ref}: has no 'run_id' or 'mlflow_run_id'")
+        return run_id
+    return ref
+
+
+def resolve(client, refs: Sequence[str]) -> Comparison:
+    """The runs the references stand for (sweep parents expanded) and the keys they differ in."""
+    runs, swept = [], []
+    for ref in refs:
+        run_id = _run_id(ref)
+        try:
+            run = client.get_run(run_id)
+        except Exception as err:  # noqa: BLE001 - MLflow raises several kinds for an unknown id
+            raise ComparisonError(f"no MLflow run {run_id!r} at {client.tracking_uri}") from err
+        keys = swept_keys_of(run)
+        if keys is None:
+            runs.append(run)
+            continue
+        points = point_runs(client, run_id)
+        if not points:
+            raise ComparisonError(f"sweep run {run_id} has no point runs yet")
+        runs += points
+        swept += [k for k in keys if k not in swept]
+    if not swept:
+        swept = differing_params(runs)
+    return Comparison(runs, swept)
+
+
+def differing_params(runs: list) -> list[str]:
+    """Params whose values are not all equal, naming params aside."""
+    keys = sorted(set().union(*(r.data.params for r in runs)) - set(NAMING_PARAMS))
+    return [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
+
+
+def _cell(value: Any, width: int) -> str:
+    text = f"{value:.6g}" if isinstance(value, float) else "—" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _row(key: str, values: list[Any], key_w: int, width: int) -> str:
+    return f"{key:<{key_w}}  " + "  ".join(f"{_cell(v, width):>{width}}" for v in values)
+
+
+def _section(title: str, rows: list[tuple[str, list[Any]]], key_w: int, width: int) -> list[str]:
+    if not rows:
+        return [f"{title}: none", ""]
+    return [title, "-" * key_w, *(_row(k, vals, key_w, width) for k, vals in rows), ""]
+
+
+def comparison_table(comparison: Comparison) -> str:
+    """Plain-text table: one column per run; differing params, evaluation and training metrics, identity."""
+    runs = comparison.runs
+    width = min(MAX_COLUMN, max(12, *(len(r.info.run_name or "") for r in runs)))
+    head = ["run"] + [r.info.run_id[:width] for r in runs]
+    names = ["name"] + [r.info.run_name or "" for r in runs]
+    differing = differing_params(runs)
+    ordered = [k for k in comparison.swept if k in differing] + [k for k in differing if k not in comparison.swept]
+    params = [(k, [r.data.params.get(k) for r in runs]) for k in ordered]
+    eval_keys = [f"{METRIC_PREFIX}{k}" for k in SUMMARY_METRICS]
+    eval_keys += sorted({k for r in runs for k in r.data.metrics if k.startswith(METRIC_PREFIX)} - set(eval_keys))
+    evaluation = [(k + (" (last horizon)" if k not in [f"{METRIC_PREFIX}{s}" for s in SUMMARY_METRICS] else ""),
+                   [r.data.metrics.get(k) for r in runs]) for k in eval_keys]
+    training = [(k, [r.data.metrics.get(k) for r in runs]) for k in TRAINING_METRICS]
+    identity = [(k, [r.data.tags.get(k) for r in runs]) for k in IDENTITY_TAGS
+                if len({r.data.tags.get(k) for r in runs}) > 1]
+    key_w = max(len(k) for k, _ in [*params, *evaluation, *training, *identity, ("identity differences", [])])
+    out = [_row(head[0], head[1:], key_w, width), _row(names[0], names[1:], key_w, width), ""]
+    for title, rows in (("param differences", params), ("evaluation", evaluation), ("training (final)", training),
+                        ("identity differences", identity)):
+        out += _section(title, rows, key_w, width)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _number(text: str | None) -> float | str | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return text
+
+
+def plot_comparison(comparison: Comparison, path: str | Path, metric: str = DEFAULT_METRIC,
+                    x_key: str | None = None) -> dict:
+    """Metric against the first swept key, one line per combination of the other keys; seeds as error bars.
+
+    Returns the plotted series: {label: [(x, mean, std, n), ...]}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in comparison.swept if k != SEED_PARAM]
+    x_key = x_key or (keys[0] if keys else SEED_PARAM)
+    others = [k for k in keys if k != x_key]
+    groups: dict[str, dict[Any, list[float]]] = {}
+    for run in comparison.runs:
+        value = run.data.metrics.get(metric)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        label = ", ".join(f"{k}={run.data.params.get(k)}" for k in others) or metric
+        x = _number(run.data.params.get(x_key))
+        groups.setdefault(label, {}).setdefault(x, []).append(value)
+    if not groups:
+        raise ComparisonError(f"none of the runs has the metric {metric!r}")
+    series = {label: [(x, statistics.fmean(v), statistics.pstdev(v) if len(v) > 1 else 0.0, len(v))
+                      for x, v in sorted(points.items(), key=lambda item: str(item[0]) if isinstance(item[0], str)
+                                         else f"{item[0]:030.12f}")]
+              for label, points in sorted(groups.items())}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in series.items():
+        xs, means, stds, _ = zip(*points, strict=True)
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4, label=label)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(metric)
+    xs_all = [x for pts in series.values() for x, *_ in pts]
+    if all(isinstance(x, float) and x > 0 for x in xs_all) and max(xs_all) >= LOG_AXIS_SPAN * min(xs_all):
+        ax.set_xscale("log")
+    seeds = max(n for pts in series.values() for *_, n in pts)
+    ax.set_title(f"{metric} vs {x_key}" + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else ""))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return series

@@ -1,0 +1,82 @@
+"""Datasets as MLflow run inputs: name, source (the store URL), digest (the dataset hash), array schema.
+
+The UI's Datasets column then says which data a run saw. MLflow keeps at most 36 characters of a digest, so
+the digest is a prefix of the dataset hash and the whole hash is in the dataset's profile.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DIGEST_CHARS = 32  # MLflow's dataset digest column holds 36 characters
+CONTEXT_TAG = "mlflow.data.context"  # the UI shows it beside the dataset name (training, evaluation, ...)
+TRAINING, EVALUATION = "training", "evaluation"
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """One dataset a run used, as its manifest describes it."""
+
+    name: str
+    store_url: str
+    dataset_hash: str
+    arrays: Mapping[str, Any]  # manifest "arrays": name -> {shape, dtype, ...}
+    episodes: int | None = None
+    steps: int | None = None
+    context: str = TRAINING
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any], store_url: str, context: str) -> DatasetRecord:
+        """From a sealed dataset manifest and the URL its store was read from."""
+        spec = manifest.get("spec") or {}
+        return cls(name=str(spec.get("name") or "dataset"), store_url=str(store_url),
+                   dataset_hash=str(manifest["dataset_hash"]), arrays=dict(manifest.get("arrays") or {}),
+                   episodes=manifest.get("episodes"), steps=manifest.get("steps"), context=context)
+
+
+def _source(store_url: str) -> tuple[str, str]:
+    """(source type, source JSON) in the form MLflow's own dataset sources use."""
+    scheme = store_url.split("://", 1)[0] if "://" in store_url else "local"
+    return ("local" if scheme == "file" else scheme), json.dumps({"uri": store_url})
+
+
+def _schema(arrays: Mapping[str, Any]) -> str:
+    """MLflow tensor schema of the stored arrays (leading episode dimension variable)."""
+    import numpy as np
+    from mlflow.types.schema import Schema, TensorSpec
+
+    specs = []
+    for name, info in sorted(arrays.items()):
+        shape = [int(n) for n in info.get("shape", [])]
+        specs.append(TensorSpec(np.dtype(info.get("dtype", "float32")), (-1, *shape[1:]), name))
+    return json.dumps({"mlflow_tensorspec": {"features": Schema(specs).to_json(), "targets": None}})
+
+
+def dataset_input(record: DatasetRecord):
+    """The record as an ``mlflow.entities.DatasetInput`` tagged with its context."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    source_type, source = _source(record.store_url)
+    profile = json.dumps({"dataset_hash": record.dataset_hash, "episodes": record.episodes, "steps": record.steps})
+    dataset = Dataset(name=record.name, digest=record.dataset_hash[:DIGEST_CHARS], source_type=source_type,
+                      source=source, schema=_schema(record.arrays), profile=profile)
+    return DatasetInput(dataset=dataset, tags=[InputTag(key=CONTEXT_TAG, value=record.context)])
+
+
+def log_datasets(client, run_id: str, records: list[DatasetRecord]) -> None:
+    """Log the datasets as inputs of a run; one already logged (same name, digest, context) is not repeated."""
+    run = client.get_run(run_id)
+    present = {(d.dataset.name, d.dataset.digest, tuple(sorted((t.key, t.value) for t in d.tags)))
+               for d in (run.inputs.dataset_inputs if run.inputs else [])}
+    fresh = []
+    for record in records:
+        entry = dataset_input(record)
+        key = (entry.dataset.name, entry.dataset.digest, tuple(sorted((t.key, t.value) for t in entry.tags)))
+        if key not in present:
+            fresh.append(entry)
+            present.add(key)
+    if fresh:
+        client.log_inputs(run_id, datasets=fresh)

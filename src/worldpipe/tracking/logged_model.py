@@ -1,0 +1,148 @@
+"""A trained world model as an MLflow model: a pyfunc that runs open-loop prediction.
+
+Input (raw observation units): ``obs`` [N,C,O] — the C context observations — and ``action`` [N,T,A] with
+T > C; output: the predicted observations of steps C..T-1, [N,T-C,O], exactly what ``worldpipe evaluate``
+computes on the same inputs. The model directory holds the weights (loaded with ``weights_only``) and a JSON
+spec (model config, sizes, checkpoint digest) and, instead of a pickle, the few lines of model code MLflow runs
+at load time; loading it needs the installed ``worldpipe`` package only.
+
+Logging is idempotent: a run's model of a given checkpoint digest is logged once, and a registered model gets
+at most one version per digest (the version carries the digest as a tag).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+
+from worldpipe.tracking.records import CHECKPOINT_DIGEST_TAG as DIGEST_TAG
+from worldpipe.tracking.records import CHECKPOINT_STEP_TAG as STEP_TAG
+
+MODEL_NAME = "world_model"  # the logged model's name within its run
+MODEL_CODE = Path(__file__).with_name("pyfunc_model_code.py")  # models from code: no pickled object
+WEIGHTS, SPEC = "weights", "spec"
+
+
+class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper: ``predict({"obs": [N,C,O], "action": [N,T,A]}) -> [N,T-C,O]`` (float32)."""
+
+    def load_context(self, context) -> None:
+        """Build the model from its spec and load its weights (no code runs from the files themselves)."""
+        import torch
+
+        from worldpipe.models import build_model
+
+        spec = json.loads(Path(context.artifacts[SPEC]).read_text())
+        self.model = build_model(spec["model"], spec["obs_dim"], spec["act_dim"])
+        self.model.load_state_dict(torch.load(context.artifacts[WEIGHTS], weights_only=True))
+        self.model.eval()
+
+    def predict(self, context, model_input, params=None):  # no type hints: MLflow would validate by them
+        """Open-loop prediction of the steps after the context, in raw observation units."""
+        import numpy as np
+        import torch
+
+        from worldpipe.models.open_loop import predict_observations
+
+        obs = torch.as_tensor(np.asarray(model_input["obs"], dtype=np.float32))
+        action = torch.as_tensor(np.asarray(model_input["action"], dtype=np.float32))
+        context_steps, total = obs.shape[1], action.shape[1]
+        if total <= context_steps:
+            raise ValueError(f"action has {total} steps; it needs more than the {context_steps} context steps")
+        padded = torch.zeros(obs.shape[0], total, obs.shape[2], dtype=obs.dtype)
+        padded[:, :context_steps] = obs  # steps after the context are never read
+        with torch.no_grad():
+            return predict_observations(self.model, padded, action, context_steps).numpy()
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What the logged model is built from (passed in; this module reads no checkpoint)."""
+
+    state_dict: Mapping[str, Any]
+    model_config: Mapping[str, Any]
+    obs_dim: int
+    act_dim: int
+    checkpoint_digest: str
+    checkpoint_step: int
+    example_obs: Any  # [n,C,O] raw, an input example
+    example_action: Any  # [n,T,A]
+
+
+def _signature(record: ModelRecord):
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    inputs = Schema([TensorSpec(np.dtype("float32"), (-1, -1, record.obs_dim), "obs"),
+                     TensorSpec(np.dtype("float32"), (-1, -1, record.act_dim), "action")])
+    outputs = Schema([TensorSpec(np.dtype("float32"), (-1, -1, record.obs_dim))])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _requirements() -> list[str]:
+    from importlib import metadata
+
+    return [f"{name}=={metadata.version(name)}" for name in ("worldpipe", "torch", "numpy", "hydra-core", "mlflow")]
+
+
+def _find_logged(experiment_id: str, run_id: str, digest: str):
+    found = mlflow.search_logged_models(
+        experiment_ids=[experiment_id], output_format="list",
+        filter_string=f"source_run_id = '{run_id}' AND tags.`{DIGEST_TAG}` = '{digest}'")
+    return found[0] if found else None
+
+
+def log_world_model(uri: str, run_id: str, record: ModelRecord, register_as: str | None = None) -> str:
+    """Log the model into run ``run_id`` (once per checkpoint digest), register it if asked; its model URI."""
+    import numpy as np
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    experiment_id = client.get_run(run_id).info.experiment_id
+    logged = _find_logged(experiment_id, run_id, record.checkpoint_digest)
+    if logged is None:
+        tags = {DIGEST_TAG: record.checkpoint_digest, STEP_TAG: str(record.checkpoint_step)}
+        with tempfile.TemporaryDirectory(prefix="worldpipe-model-") as tmp:
+            weights, spec = Path(tmp) / "weights.pt", Path(tmp) / "spec.json"
+            torch.save(dict(record.state_dict), weights)
+            spec.write_text(json.dumps({"model": dict(record.model_config), "obs_dim": record.obs_dim,
+                                        "act_dim": record.act_dim, "checkpoint_digest": record.checkpoint_digest,
+                                        "checkpoint_step": record.checkpoint_step}, indent=1, sort_keys=True))
+            example = {"obs": np.asarray(record.example_obs, dtype=np.float32),
+                       "action": np.asarray(record.example_action, dtype=np.float32)}
+            with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+                info = mlflow.pyfunc.log_model(
+                    name=MODEL_NAME, python_model=str(MODEL_CODE),
+                    artifacts={WEIGHTS: str(weights), SPEC: str(spec)}, signature=_signature(record),
+                    input_example=example, pip_requirements=_requirements(), tags=tags)
+        model_uri, model_id = info.model_uri, info.model_id
+    else:
+        model_uri, model_id = f"models:/{logged.model_id}", logged.model_id
+    if register_as:
+        register_version(client, register_as, model_uri, model_id, record.checkpoint_digest)
+    return model_uri
+
+
+def register_version(client, name: str, model_uri: str, model_id: str, digest: str) -> str:
+    """The registered version of ``name`` holding checkpoint ``digest``, created if there is none yet."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if getattr(err, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+            raise
+    for version in client.search_model_versions(f"name = '{name}'"):
+        if version.tags.get(DIGEST_TAG) == digest:
+            return version.version
+    version = client.create_model_version(name, model_uri, tags={DIGEST_TAG: digest}, model_id=model_id)
+    return version.version

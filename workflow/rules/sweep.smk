@@ -1,0 +1,137 @@
+# Sweeps (config `sweep`, see src/worldpipe/sweep.py): one training + one evaluation job per point, each in its own
+# run directory <results>/sweeps/<name>/<point>/ and MLflow run, nested under the sweep's parent run; then a
+# comparison table and plot of all points. Every point trains on the dataset of the sweep's base experiment.
+import json
+import re
+import shlex
+
+from worldpipe.pipeline import identity_overrides, plan_run
+from worldpipe.sweep import expand_sweep, sweep_dir
+
+SWEEP = config.get("sweep") or {}
+SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}
+SWEEP_DIR = sweep_dir(SWEEP, RESULTS)
+SWEEP_NAME = SWEEP.get("name", "none")
+try:
+    SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
+except PipelineError as err:
+    raise WorkflowError(f"pipeline config: sweep: {err}") from None
+SWEEP_DATA = (
+    {
+        "manifest": dataset_file(rules.seal_dataset.output.manifest, SWEEP_BASE.dataset),
+        "store": dataset_file(rules.init_store.output.store, SWEEP_BASE.dataset),
+        "heldout_manifest": dataset_file(rules.seal_dataset.output.manifest, SWEEP_BASE.heldout),
+        "heldout_store": dataset_file(rules.init_store.output.store, SWEEP_BASE.heldout),
+    }
+    if SWEEP
+    else {}
+)
+
+
+wildcard_constraints:
+    point="|".join(re.escape(name) for name in SWEEP_POINTS) or "no-sweep",
+
+
+rule open_sweep:
+    output:
+        parent=f"{SWEEP_DIR}/parent.json",
+    params:
+        sweep=json.dumps(SWEEP),  # key order kept: the first swept key is the comparison plot's x axis
+        tracking=tracking_uri(),
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("open_sweep"),
+    log:
+        f"{LOGS}/open_sweep/{SWEEP_NAME}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/open_sweep/{SWEEP_NAME}.tsv"
+    shell:
+        "worldpipe sweep open --sweep-json {params.sweep:q} --tracking-uri {params.tracking:q}"
+        " --out {output.parent} > {log} 2>&1"
+
+
+rule train_sweep_point:
+    input:
+        manifest=SWEEP_DATA.get("manifest", []),
+        store=SWEEP_DATA.get("store", []),
+    output:
+        done=f"{SWEEP_DIR}/{{point}}/{paths.COMPLETION_RECORD}",
+    params:
+        run_dir=lambda wildcards, output: os.path.dirname(output.done),
+        run_name=lambda wildcards: SWEEP_POINTS[wildcards.point].run_name(SWEEP_NAME),
+        # the base experiment and the pipeline's identity overrides, then the point's values
+        overrides=lambda wildcards: shlex.join(
+            [*identity_overrides(config, SWEEP["experiment"]), *SWEEP_POINTS[wildcards.point].overrides]
+        ),
+        mlflow_experiment=SWEEP.get("mlflow_experiment", "worldpipe"),
+    threads: config["train"]["nproc_per_node"]
+    resources:
+        **training_resources(),
+    conda:
+        "../envs/worldpipe.yaml"
+    log:
+        f"{LOGS}/train_sweep_point/{SWEEP_NAME}/{{point}}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/train_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
+    shell:
+        """
+        eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # resume-safe settings, shell-quoted in common.smk
+        WORLDPIPE_RULE=train_sweep_point WORLDPIPE_JOB={wildcards.point:q} \
+            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} experiment_name={params.run_name:q} \
+            run_dir={params.run_dir:q} data.store={input.store} data.manifest={input.manifest} \
+            tracking.experiment={params.mlflow_experiment:q} "${{settings[@]}}" > {log} 2>&1
+        """
+
+
+rule evaluate_sweep_point:
+    input:
+        done=f"{SWEEP_DIR}/{{point}}/train_done.json",
+        parent=f"{SWEEP_DIR}/parent.json",
+        manifest=SWEEP_DATA.get("heldout_manifest", []),
+    output:
+        metrics=f"{SWEEP_DIR}/{{point}}/eval/metrics.json",
+        plot=f"{SWEEP_DIR}/{{point}}/eval/error_vs_horizon.png",
+    params:
+        store=SWEEP_DATA.get("heldout_store"),
+        checkpoints=lambda wildcards, input: os.path.join(os.path.dirname(input.done), "checkpoints"),
+        values=lambda wildcards: json.dumps(SWEEP_POINTS[wildcards.point].as_dict(), sort_keys=True),
+        context=config["evaluate"]["context"],
+        horizon=config["evaluate"]["horizon"],
+        tracking=tracking_uri(),
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("evaluate_model"),
+    log:
+        f"{LOGS}/evaluate_sweep_point/{SWEEP_NAME}/{{point}}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/evaluate_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
+    shell:
+        "(worldpipe sweep link --parent {input.parent} --done {input.done:q} --point {wildcards.point:q}"
+        " --values-json {params.values:q} --tracking-uri {params.tracking:q}"
+        " && worldpipe evaluate --checkpoints {params.checkpoints:q} --store {params.store}"
+        " --manifest {input.manifest} --context {params.context} --horizon {params.horizon}"
+        " --out {output.metrics:q} --plot {output.plot:q} --tracking-uri {params.tracking:q}) > {log} 2>&1"
+
+
+rule compare_sweep:
+    input:
+        parent=f"{SWEEP_DIR}/parent.json",
+        metrics=expand(f"{SWEEP_DIR}/{{point}}/eval/metrics.json", point=list(SWEEP_POINTS)),
+    output:
+        table=f"{SWEEP_DIR}/compare.txt",
+        plot=report(f"{SWEEP_DIR}/compare.png", caption="../report/sweep_compare.rst", category="Sweep"),
+    params:
+        tracking=tracking_uri(),
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("compare_sweep"),
+    log:
+        f"{LOGS}/compare_sweep/{SWEEP_NAME}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/compare_sweep/{SWEEP_NAME}.tsv"
+    shell:
+        "worldpipe compare {input.parent} --tracking-uri {params.tracking:q} --plot {output.plot}"
+        " --out {output.table} > {log} 2>&1"
