@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_project import Project, files_of, kill_group, planned_jobs
+from pipeline_project import Project, files_of, kill_tree, planned_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -121,7 +121,7 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
     while not any(p.exists() for p in pointers) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     killed = next((name for name, p in zip(after, pointers, strict=True) if p.exists()), None)
-    kill_group(proc)
+    kill_tree(proc)
     assert killed is not None, "no checkpoint appeared before the pipeline ended"
     killed_dir = project.work / after[killed].dir
     assert (killed_dir / "checkpoints/latest").read_text().strip() == "step-000010"
