@@ -50,8 +50,9 @@ class Project:
         return plan(self.config(), self.src / "conf")
 
     def command(self, *args: str) -> list[str]:
-        return ["snakemake", "-s", str(self.src / "Snakefile"), "--directory", str(self.work), "--cores", "2",
-                "--configfile", str(self.configfile), *args]
+        # Targets and flags first: after --configfile, Snakemake would read them as more config files.
+        return ["snakemake", *args, "-s", str(self.src / "Snakefile"), "--directory", str(self.work), "--cores", "2",
+                "--configfile", str(self.configfile)]
 
     def snakemake(self, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(*args), env=env or self.env, capture_output=True, text=True,
