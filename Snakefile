@@ -21,6 +21,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/bench.smk"
 
 
 # The current config's run of every experiment (earlier runs stay on disk, outside the DAG).
@@ -36,3 +37,4 @@ rule all:
                 rules.plot_loss_curve.output.plot,
             )
         ],
+        rules.plot_models_vs_baseline.output.plot,

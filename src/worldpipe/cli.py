@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from worldpipe.commands import bench, ckpt, data, rerun, run, runs, tracking
+from worldpipe.errors import DEBUG_ENV, report
 
 GROUPS = (run, data, ckpt, tracking, rerun, runs, bench)
 
@@ -14,6 +16,8 @@ GROUPS = (run, data, ckpt, tracking, rerun, runs, bench)
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (each command module adds its sub-commands)."""
     parser = argparse.ArgumentParser(prog="worldpipe", description=__doc__)
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show full tracebacks (same as {DEBUG_ENV}=1); errors are one line otherwise")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.register(sub)
@@ -26,15 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
     if extra and not getattr(args, "accepts_overrides", False):
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    if "--debug" in extra:  # also accepted after the sub-command (`worldpipe train --debug ...`)
+        extra = [e for e in extra if e != "--debug"]
+        args.debug = True
     if getattr(args, "accepts_overrides", False):
         args.overrides = list(getattr(args, "overrides", [])) + extra
-    from worldpipe.checkpoint import CheckpointError
-
+    if args.debug:
+        os.environ[DEBUG_ENV] = "1"  # inherited by torchrun's workers too
     try:
         return int(args.handler(args) or 0)
-    except (CheckpointError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001 - every error ends as one line (errors.report), never a traceback
+        return report(err, getattr(err, "log_file", None))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from worldpipe.config_schema import check_ranges
+
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
-# (world-size-invariant) global batch.
+# (world-size-invariant) global batch and how they are laid out.
 RESUME_SAFE_KEYS: tuple[str, ...] = (
     "trainer.steps",
     "trainer.log_every",
@@ -31,16 +33,13 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "data.manifest",
     "data.cache_mb",
     "data.prefetch",
-    "parallel.nproc_per_node",
-    "parallel.nnodes",
-    "parallel.backend",
+    # The layout (strategy, degrees, rank counts): every layout computes the same global-mean gradient of the
+    # same global batch, so changing it changes only floating-point reduction order.
+    "parallel.",
     "tracking.",
     "paths.",
     "run_dir",
 )
-
-STRATEGIES = ("none", "ddp", "fsdp2")
-
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key."""
@@ -71,21 +70,21 @@ def _require(condition: bool, key: str, message: str) -> None:
 
 
 def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
-    """Check the training config for the given world size; raise ConfigError naming the bad key."""
+    """Check the training config for the given world size; raise ConfigError naming the bad key.
+
+    Types and single-key ranges come from the group schemas (:mod:`worldpipe.config_schema`); the checks that
+    relate several keys (or the world size) are here, once.
+    """
     c = to_container(cfg)
-    t, d, p, k = c["trainer"], c["data"], c["parallel"], c["checkpoint"]
-    for key in ("steps", "batch_size", "log_every"):
-        _require(isinstance(t[key], int) and t[key] > 0, f"trainer.{key}", f"must be a positive integer, got {t[key]!r}")
-    _require(isinstance(t["lr"], int | float) and t["lr"] > 0, "trainer.lr", f"must be positive, got {t['lr']!r}")
-    _require(t["warmup_steps"] >= 0, "trainer.warmup_steps", f"must be >= 0, got {t['warmup_steps']!r}")
-    _require(0 <= t["min_lr_ratio"] <= 1, "trainer.min_lr_ratio", f"must be in [0, 1], got {t['min_lr_ratio']!r}")
-    _require(t["grad_clip"] > 0, "trainer.grad_clip", f"must be positive, got {t['grad_clip']!r}")
-    _require(t["threads_per_rank"] >= 1, "trainer.threads_per_rank", "must be >= 1")
-    for key in ("window", "stride"):
-        _require(isinstance(d[key], int) and d[key] > 0, f"data.{key}", f"must be a positive integer, got {d[key]!r}")
-    _require(d["window"] >= 2, "data.window", "must be >= 2 (the model predicts the next step)")
-    _require(p["strategy"] in STRATEGIES, "parallel.strategy", f"must be one of {STRATEGIES}, got {p['strategy']!r}")
-    _require(p["nproc_per_node"] >= 1, "parallel.nproc_per_node", "must be >= 1")
+    for key, problem in check_ranges(c):
+        raise ConfigError(f"config key '{key}': {problem}")
+    from worldpipe.models import check_model_config  # the model's signature is its schema (imports torch)
+
+    for key, problem in check_model_config(c.get("model") or {}):
+        raise ConfigError(f"config key '{key}': {problem}")
+    t, p = c["trainer"], c["parallel"]
+    _require(isinstance(c.get("seed"), int) and not isinstance(c.get("seed"), bool) and c["seed"] >= 0, "seed",
+             f"must be a non-negative integer, got {c.get('seed')!r}")
     _require(
         t["batch_size"] >= world_size,
         "trainer.batch_size",
@@ -98,10 +97,9 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
             f"global batch {t['batch_size']} is not divisible by the world size {world_size} "
             "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
         )
-    _require(k["every"] > 0, "checkpoint.every", f"must be a positive integer, got {k['every']!r}")
-    _require(k["keep_last"] >= 2, "checkpoint.keep_last", f"must be >= 2, got {k['keep_last']!r}")
-    _require(k["keep_every"] is None or k["keep_every"] > 0, "checkpoint.keep_every", "must be null or positive")
-    _require(k["verify"] in ("size", "sha256", "first"), "checkpoint.verify", "must be size, sha256 or first")
+    from worldpipe.parallel.layout import validate_layout  # the layout's own rules (degrees, model axes)
+
+    validate_layout(c, world_size)
 
 
 def _is_safe(key: str) -> bool:

@@ -58,6 +58,8 @@ def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: i
     baseline_mse = (baseline - target).pow(2).mean(dim=(0, 2)).double().numpy()
     ratio = model_mse / np.maximum(baseline_mse, 1e-12)
     return {
+        "model": type(model).__name__,
+        "experiment": identity["config"].get("experiment_name"),
         "checkpoint_step": identity["step"],
         "mlflow_run_id": identity.get("mlflow_run_id"),
         "train_dataset_hash": identity["dataset_hash"],
@@ -82,12 +84,34 @@ def plot_error_vs_horizon(result: dict, path: str | Path) -> None:
 
     steps = np.arange(1, result["horizon"] + 1)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(steps, result["model_mse"], marker="o", label="RSSM (open loop)")
+    ax.plot(steps, result["model_mse"], marker="o", label=f"{result.get('model', 'model')} (open loop)")
     ax.plot(steps, result["baseline_mse"], marker="s", label="repeat last observation")
     ax.set_xlabel("horizon (steps)")
     ax.set_ylabel("MSE (raw observation units)")
     ax.set_yscale("log")
     ax.set_title(f"Held-out error vs horizon (one-step ratio {result['one_step_ratio']:.3f})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_models_vs_baseline(results: dict[str, dict], path: str | Path) -> None:
+    """Every experiment's model/baseline MSE ratio against horizon, on one plot (below 1 beats the baseline)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, result in sorted(results.items()):
+        steps = np.arange(1, result["horizon"] + 1)
+        ax.plot(steps, result["ratio"], marker="o", label=f"{name} ({result.get('model', 'model')})")
+    ax.axhline(1.0, color="grey", linestyle="--", label="repeat last observation")
+    ax.set_xlabel("horizon (steps)")
+    ax.set_ylabel("MSE ratio, model / baseline")
+    ax.set_yscale("log")
+    ax.set_title("Held-out open-loop error relative to the baseline")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

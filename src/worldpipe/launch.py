@@ -1,66 +1,121 @@
-"""Start training under torchrun: compose and validate the config first, then one process per rank.
+"""Start training under torchrun: preflight first, then one process per rank, owned by this launcher.
 
-On a workstation this is `torchrun --standalone`; inside a SLURM allocation spanning several nodes it is one
+Before any process starts: the config is composed and validated (every override's type), the data store and
+manifest are checked to exist and belong together, the run directory's lock is taken (one run per directory,
+held until torchrun has exited), and the resume identity is checked.
+
+On a workstation torchrun's rendezvous store listens on 127.0.0.1 only, at a free port (c10d backend; never
+``--standalone``, which listens on every interface). Inside a SLURM allocation spanning several nodes it is one
 torchrun per node (one srun task each) with c10d rendezvous at the allocation's first host: the endpoint and
 rendezvous id come from WORLDPIPE_RDZV_ENDPOINT / WORLDPIPE_RDZV_ID (set by workflow/scripts/launch_training.sh).
+
+torchrun and its workers die with this launcher (:mod:`worldpipe.lifeline`); torchrun's stderr is relayed so
+that a failure ends as one line (:mod:`worldpipe.relay`). torchrun runs as :mod:`worldpipe.torchrun`, whose
+stores of a loopback rendezvous listen on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from worldpipe.config import validate_config
+from worldpipe.errors import ERROR_LOG, debug_enabled
+from worldpipe.lifeline import die_with_parent, launcher_environment
 from worldpipe.paths import CONF_DIR
 from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
+from worldpipe.preflight import check_data, checked_config, compose_config
+from worldpipe.relay import OutputRelay
 from worldpipe.resume import preflight_resume
+from worldpipe.run_lock import RunLock
+
+__all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
+
+LOOPBACK = "127.0.0.1"
+# Seconds torchrun's agents wait for every node to join the rendezvous (a short start-up failure instead of
+# ten minutes of waiting); `parallel.rdzv_timeout_s` overrides it.
+RDZV_TIMEOUT_S = 120
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The resolved training config for these Hydra overrides (raises on unknown groups or keys)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the rendezvous store binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
 
 
 def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
-                     rdzv_id: str = "worldpipe") -> list[str]:
-    """The torchrun command line for this config (standalone for one node, c10d rendezvous for several)."""
-    nproc, nnodes = int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    if nnodes == 1 and rdzv_endpoint is None:
-        cmd.append("--standalone")
-    else:
-        cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
-    return cmd + ["-m", "worldpipe.train", *overrides, f"hydra.run.dir={cfg.run_dir}"]
+                     rdzv_id: str | None = None, config_dir: Path = CONF_DIR) -> list[str]:
+    """The torchrun command line for this config: c10d rendezvous, on 127.0.0.1 unless an endpoint is given.
 
-
-def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> int:
-    """Validate config and resume identity, run torchrun, forward preemption signals.
-
-    Returns torchrun's exit status, or EXIT_PREEMPTED when the run stopped on a signal after checkpointing.
-    Raises ConfigError or ResumeRefused before any process starts.
+    Overrides stay separate argv entries (never a shell string). ``config_dir`` holds Hydra's primary config:
+    conf/ for a new run, a recorded config for a rerun.
     """
-    cfg = compose_config(overrides)
-    world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
-    validate_config(cfg, world_size)
-    preflight_resume(cfg)
+    primary = [] if Path(config_dir) == CONF_DIR else [f"--config-path={Path(config_dir).resolve()}",
+                                                        "--config-name=config"]
+    return torchrun_argv(int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes),
+                         [*primary, *overrides, f"hydra.run.dir={cfg.run_dir}"], rdzv_endpoint, rdzv_id,
+                         int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S))
+
+
+def torchrun_argv(nproc: int, nnodes: int, worker_args: list[str], rdzv_endpoint: str | None = None,
+                  rdzv_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
+    """torchrun (as :mod:`worldpipe.torchrun`) running :mod:`worldpipe.worker` with ``worker_args``."""
+    endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_loopback_port()}"
+    return [sys.executable, "-m", "worldpipe.torchrun", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id or _default_rdzv_id(rdzv_endpoint)}",
+            f"--rdzv-conf=join_timeout={rdzv_timeout_s}", "--max-restarts=0",
+            "-m", "worldpipe.worker", *worker_args]
+
+
+def _default_rdzv_id(rdzv_endpoint: str | None) -> str:
+    # Nodes joining one explicit endpoint must agree on the id; a private loopback store needs no agreement.
+    return "worldpipe" if rdzv_endpoint else uuid.uuid4().hex
+
+
+def _holds_run_lock() -> bool:
+    # One launcher per node under SLURM: the first task holds the lock for the whole job.
+    return int(os.environ.get("SLURM_PROCID", "0")) == 0
+
+
+def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR) -> int:
+    """Preflight, take the run lock, run torchrun, forward preemption signals.
+
+    Returns torchrun's exit status (a failed worker's own status when torchrun reports it), or EXIT_PREEMPTED
+    when the run stopped on a signal after checkpointing. Raises (ConfigError, DataMismatch, RunLocked,
+    ResumeRefused, ...) before any process starts.
+    """
+    cfg = checked_config(overrides, config_dir)
+    check_data(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
-    (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
-    cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID") or "worldpipe")
+    lock = RunLock(run_dir).acquire() if _holds_run_lock() else None
+    try:
+        preflight_resume(cfg)
+        # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
+        (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+        cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"),
+                               config_dir=config_dir)
+        return _run_torchrun(cmd, run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
     # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
     # the job step, torchrun included. An ignored disposition survives exec, so torchrun starts with SIGUSR1
     # ignored; the workers install their own handler (PreemptionFlag).
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
     try:
-        proc = subprocess.Popen(cmd)
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=launcher_environment(),
+                                preexec_fn=die_with_parent)  # noqa: PLW1509 - no threads run here yet
     except BaseException:
         signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
         raise
@@ -74,17 +129,34 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None) -> i
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         previous.setdefault(sig, signal.getsignal(sig))
         signal.signal(sig, forward)
+    relay = OutputRelay(sys.stderr, run_dir / ERROR_LOG, debug=debug_enabled())
     try:
+        relay.pump(proc.stderr.fileno())
+        proc.stderr.close()
         code = proc.wait()
     finally:
+        if proc.poll() is None:  # the launcher is failing: take torchrun (and so every worker) with it
+            proc.kill()
+            proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return _exit_status(code, relay, received, run_dir)
+
+
+def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Path) -> int:
     if code != 0 and (run_dir / PREEMPTED_RECORD).exists():
         return EXIT_PREEMPTED
     if code != 0 and any(sig in (signal.SIGTERM, signal.SIGUSR1) for sig in received):
         # Stopped on a preemption signal. On another node than rank 0's, torchrun may end before rank 0 has
         # written PREEMPTED; the run resumes from its newest intact checkpoint either way.
         return EXIT_PREEMPTED
+    if code != 0:
+        relay.write_log()
+    line = relay.summary(code)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    if code != 0 and relay.child_exit is not None and relay.child_exit > 0:
+        return relay.child_exit
     return code
 
 

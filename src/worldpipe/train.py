@@ -7,14 +7,15 @@ steps themselves live in :class:`worldpipe.trainer.Trainer`.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from worldpipe.config import ConfigError, validate_config
+from worldpipe.config import validate_config
+from worldpipe.errors import ERROR_LOG, run_worker_main
 from worldpipe.parallel.runtime import init_runtime, shutdown_runtime, world_size_from_env
 from worldpipe.paths import CONF_DIR
-from worldpipe.resume import ResumeRefused
 from worldpipe.trainer import Trainer
 
 log = logging.getLogger("worldpipe.train")
@@ -31,13 +32,12 @@ def train(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point (`python -m worldpipe.train key=value ...`, usually under torchrun)."""
+    """Hydra entry point (`python -m worldpipe.train key=value ...`, usually under torchrun).
+
+    Any error ends as one line on stderr and a non-zero exit; its traceback goes to RUN_DIR/errors.log.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    try:
-        train(cfg)
-    except (ConfigError, ResumeRefused) as err:
-        log.error("%s", err)
-        raise SystemExit(2) from err
+    run_worker_main(lambda: train(cfg), lambda: Path(cfg.run_dir) / ERROR_LOG)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Durability from the real system calls: a save traced with strace publishes in the order DESIGN.md requires.
+"""Durability from the real system calls: a save traced with strace publishes in the order docs/architecture.md requires.
 
 Atomicity (readers see all or nothing) is tested by the crash tests; this checks durability (the bytes and
 the names reach the disk before anything points at them).

@@ -75,7 +75,8 @@ def test_flatten_is_dotted_and_complete():
 def test_torchrun_command_uses_explicit_run_dir():
     cfg = compose_config(["experiment=smoke", "run_dir=/tmp/x"])
     cmd = torchrun_command(cfg, ["experiment=smoke", "run_dir=/tmp/x"])
-    assert "--standalone" in cmd and "--nproc_per_node=2" in cmd
+    assert "--nproc-per-node=2" in cmd and "--rdzv-backend=c10d" in cmd and "--standalone" not in cmd
+    assert any(arg.startswith("--rdzv-endpoint=127.0.0.1:") for arg in cmd)
     assert cmd[-1] == "hydra.run.dir=/tmp/x"
 
 
@@ -86,3 +87,32 @@ def test_cli_rejects_bad_config_before_work(tmp_path: Path, capsys):
     assert code == 2
     assert "trainer.lr" in capsys.readouterr().err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("trainer.lr=abc", "trainer.lr"), ("trainer.steps=1.5", "trainer.steps"), ("data.window=x", "data.window"),
+     ("checkpoint.async_save=maybe", "checkpoint.async_save")],
+)
+def test_wrong_types_fail_while_composing_and_name_the_key(override, key):
+    with pytest.raises(ConfigCompositionException, match=key.split(".")[-1]):
+        compose_config([override])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("model.hidden=abc", "model.hidden"), ("+model.bogus=1", "model.bogus"), ("model.min_std=fast", "model.min_std"),
+     ("seed=abc", "seed"), ("seed=-1", "seed")],
+)
+def test_model_keys_are_checked_against_the_model_signature(override, key):
+    cfg = compose_config([override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(cfg, world_size=2)
+
+
+def test_every_group_option_starts_from_its_schema():
+    from worldpipe.config_schema import GROUP_SCHEMAS
+
+    for group in GROUP_SCHEMAS:
+        for option in (CONF_DIR / group).glob("*.yaml"):
+            assert "- schema" in option.read_text(), f"{option} does not start from its schema"

@@ -11,9 +11,10 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from worldpipe import identity as ident
+from worldpipe.reproduce.drift import RerunError, check_code
+from worldpipe.reproduce.rerun import compare_runs
 from worldpipe.tracking.history import RecordedRun
 from worldpipe.tracking.recorder import RunRecorder
-from worldpipe.tracking.rerun import RerunError, check_code, compare_runs
 
 
 @pytest.fixture(scope="module")
@@ -88,5 +89,6 @@ def test_recorder_replays_in_the_background_when_the_server_answers_again(tmp_pa
     recorder.stage(2)
     recorder.commit(2)
     recorder.end()
-    assert recorder.metric_history("x") == [(1, 1.0), (2, 2.0)]
+    history = MlflowClient(sqlite_uri).get_metric_history(recorder.run_id, "x")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0)]
     assert MlflowClient(sqlite_uri).get_run(recorder.run_id).info.status == "FINISHED"

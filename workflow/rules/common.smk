@@ -15,6 +15,11 @@ from snakemake.exceptions import WorkflowError
 
 from worldpipe import paths
 from worldpipe.pipeline import PipelineError, launch_overrides, plan, training_settings
+from worldpipe.preflight import validate_pipeline_experiments
+
+# Every experiment's training config (with train.overrides) is composed and validated now, while the Snakefile
+# is parsed: a bad value stops the pipeline before the data stages run.
+validate_pipeline_experiments(config)
 
 CONF_DIR = os.path.join(workflow.basedir, "conf")
 PATHS = paths.layout(Path(CONF_DIR))

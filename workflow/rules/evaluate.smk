@@ -55,3 +55,26 @@ rule plot_loss_curve:
         f"{RULE_BENCHMARKS}/plot_loss_curve/{{experiment}}-{{run_hash}}.tsv"
     script:
         "../scripts/plot_loss_curve.py"
+
+
+rule plot_models_vs_baseline:
+    input:
+        metrics=[run_file(rules.evaluate_model.output.metrics, run) for run in RUNS_PLANNED.values()],
+    output:
+        plot=report(
+            f"{RESULTS}/models_vs_baseline.png",
+            caption="../report/models_vs_baseline.rst",
+            category="Evaluation",
+        ),
+    params:
+        experiments=list(RUNS_PLANNED),
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("plot_models_vs_baseline"),
+    log:
+        f"{LOGS}/plot_models_vs_baseline.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/plot_models_vs_baseline.tsv"
+    script:
+        "../scripts/plot_models_vs_baseline.py"

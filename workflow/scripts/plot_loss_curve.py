@@ -15,7 +15,9 @@ record = json.loads(Path(snakemake.input.done).read_text())
 client = MlflowClient(tracking_uri=snakemake.params.tracking)
 history = {}
 if record.get("mlflow_run_id"):
-    for key in ("loss/total", "loss/recon", "loss/reward", "loss/kl"):
+    # Whatever loss terms the run's model reports (loss/<term>), not a fixed list: models are plugins.
+    recorded = client.get_run(record["mlflow_run_id"]).data.metrics
+    for key in sorted(k for k in recorded if k.startswith("loss/")):
         points = client.get_metric_history(record["mlflow_run_id"], key)
         history[key] = sorted((m.step, m.value) for m in points)
 plot_loss_curve(history, snakemake.output.plot)

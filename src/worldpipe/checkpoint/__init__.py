@@ -1,28 +1,38 @@
 """worldpipe.checkpoint: state capture/restore, atomic durable publication, stores, verification.
 
-Public API::
+Public API (imported lazily, so that reading the layout names in :mod:`.layout` costs nothing)::
 
     CheckpointManager(root, keep_last=2, keep_every=None, async_save=False, verify="first")
     snapshot_state(state) / capture_rng(...) / restore_rng(...)
     state_digest(state) / checkpoint_digest(root, step=None)
     CheckpointWriteError / CheckpointCorruptError / CheckpointNotFoundError
+
+The training-time owner of the state contract is :class:`worldpipe.checkpoint.checkpointer.Checkpointer`.
 """
 
-from .digest import state_digest
-from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError
-from .manager import CheckpointInfo, CheckpointManager, checkpoint_digest
-from .state import capture_rng, restore_rng, snapshot_state
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointCorruptError",
-    "CheckpointError",
-    "CheckpointInfo",
-    "CheckpointManager",
-    "CheckpointNotFoundError",
-    "CheckpointWriteError",
-    "capture_rng",
-    "checkpoint_digest",
-    "restore_rng",
-    "snapshot_state",
-    "state_digest",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "state_digest": ".digest",
+    "CheckpointCorruptError": ".errors",
+    "CheckpointError": ".errors",
+    "CheckpointNotFoundError": ".errors",
+    "CheckpointWriteError": ".errors",
+    "CheckpointInfo": ".manager",
+    "CheckpointManager": ".manager",
+    "checkpoint_digest": ".manager",
+    "capture_rng": ".state",
+    "restore_rng": ".state",
+    "snapshot_state": ".state",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

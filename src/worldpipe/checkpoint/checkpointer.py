@@ -112,10 +112,10 @@ class Checkpointer:
     def resume(self, check_identity: Callable[[dict, int], None]) -> Resumed | None:
         """Restore every component from the newest intact checkpoint (None when there is none).
 
-        Rank 0 chooses the step (and reports skipped corrupt ones); every rank loads that step.
+        Rank 0 chooses the newest step that verifies and decodes (and reports skipped ones); every rank loads that step.
         ``check_identity(identity, step)`` may refuse it by raising.
         """
-        step = broadcast_object(self.runtime, self.manager.latest_intact() if self.runtime.is_main else None)
+        step = broadcast_object(self.runtime, self.manager.latest_loadable() if self.runtime.is_main else None)
         if step is None:
             return None
         state = self.manager.load(step)

@@ -72,6 +72,7 @@ class CheckpointManager:
         self._inflight: Future | None = None
         self._snapshot_buffers: dict = {}
         self._closed = False
+        self._preloaded: tuple[int, dict] | None = None  # chosen by latest_loadable(), handed to load()
 
     # ------------------------------------------------------------------ saving
 
@@ -232,6 +233,21 @@ class CheckpointManager:
             logger.warning("skipping checkpoint %s: %s", self.store.location(step), "; ".join(problems))
         return None
 
+    def latest_loadable(self) -> int | None:
+        """Newest step that verifies *and* decodes; each step skipped is reported by name with its problem.
+
+        The decoded state is kept for the next ``load(step)`` of that step (on CPU, all keys), so choosing
+        costs no second read.
+        """
+        self._preloaded = None
+        for step in sorted(self.store.step_names(), reverse=True):
+            state, problems = self._load_verified(step, "cpu", None)
+            if state is not None:
+                self._preloaded = (step, state)
+                return step
+            logger.warning("skipping checkpoint %s: %s", self.store.location(step), "; ".join(problems))
+        return None
+
     def load(self, step: int | None = None, map_location: Any = "cpu", keys: Iterable[str] | None = None) -> dict:
         """Load checkpoint ``step`` (default: the newest intact one) as a state dict like the one saved.
 
@@ -241,6 +257,9 @@ class CheckpointManager:
         that fails raises CheckpointCorruptError naming the file(s). RNG states always load on CPU.
         """
         wanted = None if keys is None else set(keys)
+        preloaded, self._preloaded = self._preloaded, None
+        if preloaded is not None and preloaded[0] == step and wanted is None and map_location == "cpu":
+            return preloaded[1]
         if wanted is not None and wanted - set(layout.STATE_KEYS):
             raise ValueError(f"unknown state keys {sorted(wanted - set(layout.STATE_KEYS))}")
         if step is None:

@@ -126,15 +126,50 @@ def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
         return None, [f"{where}: manifest checksum mismatch (damaged manifest)"]
     if body.get("step") != step:
         return None, [f"{where}: records step {body.get('step')!r}, directory says {step}"]
-    problems = []
-    for entry in body.get("files", []):
-        path = entry.get("path", "")
-        norm = posixpath.normpath(path)
-        # A manifest must never make a reader touch files outside its step directory.
-        if not path or norm != path or path.startswith(("/", "../")) or path == "..":
-            problems.append(f"{where}: illegal file path {path!r}")
+    problems = _file_problems(body.get("files"), where)
+    if not problems:
+        problems = _contents_problems(body.get("contents"), {e["path"] for e in body["files"]}, where)
     body["manifest_sha256"] = claimed
     return (None if problems else body), problems
+
+
+def _illegal_path(path: object) -> bool:
+    # A manifest must never make a reader touch files outside its step directory.
+    if not isinstance(path, str) or not path or "\\" in path or "\0" in path:
+        return True
+    norm = posixpath.normpath(path)
+    return norm != path or path.startswith(("/", "../")) or path in (".", "..") or "/../" in path
+
+
+def _file_problems(files: object, where: str) -> list[str]:
+    """Every ``files`` entry: a confined relative path, an integer size and a SHA-256."""
+    if not isinstance(files, list):
+        return [f"{where}: 'files' is not a list"]
+    problems = []
+    for entry in files:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if _illegal_path(path):
+            problems.append(f"{where}: illegal file path {path!r}")
+        elif (isinstance(entry.get("size"), bool) or not isinstance(entry.get("size"), int) or entry["size"] < 0
+              or not isinstance(entry.get("sha256"), str) or len(entry["sha256"]) != 64):
+            problems.append(f"{where}: file {path!r} lacks a valid size and sha256")
+    return problems
+
+
+def _contents_problems(contents: object, listed: set[str], where: str) -> list[str]:
+    """Every path the ``contents`` table names is confined and listed in ``files`` (so size- and hash-checked)."""
+    if not isinstance(contents, dict):
+        return [f"{where}: 'contents' is not a table"]
+    problems = []
+    for key, value in contents.items():
+        for path in value if isinstance(value, list) else [value]:
+            if path is None and not isinstance(value, list):
+                continue
+            if _illegal_path(path):
+                problems.append(f"{where}: contents.{key} names an illegal path {path!r}")
+            elif path not in listed:
+                problems.append(f"{where}: contents.{key} names {path!r}, which is not listed in files")
+    return problems
 
 
 def check_sizes(manifest: Mapping, step: int, size_of, only: set[str] | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""POSIX publication protocol (DESIGN.md): atomic via rename, durable via fsync, in this order.
+"""POSIX publication protocol (docs/architecture.md, "Publication protocol"): atomic via rename, durable via fsync, in this order.
 
 1. write every file into ``.step-NNNNNN.partial-<nonce>/``: write, ``fsync(file)``; fsync its subdirectories;
 2. write ``MANIFEST.json`` (every file, size, sha256; step; identity), ``fsync`` it, ``fsync`` the partial dir;

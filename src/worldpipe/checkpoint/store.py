@@ -1,6 +1,6 @@
 """Checkpoint stores: the interface the manager uses, and the object-store implementation (fsspec).
 
-Two protocols publish a step (DESIGN.md, "Publication protocol"):
+Two protocols publish a step (docs/architecture.md, "Publication protocol"):
 
 * POSIX directories (:class:`worldpipe.checkpoint.publish.PosixStore`): write into a hidden partial directory,
   fsync, atomically rename into place.

@@ -7,7 +7,7 @@ import sys
 
 from worldpipe.identity import PROJECT_ROOT
 
-BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py"}
+BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py"}
 
 
 def register(sub) -> None:

@@ -27,13 +27,13 @@ def register(sub) -> None:
 
 
 def _rerun(args) -> int:
-    from worldpipe.tracking.rerun import rerun
+    from worldpipe.reproduce.rerun import rerun
 
     return rerun(args.run_id, args.tracking_uri, args.allow_code_drift, args.run_dir, args.data_dir)
 
 
 def _resume(args) -> int:
-    from worldpipe.tracking.rerun import resume
+    from worldpipe.reproduce.continuation import resume
 
     return resume(args.run_id, args.step, args.tracking_uri, args.allow_code_drift, args.run_dir, args.data_dir,
                   list(args.overrides))

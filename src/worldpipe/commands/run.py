@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from worldpipe.atomic import write_text_atomic
@@ -26,18 +25,9 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from worldpipe.config import ConfigError
     from worldpipe.launch import launch_training, main_env_endpoint
-    from worldpipe.resume import ResumeRefused
 
-    try:
-        return launch_training(args.overrides, main_env_endpoint())
-    except (ConfigError, ResumeRefused, HydraException, OmegaConfBaseException) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return launch_training(args.overrides, main_env_endpoint())
 
 
 def _evaluate(args) -> int:

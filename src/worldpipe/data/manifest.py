@@ -16,6 +16,10 @@ MANIFEST_FORMAT = "worldpipe.data.manifest/1"
 _HASH_BLOCK = 1 << 20
 
 
+class ManifestError(ValueError):
+    """A dataset manifest that is malformed or was modified after sealing; the message names the file."""
+
+
 def canonical_json(obj: Any) -> bytes:
     """The byte form hashed for ``dataset_hash``: sorted keys, no whitespace, ASCII."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
@@ -116,11 +120,11 @@ def load_manifest(path: str, storage_options: dict[str, Any] | None = None) -> d
     try:
         manifest = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"manifest {path!r} is not valid JSON: {exc}") from exc
+        raise ManifestError(f"manifest {path!r} is not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{path!r} is not a {MANIFEST_FORMAT} manifest")
+        raise ManifestError(f"{path!r} is not a {MANIFEST_FORMAT} manifest")
     if manifest.get("dataset_hash") != dataset_hash(manifest):
-        raise ValueError(f"manifest {path!r} was modified: dataset_hash does not match its content")
+        raise ManifestError(f"manifest {path!r} was modified: dataset_hash does not match its content")
     return manifest
 
 

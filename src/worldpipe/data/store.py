@@ -330,10 +330,6 @@ class TrajectoryStore:
         """Number of shards per array."""
         return self.spec.num_shards
 
-    def shard_of(self, episode: np.ndarray | int) -> np.ndarray | int:
-        """Shard index holding ``episode``."""
-        return episode // self.spec.episodes_per_shard
-
     def read_episodes(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Episodes ``[start, stop)`` of every array, padded to max_steps; whole shards, one batched fetch."""
         if not 0 <= start <= stop <= self.num_episodes:

@@ -30,4 +30,48 @@ def build_model(model_cfg: Mapping[str, Any], obs_dim: int, act_dim: int) -> Wor
     return model
 
 
-__all__ = ["ModelConfigError", "ParallelSupport", "RolloutState", "WorldModel", "build_model", "state_nbytes"]
+_SIMPLE_TYPES = (bool, int, float, str)
+
+
+def _fits(value: Any, expected: type) -> bool:
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def check_model_config(model_cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, problem) pairs of a model config checked against its class's constructor signature.
+
+    The signature is the model's schema: every key must be a parameter, and plain-typed parameters (bool, int,
+    float, str) must get a value of that type. Checked before any process starts.
+    """
+    import inspect
+    import typing
+
+    from hydra.utils import get_class
+
+    target = model_cfg.get("_target_")
+    if not target:
+        return [("model._target_", "missing (the model class to build)")]
+    try:
+        cls = get_class(str(target))
+    except Exception as err:  # noqa: BLE001 - any import failure is the config's problem to report
+        return [("model._target_", f"cannot import {target!r} ({err})")]
+    if not (isinstance(cls, type) and issubclass(cls, WorldModel)):
+        return [("model._target_", f"{target} is not a worldpipe WorldModel")]
+    params = inspect.signature(cls.__init__).parameters
+    hints = typing.get_type_hints(cls.__init__)
+    problems = []
+    for key, value in model_cfg.items():
+        if str(key).startswith("_"):
+            continue
+        if key not in params or key in ("self", "obs_dim", "act_dim"):
+            problems.append((f"model.{key}", f"{cls.__name__} takes no parameter {key!r}"))
+        elif hints.get(key) in _SIMPLE_TYPES and not _fits(value, hints[key]):
+            problems.append((f"model.{key}", f"must be {hints[key].__name__}, got {value!r}"))
+    return problems
+
+
+__all__ = ["ModelConfigError", "ParallelSupport", "RolloutState", "WorldModel", "build_model", "check_model_config", "state_nbytes"]

@@ -129,6 +129,18 @@ class WorldModel(nn.Module):
         """Module path -> DTensor parallel style, for ``parallelize_module`` (None: not tensor-parallel)."""
         return None
 
+    @classmethod
+    def parallel_support(cls, **model_kwargs: Any) -> ParallelSupport:
+        """The axes a model built with these config keys admits, known before it is built (layout checks)."""
+        return cls.parallel
+
+    def bind_time_partition(self, partition: Any) -> None:
+        """Make ``forward`` run on this rank's chunk of time (a ``worldpipe.parallel.TimePartition``).
+
+        Only models whose ``parallel.time_partition`` is set implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no valid time partition")
+
 
 def state_nbytes(state: RolloutState) -> int:
     """Bytes held by a rollout state's tensors."""

@@ -5,7 +5,9 @@ that is down at start or mid-run costs nothing: training goes on, a warning says
 the next successful contact (or ``worldpipe tracking sync RUN_DIR``) replays them idempotently.
 
 Delivery runs in a background thread (records are durable before it sees them), so a slow or hanging server
-never stalls the training loop; only the start (to learn the run id) and the end deliver synchronously.
+never stalls the training loop; only the start (to learn the run id) and the end deliver synchronously. After a
+failure the thread retries by itself with exponential backoff (1 s, 2 s, ... up to ``retry_s``), so a server
+that comes back mid-run receives everything waiting without a manual sync.
 
 Metrics are buffered in memory and *staged* into the journal just before the checkpoint of a step is published
 (``stage(step)``), then *committed* once it is durable (``commit(step)``). Staged metrics of a checkpoint that
@@ -21,7 +23,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from worldpipe.paths import default_tracking_uri
@@ -35,6 +36,14 @@ log = logging.getLogger("worldpipe.tracking")
 # with exponential backoff and wait 120 s per request); records are spooled, so fail fast and retry later.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# After a failed delivery the background thread retries on its own, first after this many seconds, doubling
+# up to `retry_s`: a server that comes back mid-run gets the waiting records without a manual sync.
+RETRY_FIRST_S = 1.0
+
+
+def retry_delay(failures: int, first_s: float, cap_s: float) -> float:
+    """Seconds before retry number ``failures`` (1-based): exponential backoff from ``first_s``, capped."""
+    return min(cap_s, first_s * 2.0 ** max(0, failures - 1))
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
@@ -69,7 +78,8 @@ class RunRecorder:
         if enabled:
             self._spool = Spool(run_dir if run_dir is not None else tempfile.mkdtemp(prefix="worldpipe-spool-"))
         self.join_s = join_s
-        self._last_failure: float | None = None
+        self._failures = 0  # consecutive failed deliveries
+        self._retry_at: float | None = None  # monotonic time of the next retry while records wait
         self._offline = False
         self._client = None
         self._wake = threading.Event()
@@ -132,14 +142,6 @@ class RunRecorder:
         self._spool.append("params", params=fitting)
         self.deliver()
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        if self.enabled and tags:
-            self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
-            self.deliver()
-
-    def set_tag(self, key: str, value: str) -> None:
-        self.set_tags({key: value})
-
     def log_files(self, files: Mapping[str, bytes], deliver: bool = True) -> None:
         """Record artifacts given as {artifact path: content}; contents are spooled before upload."""
         if not self.enabled:
@@ -148,31 +150,6 @@ class RunRecorder:
             self._spool.append("artifacts", files=group, path=directory)
         if deliver:
             self.deliver()
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        self.log_files({artifact_file: text.encode()})
-
-    def log_dict(self, payload: dict, artifact_file: str) -> None:
-        import json
-
-        import yaml
-
-        if artifact_file.endswith((".yaml", ".yml")):
-            text = yaml.safe_dump(payload, sort_keys=False)
-        else:
-            text = json.dumps(payload, indent=1, sort_keys=True, default=str)
-        self.log_text(text, artifact_file)
-
-    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        """Record a local file or directory (its content is spooled now)."""
-        path = Path(path)
-        prefix = f"{artifact_path.strip('/')}/" if artifact_path else ""
-        if path.is_dir():
-            files = {f"{prefix}{p.relative_to(path).as_posix()}": p.read_bytes()
-                     for p in sorted(path.rglob("*")) if p.is_file()}
-        else:
-            files = {f"{prefix}{path.name}": path.read_bytes()}
-        self.log_files(files)
 
     # ---- metrics ----
     def add_metrics(self, step: int, values: dict[str, float], timestamp_ms: int) -> None:
@@ -200,11 +177,6 @@ class RunRecorder:
             self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
         self.deliver()
 
-    def flush(self, up_to_step: int) -> None:
-        """stage + commit: for a caller whose checkpoint of `up_to_step` is already durable."""
-        self.stage(up_to_step)
-        self.commit(up_to_step)
-
     # ---- delivery ----
     def deliver(self, force: bool = False) -> DeliveryReport | None:
         """Replay spooled records: `force` now in this thread, else wake the background thread (no waiting)."""
@@ -216,19 +188,25 @@ class RunRecorder:
         return None
 
     def _deliver_loop(self) -> None:
-        """Background delivery: on every wake-up, and every `retry_s` while records wait after a failure."""
+        """Background delivery: on every wake-up, and after a failure on its own with exponential backoff."""
         while not self._stopping:
-            self._wake.wait(self.retry_s if self._last_failure is not None else None)
+            retry_at = self._retry_at
+            self._wake.wait(None if retry_at is None else max(0.0, retry_at - time.monotonic()))
             self._wake.clear()
             if self._stopping:
                 break
-            if self._last_failure is not None and time.monotonic() - self._last_failure < self.retry_s:
-                continue
+            if self._retry_at is not None and time.monotonic() < self._retry_at:
+                continue  # woken early by a new record: it waits with the others until the retry is due
             try:
                 self._deliver_now()
             except Exception as err:  # noqa: BLE001 - the thread must survive anything; records stay spooled
-                self._last_failure = time.monotonic()
+                self._note_failure()
                 log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
+
+    def _note_failure(self) -> None:
+        self._failures += 1
+        self._retry_at = time.monotonic() + retry_delay(self._failures, min(RETRY_FIRST_S, self.retry_s),
+                                                        self.retry_s)
 
     def _stop_thread(self) -> None:
         if self._thread is None:
@@ -244,7 +222,7 @@ class RunRecorder:
     def _deliver_now(self) -> DeliveryReport:
         report = deliver(self._spool, self.uri)
         if report.error:
-            self._last_failure = time.monotonic()
+            self._note_failure()
             if not self._offline:
                 log.warning(
                     "MLflow tracking at %s is unreachable (%s). Training continues; %d record(s) are spooled "
@@ -253,22 +231,9 @@ class RunRecorder:
                     self._spool.run_dir)
             self._offline = True
         else:
-            self._last_failure = None
+            self._failures, self._retry_at = 0, None
             if self._offline:
                 log.warning("MLflow tracking at %s is reachable again: replayed %d spooled record(s)", self.uri,
                             report.delivered)
             self._offline = False
         return report
-
-    # ---- reading back ----
-    def _read_client(self):
-        if self._client is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(tracking_uri=self.uri)
-        return self._client
-
-    def metric_history(self, key: str) -> list[tuple[int, float]]:
-        """(step, value) pairs recorded for a metric, by step."""
-        history = self._read_client().get_metric_history(self.run_id, key)
-        return sorted((m.step, m.value) for m in history)

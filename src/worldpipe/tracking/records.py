@@ -34,16 +34,13 @@ from typing import Any
 import yaml
 
 from worldpipe import identity as ident
+from worldpipe.checkpoint import layout as checkpoint_layout
 from worldpipe.tracking.jsonable import to_jsonable
 
 # Metrics measured with a clock: they differ between bit-identical runs and are not compared by `rerun`.
 TIMING_METRICS = ("samples_per_s", "step_time_s", "data_wait_s")
 CHECKPOINT_ARTIFACT_DIR = "checkpoints"
 RULE_ENV, JOB_ENV = "WORLDPIPE_RULE", "WORLDPIPE_JOB"
-
-
-def step_dir(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]:
@@ -132,7 +129,7 @@ def start_artifacts(identity: Mapping[str, Any], manifest: Mapping[str, Any] | N
 
 def read_checkpoint_manifest(checkpoint_dir: str, step: int) -> bytes | None:
     """Raw MANIFEST.json of a published step (local path or fsspec URL); None if unreadable."""
-    location = f"{str(checkpoint_dir).rstrip('/')}/{step_dir(step)}/MANIFEST.json"
+    location = f"{str(checkpoint_dir).rstrip('/')}/{checkpoint_layout.step_dir_name(step)}/{checkpoint_layout.MANIFEST_NAME}"
     try:
         if "://" in location:
             import fsspec
@@ -147,7 +144,7 @@ def read_checkpoint_manifest(checkpoint_dir: str, step: int) -> bytes | None:
 def checkpoint_artifacts(step: int, state: Mapping[str, Any], digest: str | None,
                          checkpoint_dir: str) -> dict[str, bytes]:
     """Artifacts logged beside a published checkpoint: manifest, digest, sampler/progress, every rank's RNG."""
-    base = f"{CHECKPOINT_ARTIFACT_DIR}/{step_dir(step)}"
+    base = f"{CHECKPOINT_ARTIFACT_DIR}/{checkpoint_layout.step_dir_name(step)}"
     manifest = read_checkpoint_manifest(checkpoint_dir, step)
     files = {
         f"{base}/digest.json": _json({
@@ -158,9 +155,9 @@ def checkpoint_artifacts(step: int, state: Mapping[str, Any], digest: str | None
         f"{base}/train_state.json": _json({"progress": state.get("progress"), "sampler": state.get("sampler")}),
     }
     if manifest is not None:
-        files[f"{base}/MANIFEST.json"] = manifest
+        files[f"{base}/{checkpoint_layout.MANIFEST_NAME}"] = manifest
     for rank, rng in enumerate(state.get("rng") or []):
-        files[f"{base}/rng/rank-{rank:05d}.json"] = _json(rng)
+        files[f"{base}/{checkpoint_layout.rng_view_file(rank)}"] = _json(rng)
     return files
 
 

@@ -17,9 +17,10 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, trainer_cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """AdamW over every parameter (sharded parameters stay sharded)."""
-    return torch.optim.AdamW(model.parameters(), lr=trainer_cfg["lr"], weight_decay=trainer_cfg["weight_decay"])
+def build_optimizer(model: torch.nn.Module, trainer_cfg: Mapping[str, Any], **options: Any) -> torch.optim.Optimizer:
+    """AdamW over every parameter (sharded parameters stay sharded); ``options`` from the parallel layout."""
+    return torch.optim.AdamW(model.parameters(), lr=trainer_cfg["lr"], weight_decay=trainer_cfg["weight_decay"],
+                             **options)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, trainer_cfg: Mapping[str, Any]) -> torch.optim.lr_scheduler.LambdaLR:

@@ -28,8 +28,9 @@ from worldpipe.data.store import TrajectoryStore
 from worldpipe.identity import run_identity
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
+from worldpipe.parallel.layout import build_layout
 from worldpipe.parallel.runtime import Runtime, all_reduce_sum, any_rank, gather_objects
-from worldpipe.parallel.wrap import replica_digest, wrap_model
+from worldpipe.parallel.wrap import replica_digest
 from worldpipe.preemption import EXIT_PREEMPTED, PreemptionFlag
 from worldpipe.resume import check_resume_identity
 from worldpipe.trainer.optim import build_optimizer, build_scheduler
@@ -54,11 +55,13 @@ class Trainer:
         torch.use_deterministic_algorithms(cfg.trainer.deterministic)
         seed_rank_generators(cfg.seed, rt.rank)
         self.preemption = PreemptionFlag()
+        self.layout = build_layout(cfg.parallel, rt)  # device mesh, this rank's data slice, wrapping, loss scale
         self._setup_data()
         self._setup_model()  # identical init on every rank: same torch seed
         self.noise_generator = torch.Generator()
         self.progress = Progress()
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
+        self.identity["parallel_layout"] = {**self.layout.describe, "world_size": rt.world_size}
         self.records = TrainingRecords(cfg, rt.is_main)
         components = TrainingComponents(
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader,
@@ -73,14 +76,15 @@ class Trainer:
         store = TrajectoryStore.open(d_cfg.store, manifest=self.manifest)
         self.store, self.obs_stats = store, store.obs_stats()
         sampler = GlobalWindowSampler(store.lengths, d_cfg.window, d_cfg.stride, t_cfg.batch_size, self.cfg.seed)
-        self.loader = WindowLoader(store, sampler, self.rt.rank, self.rt.world_size, obs_stats=self.obs_stats,
+        # Ranks of one tensor/context-parallel group load the same windows: the data-parallel slice.
+        self.loader = WindowLoader(store, sampler, self.layout.dp_rank, self.layout.dp_size, obs_stats=self.obs_stats,
                                    cache_bytes=d_cfg.cache_mb << 20, prefetch=d_cfg.prefetch)
 
     def _setup_model(self) -> None:
         self.core = build_model(self.cfg.model, self.store.obs_dim, self.store.act_dim).to(self.rt.device)
         self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
-        self.model = wrap_model(self.core, self.cfg.parallel.strategy, self.rt)
-        self.optimizer = build_optimizer(self.model, self.cfg.trainer)
+        self.model = self.layout.wrap(self.core)
+        self.optimizer = build_optimizer(self.model, self.cfg.trainer, **self.layout.optimizer_kwargs)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.trainer)
 
     # ----------------------------------------------------------------- resume
@@ -89,6 +93,8 @@ class Trainer:
         resumed = self.checkpointer.resume(
             lambda identity, step: check_resume_identity(identity, self.cfg, self.dataset_hash, step))
         run_id, start = None, 0
+        for group in self.optimizer.param_groups:  # a checkpoint from another layout carries its options
+            group.update(self.layout.optimizer_kwargs)
         if resumed is not None:
             run_id, start = resumed.identity.get("mlflow_run_id"), resumed.step
             if self.rt.is_main:
@@ -108,12 +114,15 @@ class Trainer:
         reward, mask = batch["reward"].to(device), batch["mask"].to(device)  # [b,T]
         noise = sample_noise(self.cfg.seed, batch["sample_index"], self.core.noise_shape(obs.shape[1]),
                              self.noise_generator)
-        sums = self.model(obs, action, reward, mask, None if noise is None else noise.to(device))
-        # Gradient of the GLOBAL mean over valid steps: DDP/FSDP average over ranks, so scale by world size.
-        loss = sums["total"] * (self.rt.world_size / batch["global_valid"])
+        # Context parallel: this rank's chunk in time (noise is drawn for the whole window first).
+        part = self.layout.shard_batch({"obs": obs, "action": action, "reward": reward, "mask": mask,
+                                        "noise": None if noise is None else noise.to(device)})
+        sums = self.model(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])
+        # Gradient of the GLOBAL mean over valid steps, whatever the layout's wrapper averages over.
+        loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        grad_norm = self.layout.clip_grad_norm(self.model.parameters(), self.cfg.trainer.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return sums, grad_norm
@@ -130,6 +139,7 @@ class Trainer:
         t_cfg = self.cfg.trainer
         terms = self.core.loss_terms
         totals = all_reduce_sum(self.rt, torch.stack([sums[k].detach() for k in terms]).cpu())
+        totals = totals * self.layout.metric_weight  # tensor-parallel ranks hold copies of the same sums
         now = time.perf_counter()
         metrics = {f"loss/{k}": float(v) / batch["global_valid"] for k, v in zip(terms, totals, strict=True)}
         metrics.update({
@@ -180,7 +190,8 @@ class Trainer:
     # ----------------------------------------------------------------- finish
     def finish(self, digest: str | None, preempted: bool) -> dict:
         """Write the completion (or preemption) record; a preempted run exits with the requeue code."""
-        replica_digests = gather_objects(self.rt, replica_digest(self.model, self.cfg.parallel.strategy))
+        mine = replica_digest(self.model, self.cfg.parallel.strategy) if self.layout.replicated_parameters else None
+        replica_digests = gather_objects(self.rt, mine)
         record = {"final_step": self.progress.step, "target_steps": self.cfg.trainer.steps, "digest": digest,
                   "replica_digests": replica_digests, "mlflow_run_id": self.identity["mlflow_run_id"],
                   "dataset_hash": self.dataset_hash, "world_size": self.rt.world_size,

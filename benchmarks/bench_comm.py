@@ -1,0 +1,387 @@
+"""Communication and memory model of the parallel layouts, measured on the ranks available.
+
+    python benchmarks/bench_comm.py [--nproc 2] [--max-mb 64] [--repeat 5] [--out results/bench/comm.json]
+
+Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures, in the same run:
+
+* ``all_reduce`` of 1 KB .. ``--max-mb`` MB (x4 steps); fits alpha (latency per message) and beta (seconds
+  per byte) of the ring model T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G by least squares on relative error, and
+  reports the fit error per size; plot ``comm_allreduce.png``.
+* ring attention: bytes sent per rank (counted at the send calls) vs the model (N-1)·S·d_kv/N, with S the
+  sequence length and d_kv the key+value bytes per position; forward time vs dense attention over the
+  whole sequence on one rank (the baseline); plot ``comm_ring_bytes.png``.
+* pipeline bubble: a GPipe schedule (``torch.distributed.pipelining``, P = N stages, M microbatches); idle
+  fraction 1 - busy/T_step, busy timed inside each stage's forward and backward, averaged over stages, vs
+  (P-1)/(M+P-1); plot ``comm_bubble.png``.
+* memory per rank by tensor category (parameters, gradients, optimizer state, activations) of the causal
+  transformer under ddp, fsdp2 and tp, measured from the tensors, beside the ZeRO formulas;
+  plot ``comm_memory.png``.
+
+JSON to ``--out``; PNGs beside it. The disagreements between model and measurement are discussed in
+docs/parallel.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+KB = 1 << 10
+
+
+def _timed(fn, repeat: int) -> float:
+    """Median seconds of ``fn`` over ``repeat`` runs after one warm-up, every rank aligned by a barrier."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_all_reduce(max_mb: int, repeat: int, device: torch.device) -> list[dict]:
+    """Median all_reduce time per message size (bytes of fp32), max over ranks (the collective's end)."""
+    rows, size = [], KB
+    for _ in range(10):  # gloo connects its pairs lazily: keep the first calls out of the smallest size
+        dist.all_reduce(torch.ones(KB, device=device))
+    while size <= max_mb << 20:
+        buf = torch.ones(size // 4, device=device)
+        seconds = _timed(lambda b=buf: (dist.all_reduce(b), _sync(device)), repeat if size < 16 << 20 else 3)
+        slowest = torch.tensor([seconds])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        rows.append({"bytes": size, "seconds": float(slowest)})
+        size *= 4
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_ring_attention(repeat: int, device: torch.device) -> list[dict]:
+    """Bytes sent per rank by the ring vs the model, and ring time vs dense attention of one chunk."""
+    from worldpipe.parallel.ring_attention import RingStats, ring_attention
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for seq, heads, head_dim in ((256, 4, 32), (1024, 4, 32), (4096, 4, 32)):
+        chunk = seq // n
+        q, k, v = (torch.randn(1, heads, chunk, head_dim, device=device) for _ in range(3))
+        stats = RingStats()
+        ring_attention(q, k, v, stats=stats)
+        d_kv = 2 * heads * head_dim * k.element_size()  # key + value bytes per position
+        ring_s = _timed(lambda q=q, k=k, v=v: ring_attention(q, k, v), repeat)
+        # Baseline: what the ring replaces, dense causal attention over the whole sequence on one rank.
+        full = [torch.randn(1, heads, seq, head_dim, device=device) for _ in range(3)]
+        dense_s = _timed(lambda full=full: torch.nn.functional.scaled_dot_product_attention(*full, is_causal=True),
+                         repeat)
+        rows.append({"rank": rank, "seq": seq, "d_kv_bytes": d_kv, "bytes_sent": stats.bytes_sent_forward,
+                     "model_bytes": (n - 1) * seq * d_kv // n, "blocks_skipped": stats.blocks_skipped,
+                     "ring_s": ring_s, "dense_full_s": dense_s})
+    return rows
+
+
+class _Stamp(torch.autograd.Function):
+    """Identity whose backward records the time it runs: marks where a stage's backward starts and ends."""
+
+    @staticmethod
+    def forward(ctx, x, marks, key):  # noqa: D102
+        ctx.marks, ctx.key = marks, key
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        ctx.marks.append((ctx.key, time.perf_counter()))
+        return grad, None, None
+
+
+class TimedStage(torch.nn.Module):
+    """A pipeline stage that accumulates the seconds it computes (forward, and backward between its stamps)."""
+
+    def __init__(self, width: int, depth: int):
+        super().__init__()
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+        self.inner = torch.nn.Sequential(*layers)
+        self.forward_s, self.marks = 0.0, []
+
+    def forward(self, x):  # noqa: D102
+        x = x if x.requires_grad else x.detach().requires_grad_()  # so the first stage's backward is stamped too
+        start = time.perf_counter()
+        y = self.inner(_Stamp.apply(x, self.marks, "end"))
+        self.forward_s += time.perf_counter() - start
+        return _Stamp.apply(y, self.marks, "start")
+
+    def take_busy(self) -> float:
+        """Seconds computed since the last call (forward + backward), and reset."""
+        starts = [t for key, t in self.marks if key == "start"]
+        ends = [t for key, t in self.marks if key == "end"]
+        busy = self.forward_s + sum(e - s for s, e in zip(starts, ends, strict=True))
+        self.forward_s, self.marks[:] = 0.0, []
+        return busy
+
+
+def measure_bubble(repeat: int, device: torch.device, batch: int = 256, width: int = 512) -> list[dict]:
+    """GPipe over all ranks (one stage each): measured idle fraction per microbatch count vs (P-1)/(M+P-1).
+
+    Idle = 1 - (seconds the stage computed) / (step time), from timestamps taken inside the stage's forward
+    and backward, averaged over the stages.
+    """
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, stages = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
+    module = TimedStage(width, 8).to(device)
+    rows = []
+    for micro in (1, 2, 4, 8, 16):
+        stage = PipelineStage(module, rank, stages, device)
+        schedule = ScheduleGPipe(stage, micro, loss_fn=lambda out, target: (out - target).pow(2).mean())
+        x, target = torch.randn(batch, width, device=device), torch.randn(batch, width, device=device)
+
+        def step(schedule=schedule, x=x, target=target):
+            if rank == 0:
+                schedule.step(x)
+            elif rank == stages - 1:
+                schedule.step(target=target, losses=[])
+            else:
+                schedule.step()
+            _sync(device)
+
+        step(), module.take_busy()  # warm-up
+        idle = []
+        for _ in range(repeat):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - start
+            idle.append(1.0 - module.take_busy() / elapsed)
+        mine = torch.tensor([statistics.median(idle)])
+        dist.all_reduce(mine)
+        rows.append({"microbatches": micro, "stages": stages, "idle_measured": float(mine) / stages,
+                     "idle_model": (stages - 1) / (micro + stages - 1)})
+    return rows
+
+
+def _planned_sharded_parameters(model: torch.nn.Module) -> int:
+    """Parameters the tensor-parallel plan splits: column-wise weight and bias, row-wise weight (its bias is
+    replicated, added once after the all-reduce)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    params = dict(model.named_parameters())
+    count = 0
+    for path, style in model.tensor_parallel_plan().items():
+        count += params[f"{path}.weight"].numel()
+        if isinstance(style, ColwiseParallel):
+            count += params[f"{path}.bias"].numel()
+    return count
+
+
+def measure_layout_memory(device: torch.device) -> dict:
+    """Bytes per rank by category of the transformer under ddp, fsdp2 and tp, and the ZeRO formulas."""
+    from worldpipe.models.transformer import CausalTransformer
+    from worldpipe.parallel.layout import build_layout
+    from worldpipe.parallel.memory import measure_memory, zero_formulas
+    from worldpipe.parallel.runtime import init_runtime
+
+    runtime, n = init_runtime(), dist.get_world_size()
+    heads = 4 if 4 % n == 0 else n
+    sizes = {"width": 128, "heads": heads, "layers": 2, "mlp_ratio": 4}
+    obs = torch.randn(8, 64, 3, device=device)
+    action, reward, mask = torch.randn(8, 64, 1, device=device), torch.randn(8, 64, device=device), torch.ones(8, 64, device=device)
+    measured = {}
+    for name, cfg in {"ddp": ("ddp", 1), "fsdp2": ("fsdp2", 1), "tp": ("none", n)}.items():
+        torch.manual_seed(0)
+        core = CausalTransformer(3, 1, **sizes).to(device)
+        params = sum(p.numel() for p in core.parameters())
+        tp_params = _planned_sharded_parameters(core)
+        layout = build_layout({"strategy": cfg[0], "tensor_parallel": cfg[1], "context_parallel": 1}, runtime)
+        model = layout.wrap(core)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **layout.optimizer_kwargs)
+        rows = obs.shape[0] // layout.dp_size
+        sl = slice(layout.dp_rank * rows, (layout.dp_rank + 1) * rows)
+        measured[name] = measure_memory(model, optimizer,
+                                        lambda sl=sl, model=model: model(obs[sl], action[sl], reward[sl], mask[sl], None)["total"])
+    return {"model": sizes, "parameters": params, "tp_sharded_parameters": tp_params, "measured": measured,
+            "formula": zero_formulas(params, tp_params, n)}
+
+
+def worker(out: Path, max_mb: int, repeat: int) -> None:
+    """Every rank: run the measurements; rank 0 writes the raw rows."""
+    from worldpipe.parallel.runtime import init_runtime
+
+    torch.set_num_threads(1)
+    runtime = init_runtime()
+    raw = {"world_size": runtime.world_size, "backend": dist.get_backend(), "device": str(runtime.device),
+           "all_reduce": measure_all_reduce(max_mb, repeat, runtime.device)}
+    ring = measure_ring_attention(repeat, runtime.device)
+    gathered = [None] * runtime.world_size
+    dist.all_gather_object(gathered, ring)
+    raw["ring_attention"] = [row for rows in gathered for row in rows]
+    raw["pipeline_bubble"] = measure_bubble(repeat, runtime.device)
+    raw["memory"] = measure_layout_memory(runtime.device)
+    if runtime.is_main:
+        out.write_text(json.dumps(raw))
+    dist.destroy_process_group()
+
+
+def fit_ring_model(rows: list[dict], n: int) -> dict:
+    """alpha, beta of T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G minimizing the relative error; error per size."""
+    sizes = np.array([r["bytes"] for r in rows], dtype=float)
+    times = np.array([r["seconds"] for r in rows], dtype=float)
+    design = np.stack([np.full_like(sizes, 2 * (n - 1)), 2 * (n - 1) / n * sizes], axis=1) / times[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    predicted = 2 * (n - 1) * alpha + 2 * (n - 1) / n * beta * sizes
+    for row, model_s in zip(rows, predicted, strict=True):
+        row["model_s"] = float(model_s)
+        row["fit_error"] = float(model_s / row["seconds"] - 1.0)
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta),
+            "bandwidth_GBps": float(1.0 / beta / 1e9) if beta > 0 else None,
+            "max_abs_fit_error": float(np.max(np.abs(predicted / times - 1.0)))}
+
+
+def summarize(raw: dict) -> dict:
+    """Fits, ratios against the same-run baselines, and the headline numbers."""
+    n = raw["world_size"]
+    result = dict(raw)
+    result["all_reduce_fit"] = fit_ring_model(raw["all_reduce"], n)
+    for row in raw["ring_attention"]:
+        row["bytes_ratio_to_model"] = row["bytes_sent"] / row["model_bytes"] if row["model_bytes"] else None
+        row["ring_over_dense_full"] = row["ring_s"] / row["dense_full_s"]
+    mem = raw["memory"]
+    mem["measured_over_formula"] = {
+        layout: {cat: mem["measured"][layout][cat] / value for cat, value in cats.items() if value}
+        for layout, cats in mem["formula"].items()}
+    return result
+
+
+def _figure(folder: Path, name: str, draw) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    draw(ax)
+    ax.legend()
+    fig.tight_layout()
+    path = folder / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _draw_all_reduce(result: dict):
+    rows, fit = result["all_reduce"], result["all_reduce_fit"]
+
+    def draw(ax):
+        ax.loglog([r["bytes"] for r in rows], [r["seconds"] for r in rows], "o", label="measured (median)")
+        ax.loglog([r["bytes"] for r in rows], [r["model_s"] for r in rows], "-",
+                  label=f"ring model α={fit['alpha_s'] * 1e6:.1f} µs, 1/β={fit['bandwidth_GBps']:.2f} GB/s")
+        ax.set(xlabel="message size (bytes)", ylabel="all_reduce time (s)",
+               title=f"all_reduce on {result['world_size']} ranks ({result['backend']})")
+    return draw
+
+
+def _draw_ring(result: dict):
+    ring = [r for r in result["ring_attention"] if r["rank"] == 0]
+
+    def draw(ax):
+        ax.plot([r["seq"] for r in ring], [r["bytes_sent"] for r in ring], "o", label="measured (rank 0)")
+        ax.plot([r["seq"] for r in ring], [r["model_bytes"] for r in ring], "-", label="(N-1)·S·d_kv/N")
+        ax.set(xlabel="sequence length S", ylabel="bytes sent per rank (forward)", title="Ring attention traffic")
+    return draw
+
+
+def _draw_bubble(result: dict):
+    bubble = result["pipeline_bubble"]
+
+    def draw(ax):
+        micro = [r["microbatches"] for r in bubble]
+        ax.plot(micro, [r["idle_measured"] for r in bubble], "o-", label="measured")
+        ax.plot(micro, [r["idle_model"] for r in bubble], "--", label="(P-1)/(M+P-1)")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="microbatches M", ylabel="idle fraction", title=f"GPipe bubble, P={bubble[0]['stages']} stages")
+    return draw
+
+
+def _draw_memory(result: dict):
+    mem, cats = result["memory"], ("parameters", "gradients", "optimizer_state", "activations")
+
+    def draw(ax):
+        width = 0.8 / len(mem["measured"])
+        for i, layout in enumerate(mem["measured"]):
+            xs = np.arange(len(cats)) + i * width
+            ax.bar(xs, [mem["measured"][layout][c] / KB for c in cats], width, label=f"{layout} measured")
+            ax.plot(xs[:3], [mem["formula"][layout][c] / KB for c in cats[:3]], "k_", markersize=14)
+        ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, cats)
+        ax.set(ylabel="KiB per rank", title="Memory per rank by category (bars: tensors; black marks: ZeRO formulas)")
+    return draw
+
+
+def plot(result: dict, folder: Path) -> list[str]:
+    """The four measured-vs-model figures."""
+    return [_figure(folder, "comm_allreduce.png", _draw_all_reduce(result)),
+            _figure(folder, "comm_ring_bytes.png", _draw_ring(result)),
+            _figure(folder, "comm_bubble.png", _draw_bubble(result)),
+            _figure(folder, "comm_memory.png", _draw_memory(result))]
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Launch the ranks, then fit, plot and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
+    parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
+    parser.add_argument("--repeat", type=int, default=5, help="timed repetitions per point (median)")
+    parser.add_argument("--out", default="results/bench/comm.json")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(Path(args.worker), args.max_mb, args.repeat)
+        return None
+    if args.nproc < 2:
+        parser.error("--nproc must be at least 2 (communication needs two ranks)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_path = Path(tmp) / "raw.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+               __file__, "--worker", str(raw_path), "--max-mb", str(args.max_mb), "--repeat", str(args.repeat)]
+        subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        result = summarize(json.loads(raw_path.read_text()))
+    result["plots"] = plot(result, out.parent)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp_out, out)
+    fit = result["all_reduce_fit"]
+    print(f"all_reduce ring model on {result['world_size']} ranks: alpha {fit['alpha_s'] * 1e6:.1f} us, "
+          f"bandwidth {fit['bandwidth_GBps']:.2f} GB/s, max fit error {fit['max_abs_fit_error']:.0%}")
+    for row in result["ring_attention"]:
+        if row["rank"] == 0:
+            print(f"ring attention S={row['seq']}: bytes/model {row['bytes_ratio_to_model']:.3f}, "
+                  f"ring time / dense full-sequence time {row['ring_over_dense_full']:.2f}")
+    for row in result["pipeline_bubble"]:
+        print(f"GPipe P={row['stages']} M={row['microbatches']}: idle {row['idle_measured']:.2f} "
+              f"(model {row['idle_model']:.2f})")
+    for layout, ratios in result["memory"]["measured_over_formula"].items():
+        print(f"memory {layout}: measured/formula " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Lifeline: training processes die with the `worldpipe train` launcher that started them.
+
+torchrun starts every worker in a session of its own, so a signal to the launcher's process group (Ctrl-\\, a
+harness or Snakemake killing the job, a crash) never reaches the workers. Each link of the chain therefore asks
+the kernel for a signal when its parent dies (``PR_SET_PDEATHSIG``): torchrun when the launcher dies, each worker
+when torchrun dies. A worker also checks, after arming that signal, that its parent is still the launcher's
+torchrun: a parent that died before the signal was armed would otherwise go unnoticed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+# Set by the launcher in torchrun's environment (and so in every worker's): the pid the chain must lead to.
+LAUNCHER_PID_ENV = "WORLDPIPE_LAUNCHER_PID"
+# Exit status of a worker that found its launcher gone at start-up.
+EXIT_ORPHANED = 70
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent (thread) exits. Linux only; else no-op.
+
+    Safe in a ``preexec_fn``: the setting survives ``exec`` of a non-setuid program.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+
+
+def parent_pid_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` from /proc (None when it no longer exists)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 4, after the command name in parentheses (which may itself hold spaces or parentheses).
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def bind_worker_to_launcher() -> None:
+    """In a torchrun worker started by `worldpipe train`: die with torchrun; exit now if the chain is broken.
+
+    The chain is worker -> torchrun -> launcher (``$WORLDPIPE_LAUNCHER_PID``). Without that variable (torchrun
+    started by hand) nothing is checked.
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    die_with_parent(signal.SIGKILL)
+    # Armed first, checked second: a parent that dies after this check sends the signal, one that died before
+    # it has been replaced by a reaper whose parent is not the launcher.
+    if parent_pid_of(os.getppid()) != int(launcher):
+        print(f"worldpipe worker {os.getpid()}: launcher {launcher} is gone; exiting", file=sys.stderr)
+        os._exit(EXIT_ORPHANED)
+
+
+def launcher_environment() -> dict[str, str]:
+    """Environment for torchrun: this process's, plus the launcher pid the workers check."""
+    return {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}

@@ -1,0 +1,216 @@
+"""Parallel layouts: from ``cfg.parallel`` and the runtime, the device mesh and what the trainer must do with it.
+
+A layout is a data-parallel strategy (``parallel.strategy``: none, ddp, fsdp2) times at most one model axis:
+``parallel.tensor_parallel`` (DTensor column/row-wise sharding of the model's plan) or
+``parallel.context_parallel`` (the sequence cut in time). The world is a 2-D mesh, data-parallel outermost:
+rank = dp_rank * inner + inner_rank. The trainer asks the layout
+
+* which slice of the global batch this rank loads (``dp_rank`` of ``dp_size``: ranks of one tp/cp group load
+  the same windows);
+* how to wrap the model (:meth:`Layout.wrap`);
+* how to cut a batch in time (:meth:`Layout.shard_batch`, cp only);
+* how to scale the loss sums (:meth:`Layout.loss_scale`) so that every layout computes the gradient of the
+  global mean over valid steps, and how to weigh per-rank sums when logging (:attr:`Layout.metric_weight`).
+
+Invalid layouts are refused before any process starts by :func:`validate_layout` (called from
+``validate_config``), with the offending key named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from worldpipe.parallel.runtime import Runtime
+
+# Batch entries with a time axis (dim 1) that a context-parallel layout cuts; everything else is per window.
+TIME_KEYS = ("obs", "action", "reward", "terminated", "mask", "noise", "pixels")
+DP_STRATEGIES = ("none", "ddp", "fsdp2")
+
+
+def _degrees(p: Mapping[str, Any]) -> tuple[int, int]:
+    return int(p.get("tensor_parallel", 1)), int(p.get("context_parallel", 1))
+
+
+def _model_support(model_cfg: Mapping[str, Any]):
+    """The model's ParallelSupport from its config, without building it (None when the class cannot be found)."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(model_cfg["_target_"]))
+    except Exception:  # noqa: BLE001 - an unknown class is reported by the model config check, by name
+        return None
+    if not hasattr(cls, "parallel_support"):  # not a WorldModel: reported by the model config check
+        return None
+    kwargs = {key: value for key, value in model_cfg.items() if key != "_target_"}
+    return cls.parallel_support(**kwargs)
+
+
+def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
+    """Refuse a parallel layout that cannot work for this model and world size; the error names the key."""
+    from worldpipe.config import ConfigError, to_container
+
+    c = to_container(cfg)
+    p, model_cfg = c["parallel"], c.get("model", {})
+    tp, cp = _degrees(p)
+    for key, value in (("tensor_parallel", tp), ("context_parallel", cp)):
+        if value < 1:
+            raise ConfigError(f"config key 'parallel.{key}': must be a positive integer, got {value!r}")
+    if tp > 1 and cp > 1:
+        raise ConfigError("config key 'parallel.context_parallel': cannot be combined with parallel.tensor_parallel "
+                          "> 1 (layouts are dp×tp or dp×cp)")
+    if world_size % (tp * cp):
+        key = "tensor_parallel" if tp > 1 else "context_parallel"
+        raise ConfigError(f"config key 'parallel.{key}': degree {tp * cp} does not divide the world size {world_size}")
+    dp = world_size // (tp * cp)
+    strategy = p["strategy"]
+    if dp > 1 and strategy == "none":
+        raise ConfigError(f"config key 'parallel.strategy': 'none' cannot synchronize {dp} data-parallel ranks; "
+                          "use ddp or fsdp2")
+    if tp > 1 and strategy == "ddp" and dp > 1:
+        raise ConfigError("config key 'parallel.strategy': dp×tp shards the data-parallel axis with fsdp2, not ddp")
+    support = _model_support(model_cfg) if "_target_" in model_cfg else None
+    if support is None:
+        return
+    name = str(model_cfg["_target_"]).rsplit(".", 1)[-1]
+    if cp > 1 and support.time_partition is None:
+        raise ConfigError(f"config key 'parallel.context_parallel': model {name} has no valid time partition "
+                          "(a nonlinear recurrence needs every previous state); it is batch-parallel only")
+    if tp > 1 and not support.tensor_parallel:
+        raise ConfigError(f"config key 'parallel.tensor_parallel': model {name} has no tensor-parallel plan")
+    if tp > 1 and support.max_tensor_parallel is not None and (
+            tp > support.max_tensor_parallel or support.max_tensor_parallel % tp):
+        raise ConfigError(f"config key 'parallel.tensor_parallel': degree {tp} must divide the model's "
+                          f"{support.max_tensor_parallel} attention heads (model.heads)")
+    window = c.get("data", {}).get("window")
+    if cp > 1 and isinstance(window, int) and window % cp:
+        raise ConfigError(f"config key 'data.window': {window} steps cannot be cut into {cp} equal chunks "
+                          "(parallel.context_parallel)")
+
+
+@dataclass
+class Layout:
+    """This rank's place in the layout and what the trainer does differently because of it."""
+
+    runtime: Runtime
+    strategy: str
+    dp_rank: int
+    dp_size: int
+    tp_size: int = 1
+    cp_size: int = 1
+    mesh: Any = None  # torch DeviceMesh ("dp", "tp"|"cp") when a model axis is used
+    partition: Any = None  # TimePartition of this rank when cp > 1
+    _reducers: int = field(default=1, init=False)
+
+    @property
+    def describe(self) -> dict[str, int | str]:
+        """Strategy and degrees, for run identity records."""
+        return {"strategy": self.strategy, "dp": self.dp_size, "tp": self.tp_size, "cp": self.cp_size}
+
+    @property
+    def replicated_parameters(self) -> bool:
+        """True when every rank holds the same full parameters (ddp or one process): replicas can be compared."""
+        return self.strategy != "fsdp2" and self.tp_size == 1
+
+    @property
+    def metric_weight(self) -> float:
+        """Weight of one rank's loss sums in a sum over all ranks (tp ranks hold copies of the same sums)."""
+        return 1.0 / self.tp_size
+
+    @property
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """Optimizer options the layout needs (plain and DTensor parameters mixed: no multi-tensor kernels)."""
+        fsdp_everywhere = self.strategy == "fsdp2" and self.dp_size > 1  # then every parameter is a DTensor
+        return {"foreach": False} if self.tp_size > 1 and not fsdp_everywhere else {}
+
+    def loss_scale(self, global_valid: int) -> float:
+        """Factor on this rank's loss sums whose gradient, after the wrapper's averaging, is the global mean."""
+        return self._reducers / global_valid
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Apply the layout to a built model (tensor-parallel plan or time partition first, then data parallel)."""
+        from worldpipe.parallel.wrap import wrap_model
+
+        rt = self.runtime
+        if self.tp_size > 1:
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            parallelize_module(model, self.mesh["tp"], model.tensor_parallel_plan())
+            if self.dp_size > 1:
+                _fully_shard(model, self.mesh["dp"])
+                self._reducers = self.dp_size
+            return model
+        if self.cp_size > 1:
+            model.bind_time_partition(self.partition)
+        if not rt.distributed or self.strategy == "none":
+            return model
+        # Gradients are averaged over every rank the wrapper spans: all of them (cp ranks included).
+        self._reducers = rt.world_size
+        return _fully_shard(model, None) if self.strategy == "fsdp2" else wrap_model(model, self.strategy, rt)
+
+    def shard_batch(self, batch: dict) -> dict:
+        """This rank's chunk in time of every time-indexed entry (cp); the batch itself otherwise."""
+        if self.cp_size == 1:
+            return batch
+        out = dict(batch)
+        for key in TIME_KEYS:
+            if out.get(key) is not None:
+                out[key] = self.partition.chunk(out[key], dim=1)
+        return out
+
+    def clip_grad_norm(self, parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Clip by the global gradient norm; handles parameters that are DTensors on different meshes."""
+        params = [p for p in parameters if p.grad is not None]
+        from torch.distributed.tensor import DTensor
+
+        if self.tp_size == 1 or not params:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        squares = []
+        for p in params:
+            norm = torch.linalg.vector_norm(p.grad)
+            squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
+        total = torch.stack(squares).sum().sqrt()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(coef)
+        return total
+
+
+def _fully_shard(model: nn.Module, mesh: Any) -> nn.Module:
+    """FSDP2 over ``mesh`` (None: all ranks): each parameterized child (ModuleList entries each), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    def units(module: nn.Module):
+        for child in module.children():
+            if isinstance(child, nn.ModuleList):
+                yield from units(child)
+            elif any(p.requires_grad for p in child.parameters()):
+                yield child
+
+    for unit in list(units(model)):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
+    """The layout of this rank (a device mesh is built, collectively, when a model axis is used)."""
+    from worldpipe.parallel.time_partition import TimePartition
+
+    tp, cp = _degrees(parallel_cfg)
+    strategy = str(parallel_cfg["strategy"])
+    inner = tp * cp
+    if inner == 1:
+        return Layout(runtime, strategy, runtime.rank, runtime.world_size)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    axis = "tp" if tp > 1 else "cp"
+    dp = runtime.world_size // inner
+    mesh = init_device_mesh(runtime.device.type, (dp, inner), mesh_dim_names=("dp", axis))
+    dp_rank, inner_rank = mesh.get_local_rank("dp"), mesh.get_local_rank(axis)
+    partition = TimePartition(mesh[axis].get_group(), inner_rank, inner) if cp > 1 else None
+    return Layout(runtime, strategy, dp_rank, dp, tp_size=tp, cp_size=cp, mesh=mesh, partition=partition)

@@ -1,0 +1,74 @@
+"""The dataset of a recorded run: found where it was, found where it was regenerated, or regenerated in-process."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from worldpipe.reproduce.drift import RerunError
+from worldpipe.tracking.history import RecordedRun
+
+log = logging.getLogger("worldpipe.rerun")
+
+
+def resolve_recorded_path(path: str, cwd: str | None) -> str:
+    """A recorded relative path, resolved against the directory the run was started from."""
+    if "://" in path or Path(path).is_absolute() or not cwd:
+        return path
+    return str(Path(cwd) / path)
+
+
+def _dataset_ok(store: str, manifest_path: str, expected: str) -> bool:
+    from worldpipe.data.manifest import load_manifest, verify_dataset
+
+    try:
+        if load_manifest(manifest_path)["dataset_hash"] != expected:
+            return False
+        return all(status["status"] == "ok" for status in verify_dataset(store, manifest_path))
+    except Exception as err:  # noqa: BLE001 - missing or unreadable: not this dataset
+        log.info("dataset at %s not usable: %s", store, err)
+        return False
+
+
+def regenerate_dataset(spec: dict, target: Path) -> tuple[str, str]:
+    """Build and seal the dataset of a recorded generation spec in this process (the same code the rules run)."""
+    from worldpipe.data.build import build_dataset
+    from worldpipe.data.spec import DatasetSpec
+
+    store, manifest = target / "store.zarr", target / "manifest.json"
+    if store.exists():
+        shutil.rmtree(store)
+    manifest.unlink(missing_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        build_dataset(str(store), DatasetSpec.from_dict(spec), manifest_path=str(manifest))
+    except (ValueError, OSError) as err:
+        raise RerunError(f"cannot regenerate the dataset into {target}: {err}") from err
+    return str(store), str(manifest)
+
+
+def locate_dataset(recorded: RecordedRun, data_dir: str | None = None) -> tuple[str, str, str]:
+    """(store, manifest, how): the recorded location if it still holds the recorded hash, else a regeneration."""
+    expected = recorded.identity.get("dataset_hash") or recorded.tags.get("worldpipe.dataset_hash")
+    cwd = recorded.tags.get("worldpipe.cwd")
+    data = recorded.config.get("data", {})
+    store, manifest = resolve_recorded_path(str(data.get("store")), cwd), resolve_recorded_path(str(data.get("manifest")), cwd)
+    if _dataset_ok(store, manifest, expected):
+        return store, manifest, "recorded location"
+    target = Path(data_dir) if data_dir else Path("results/data") / f"rerun-{expected[:16]}"
+    if _dataset_ok(str(target / "store.zarr"), str(target / "manifest.json"), expected):
+        return str(target / "store.zarr"), str(target / "manifest.json"), "earlier regeneration"
+    spec = (recorded.manifest or {}).get("spec")
+    if not spec:
+        raise RerunError(f"dataset {expected[:16]}… is not at {store} and the run's dataset/manifest.json artifact "
+                         "holds no generation spec; pass --data-dir with the original dataset")
+    log.info("regenerating dataset %s… from its recorded spec into %s", expected[:16], target)
+    store, manifest = regenerate_dataset(spec, target)
+    from worldpipe.data.manifest import load_manifest
+
+    got = load_manifest(manifest)["dataset_hash"]
+    if got != expected:
+        raise RerunError(f"the regenerated dataset has hash {got[:16]}…, the run was trained on {expected[:16]}…: "
+                         "data generation is not reproducible here (code or package drift?)")
+    return store, manifest, "regenerated"

@@ -1,0 +1,79 @@
+"""Training a recorded config again: a new run directory whose first start creates a new MLflow run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import yaml
+
+from worldpipe.reproduce.drift import RerunError
+from worldpipe.tracking.history import RecordedRun
+from worldpipe.tracking.spool import Spool
+
+log = logging.getLogger("worldpipe.rerun")
+
+# Hydra's primary config of a rebuilt run: the recorded values win over conf/'s current defaults.
+RECORDED_CONFIG_DIR = "rerun_config"
+
+
+def prepare_run_dir(run_dir: Path, tags: dict[str, str], copy_history: tuple[str, int] | None = None) -> None:
+    """Tell the run directory's recorder to create a new MLflow run (with these tags) at its first start."""
+    spool = Spool(run_dir)
+    if spool.journal.exists():
+        raise RerunError(f"{run_dir} already holds a recorded run; pick a new --run-dir")
+    with spool.locked():
+        state = spool.state()
+        state["new_run"] = {"tags": tags}
+        if copy_history:
+            state["new_run"].update(copy_history_from=copy_history[0], through_step=int(copy_history[1]))
+        spool.save_state(state)
+
+
+def training_config(recorded: RecordedRun, run_dir: Path, store: str, manifest: str, uri: str,
+                    run_name: str | None = None) -> dict:
+    """The recorded config with only resume-safe keys changed: where to write, read and record."""
+    config = json.loads(json.dumps(recorded.config))
+    config["run_dir"] = str(run_dir)
+    config["checkpoint"]["dir"] = str(run_dir / "checkpoints")
+    config["data"]["store"], config["data"]["manifest"] = store, manifest
+    config["tracking"]["enabled"], config["tracking"]["uri"] = True, uri
+    if run_name:
+        config["tracking"]["run_name"] = run_name
+    config["parallel"]["nproc_per_node"], config["parallel"]["nnodes"] = recorded.world_size, 1
+    config["trainer"]["progress_bar"] = False
+    return config
+
+
+def launch(config: dict, run_dir: Path, overrides: list[str] = ()) -> int:
+    """Train this config through the launcher (preflight, torchrun, signal forwarding); returns its exit code."""
+    from worldpipe.launch import launch_training
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_dir = run_dir / RECORDED_CONFIG_DIR
+    config_dir.mkdir(exist_ok=True)
+    primary = {**config, "hydra": {"run": {"dir": str(run_dir)}, "output_subdir": "hydra", "job": {"chdir": False}}}
+    (config_dir / "config.yaml").write_text(yaml.safe_dump(primary, sort_keys=False))
+    return launch_training(list(overrides), config_dir=config_dir.resolve())
+
+
+def new_run_id(run_dir: Path) -> str:
+    """The MLflow run id the rebuilt run's first start created."""
+    state = Spool(run_dir).state()
+    if not state["run_id"]:
+        raise RerunError(f"the new run's records are still spooled in {run_dir}/tracking (tracking unreachable?); "
+                         f"run `worldpipe tracking sync {run_dir}` and compare with `worldpipe compare`")
+    return state["run_id"]
+
+
+def _default_run_dir(recorded: RecordedRun, kind: str) -> Path:
+    name = recorded.config.get("experiment_name", "run")
+    return Path("results/runs") / f"{name}-{kind}-{recorded.run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def default_run_dir(recorded: RecordedRun, kind: str) -> Path:
+    """results/runs/<experiment>-<kind>-<run id prefix>-<time>: a new directory for a rebuilt run."""
+    name = recorded.config.get("experiment_name", "run")
+    return Path("results/runs") / f"{name}-{kind}-{recorded.run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"

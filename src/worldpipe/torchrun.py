@@ -1,0 +1,75 @@
+"""`python -m worldpipe.torchrun ARGS`: torchrun, with its stores listening on loopback only when asked to.
+
+torchrun's TCP stores (the c10d rendezvous store and the store it hands to the workers) bind every interface
+whatever host they are given, and answer anyone without authentication. When the rendezvous endpoint is a
+loopback address (a run on one workstation), this entry point creates each store's listening socket itself,
+bound to 127.0.0.1, and gives it to the store (``master_listen_fd``). Multi-node runs (an endpoint on a real
+interface) are untouched. Everything else is torchrun's own ``main``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+
+_TCPSTORE_ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
+                  "master_listen_fd", "use_libuv")
+
+
+def is_loopback(host: str) -> bool:
+    """True for 'localhost' and loopback IP addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_listener(port: int) -> int:
+    """A listening TCP socket on 127.0.0.1:``port``; returns its file descriptor (the caller owns it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def install_loopback_stores() -> None:
+    """Make every TCPStore server created in this process for a loopback host listen on 127.0.0.1 only."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    original = dist.TCPStore
+    if getattr(original, "_worldpipe_loopback", False):
+        return
+
+    class LoopbackTCPStore(original):
+        _worldpipe_loopback = True
+
+        def __init__(self, *args, **kwargs):
+            kwargs.update(zip(_TCPSTORE_ARGS, args, strict=False))
+            if (kwargs.get("is_master") and kwargs.get("master_listen_fd") is None
+                    and is_loopback(str(kwargs.get("host_name", "")))):
+                kwargs["master_listen_fd"] = loopback_listener(int(kwargs["port"]))
+            super().__init__(**kwargs)
+
+    dist.TCPStore = LoopbackTCPStore
+    c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+
+
+def main() -> None:
+    """Run torchrun with ``sys.argv[1:]``; stores of a loopback rendezvous listen on 127.0.0.1 only."""
+    install_loopback_stores()
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

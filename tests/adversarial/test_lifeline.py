@@ -1,0 +1,57 @@
+"""Case 1 of issue 9, the mechanism: a worker dies with its parent, and one started after its launcher died
+exits at once. Real processes, real SIGKILL; the chain launcher -> torchrun -> worker is played by this test,
+a middle python process and a worker python process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from processes import is_alive, wait_gone
+from worldpipe.lifeline import EXIT_ORPHANED, LAUNCHER_PID_ENV, parent_pid_of
+
+WORKER = ("from worldpipe.lifeline import bind_worker_to_launcher; import sys, time; bind_worker_to_launcher(); "
+          "print('bound', flush=True); time.sleep(600)")
+MIDDLE = ("import subprocess, sys; worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
+          "print(worker.pid, flush=True); worker.wait()")
+
+
+def test_parent_pid_of_reads_proc():
+    assert parent_pid_of(os.getpid()) == os.getppid()
+    assert parent_pid_of(2**22 + 12345) is None
+
+
+def test_worker_dies_when_its_parent_is_killed():
+    env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+    middle = subprocess.Popen([sys.executable, "-c", MIDDLE, WORKER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(middle.stdout.readline())
+        assert is_alive(worker)
+        # The worker's "bound" goes to the same pipe: it armed the signal and checked the chain.
+        assert middle.stdout.readline().strip() == "bound"
+        os.kill(middle.pid, signal.SIGKILL)
+        middle.wait(timeout=30)
+        assert not wait_gone({worker}, timeout=30), "the worker outlived its parent"
+    finally:
+        if middle.poll() is None:
+            middle.kill()
+            middle.wait()
+
+
+def test_worker_whose_launcher_is_not_its_grandparent_exits_at_once():
+    # The chain is broken (the launcher it names is not its parent's parent): as if the launcher died before
+    # the worker could arm its signal.
+    env = {**os.environ, LAUNCHER_PID_ENV: str(2**22 + 12345)}
+    middle = subprocess.run([sys.executable, "-c", MIDDLE.replace("worker.wait()", "sys.exit(worker.wait())"),
+                             WORKER], env=env, capture_output=True, text=True, timeout=120)
+    assert middle.returncode == EXIT_ORPHANED, middle.stderr
+    assert "bound" not in middle.stdout and "is gone" in middle.stderr
+
+
+def test_without_a_launcher_nothing_is_checked():
+    env = {k: v for k, v in os.environ.items() if k != LAUNCHER_PID_ENV}
+    proc = subprocess.run([sys.executable, "-c", WORKER.replace("time.sleep(600)", "pass")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "bound" in proc.stdout

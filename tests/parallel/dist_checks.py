@@ -1,0 +1,194 @@
+"""Checks run by every rank of a real torchrun (gloo) process group; each rank writes its findings as JSON.
+
+    torchrun --nproc_per_node=N tests/parallel/dist_checks.py CHECK OUT_DIR [args...]
+
+The pytest side (test_dist_*.py) launches this and asserts on the JSON, so a failure shows the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from worldpipe.parallel.ring_attention import RingStats, ring_attention
+from worldpipe.parallel.scan import linear_recurrence, sequential_scan
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def check_ring(rank: int, size: int, chunk: int, block_size: int, seed: int) -> dict:
+    """Ring attention of this rank's chunk vs the same rows of dense causal attention, forward and backward."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = size * chunk
+    q, k, v = (torch.randn(2, 3, seq, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    d_out = torch.randn(2, 3, seq, 4, generator=gen, dtype=torch.float64)
+    full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    dense = F.scaled_dot_product_attention(*full, is_causal=True)
+    (dense * d_out).sum().backward()
+    rows = slice(rank * chunk, (rank + 1) * chunk)
+    local = [t[..., rows, :].clone().requires_grad_(True) for t in (q, k, v)]
+    stats = RingStats()
+    out = ring_attention(*local, block_size=block_size or None, stats=stats)
+    (out * d_out[..., rows, :]).sum().backward()
+    return {
+        "out": _max_diff(out.detach(), dense.detach()[..., rows, :]),
+        "dq": _max_diff(local[0].grad, full[0].grad[..., rows, :]),
+        "dk": _max_diff(local[1].grad, full[1].grad[..., rows, :]),
+        "dv": _max_diff(local[2].grad, full[2].grad[..., rows, :]),
+        "blocks_computed": stats.blocks_computed, "blocks_skipped": stats.blocks_skipped,
+        "bytes_sent_forward": stats.bytes_sent_forward, "bytes_sent_backward": stats.bytes_sent_backward,
+        "kv_block_bytes": 2 * local[1].numel() * local[1].element_size(),
+    }
+
+
+def check_scan(rank: int, size: int, lengths: list[int], seed: int) -> dict:
+    """Cross-rank scan of this rank's chunk (chunks of unequal length) vs the sequential loop, with gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    a = torch.rand(2, total, 3, generator=gen, dtype=torch.float64)
+    b = torch.randn(2, total, 3, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+    weight = torch.randn(2, total, 3, generator=gen, dtype=torch.float64)
+    full = [t.clone().requires_grad_(True) for t in (a, b, h0)]
+    ref = sequential_scan(full[0], full[1], full[2])
+    (ref * weight).sum().backward()
+    start = sum(lengths[:rank])
+    rows = slice(start, start + lengths[rank])
+    la, lb = a[:, rows].clone().requires_grad_(True), b[:, rows].clone().requires_grad_(True)
+    lh0 = h0.clone().requires_grad_(True)
+    out = linear_recurrence(la, lb, lh0, group=dist.group.WORLD)
+    (out * weight[:, rows]).sum().backward()
+    # h0 is an input of every rank's chunk: its full gradient is the sum over ranks.
+    dh0 = lh0.grad.clone()
+    dist.all_reduce(dh0)
+    return {"out": _max_diff(out.detach(), ref.detach()[:, rows]), "da": _max_diff(la.grad, full[0].grad[:, rows]),
+            "db": _max_diff(lb.grad, full[1].grad[:, rows]), "dh0": _max_diff(dh0, full[2].grad)}
+
+
+MODELS = {
+    "transformer": {"_target_": "worldpipe.models.transformer.CausalTransformer", "width": 16, "heads": 4,
+                    "layers": 2, "mlp_ratio": 2},
+    "ssm": {"_target_": "worldpipe.models.ssm.LinearSSM", "width": 16, "state": 8, "layers": 2},
+    "rssm": {"_target_": "worldpipe.models.rssm.RSSM", "embed": 8, "deter": 8, "stoch": 4, "hidden": 16},
+}
+OBS_DIM, ACT_DIM = 3, 1
+
+
+def synthetic_batch(batch: int, window: int, seed: int, noise_shape) -> dict:
+    """Random windows whose valid lengths differ (some end early), as the loader pads them."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(window // 2, window + 1, (batch,), generator=gen)
+    mask = (torch.arange(window)[None, :] < lengths[:, None]).float()
+    out = {"obs": torch.randn(batch, window, OBS_DIM, generator=gen) * mask[..., None],
+           "action": torch.randn(batch, window, ACT_DIM, generator=gen) * mask[..., None],
+           "reward": torch.randn(batch, window, generator=gen) * mask, "mask": mask,
+           "noise": None if noise_shape is None else torch.randn(batch, *noise_shape, generator=gen)}
+    out["global_valid"] = int(mask.sum())
+    return out
+
+
+def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    from worldpipe.parallel.wrap import unwrap
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    return {name: full(p.grad).detach().clone() for name, p in unwrap(model).named_parameters()}
+
+
+def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    from worldpipe.parallel.wrap import unwrap
+
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for name, p in unwrap(model).named_parameters()}
+
+
+def _diffs(a: dict, b: dict) -> float:
+    return max(_max_diff(a[name], b[name]) for name in a)
+
+
+def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: int, window: int,
+                 micro: int) -> dict:
+    """One training step of a layout vs the single-process reference on the same global batch.
+
+    The layout's step runs ``micro`` micro-batches (gradients accumulated, each loss normalized by the valid
+    steps of the whole global batch); the reference runs the whole batch at once.
+    """
+    from worldpipe.data.sampler import GlobalWindowSampler
+    from worldpipe.models import build_model
+    from worldpipe.parallel.layout import build_layout
+    from worldpipe.parallel.runtime import init_runtime
+
+    runtime = init_runtime("gloo")
+    torch.manual_seed(0)
+    reference = build_model(MODELS[model_name], OBS_DIM, ACT_DIM)
+    torch.manual_seed(0)
+    core = build_model(MODELS[model_name], OBS_DIM, ACT_DIM)
+    batch = synthetic_batch(batch_size, window, 1, reference.noise_shape(window))
+    keys = ("obs", "action", "reward", "mask", "noise")
+
+    ref_sums = reference(*(batch[k] for k in keys))
+    (ref_sums["total"] / batch["global_valid"]).backward()
+    ref_grads = _full_grads(reference)
+    torch.optim.AdamW(reference.parameters(), lr=1e-2, eps=1.0).step()  # eps: no sign() of tiny grads
+
+    layout = build_layout({"strategy": strategy, "tensor_parallel": tp, "context_parallel": cp}, runtime)
+    model = layout.wrap(core)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1.0, **layout.optimizer_kwargs)
+    mine = {k: (v[GlobalWindowSampler.rank_slice(batch_size, layout.dp_rank, layout.dp_size)] if v is not None else None)
+            for k, v in batch.items() if k in keys}
+    total = torch.zeros(())
+    rows = mine["obs"].shape[0]
+    for index in range(micro):
+        piece = {k: (v[index * rows // micro:(index + 1) * rows // micro] if v is not None else None)
+                 for k, v in mine.items()}
+        sums = model(*(layout.shard_batch(piece)[k] for k in keys))
+        (sums["total"] * layout.loss_scale(batch["global_valid"])).backward()
+        total = total + sums["total"].detach()
+    dist.all_reduce(total)
+    grads = _full_grads(model)
+    optimizer.step()
+    return {
+        "loss": float(total) * layout.metric_weight / batch["global_valid"],
+        "ref_loss": float(ref_sums["total"].detach()) / batch["global_valid"],
+        "grad_diff": _diffs(grads, ref_grads),
+        "grad_scale": max(float(g.abs().max()) for g in ref_grads.values()),
+        "param_diff_after_step": _diffs(_full_params(model), _full_params(reference)),
+        "layout": layout.describe, "dp_rank": layout.dp_rank, "rows": rows,
+    }
+
+
+def main(argv: list[str]) -> None:
+    check, out_dir, *args = argv
+    torch.set_num_threads(1)
+    if check == "layout":
+        model_name, strategy, tp, cp, batch, window, micro = args
+        result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro))
+        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        return
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if check == "ring":
+        result = check_ring(rank, size, int(args[0]), int(args[1]), int(args[2]))
+    elif check == "scan":
+        result = check_scan(rank, size, [int(x) for x in args[0].split(",")], int(args[1]))
+    else:
+        raise SystemExit(f"unknown check {check!r}")
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,47 @@
+"""Invalid layouts are refused before any process starts, and the message names the key."""
+
+import subprocess
+
+import pytest
+
+from worldpipe.config import ConfigError, validate_config
+from worldpipe.launch import compose_config
+
+
+def _cfg(*overrides):
+    return compose_config(list(overrides))
+
+
+@pytest.mark.parametrize(("overrides", "world", "key"), [
+    (["experiment=smoke", "parallel=cp"], 2, "parallel.context_parallel"),            # RSSM: no time partition
+    (["experiment=smoke_transformer", "parallel=tp", "parallel.tensor_parallel=4",
+      "parallel.nproc_per_node=4"], 4, "parallel.tensor_parallel"),                    # 4 > 2 heads
+    (["experiment=smoke_transformer", "parallel=dp_tp", "trainer.batch_size=9"], 3,
+     "parallel.tensor_parallel"),                                                       # 2 does not divide 3
+    (["experiment=smoke_ssm", "parallel=cp", "parallel.context_parallel=3", "parallel.nproc_per_node=3",
+      "trainer.batch_size=9"], 3, "data.window"),                                      # 16 steps in 3 chunks
+    (["experiment=smoke", "parallel=tp"], 2, "parallel.tensor_parallel"),             # RSSM: no plan
+    (["experiment=smoke_transformer", "parallel=dp_cp", "parallel.strategy=none"], 4, "parallel.strategy"),
+])
+def test_invalid_layout_names_the_key(overrides, world, key):
+    with pytest.raises(ConfigError, match=rf"config key '{key}'"):
+        validate_config(_cfg(*overrides), world)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["experiment=smoke", "parallel=single"], ["experiment=smoke", "parallel=ddp"],
+    ["experiment=smoke", "parallel=fsdp2"], ["experiment=smoke_transformer", "parallel=tp"],
+    ["experiment=smoke_transformer", "parallel=cp"], ["experiment=smoke_ssm", "parallel=cp"],
+    ["experiment=smoke_transformer", "parallel=dp_tp"], ["experiment=smoke_ssm", "parallel=dp_cp"],
+])
+def test_valid_layouts_pass(overrides):
+    cfg = _cfg(*overrides)
+    validate_config(cfg, int(cfg.parallel.nproc_per_node))
+
+
+def test_cli_refuses_before_starting_processes(tmp_path, env_with_venv):
+    proc = subprocess.run(["worldpipe", "train", "experiment=smoke", "parallel=cp", f"run_dir={tmp_path / 'run'}"],
+                          env=env_with_venv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "parallel.context_parallel" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run directory or any rank existed

@@ -1,0 +1,15 @@
+"""Snakemake script: every experiment's held-out error ratio against the repeat-last baseline, on one plot."""
+
+import json
+import sys
+from pathlib import Path
+
+from worldpipe.evaluate import plot_models_vs_baseline
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
+sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 - the log must stay open for the whole script
+
+results = {}
+for experiment, path in zip(snakemake.params.experiments, snakemake.input.metrics, strict=True):
+    results[experiment] = json.loads(Path(path).read_text())
+plot_models_vs_baseline(results, snakemake.output.plot)
