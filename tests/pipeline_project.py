@@ -6,6 +6,7 @@ conf/ tree, so editing the copy changes what runs without touching the checkout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -49,8 +50,9 @@ class Project:
         return plan(self.config(), self.src / "conf")
 
     def command(self, *args: str) -> list[str]:
-        return ["snakemake", "-s", str(self.src / "Snakefile"), "--directory", str(self.work), "--cores", "2",
-                "--configfile", str(self.configfile), *args]
+        # Targets and flags first: after --configfile, Snakemake would read them as more config files.
+        return ["snakemake", *args, "-s", str(self.src / "Snakefile"), "--directory", str(self.work), "--cores", "2",
+                "--configfile", str(self.configfile)]
 
     def snakemake(self, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(*args), env=env or self.env, capture_output=True, text=True,
@@ -91,15 +93,58 @@ def files_of(directory: Path) -> dict[str, tuple[int, int]]:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL a process group started by Project.start and reap its leader."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    # Workers of torchrun share the group; wait until none of them is left before reusing the directory.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> set[int]:
+    children, found, stack = _children(), set(), [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """kill -9 a process started by Project.start and everything below it, by PID.
+
+    torchrun starts its workers in sessions of their own, so killing Snakemake's process group would leave
+    them running: stop the tree first (so nothing new is started), collect it until it stops growing, kill it.
+    """
+    stopped: set[int] = set()
+    os.kill(proc.pid, signal.SIGSTOP)
+    while True:
+        fresh = _descendants(proc.pid) - stopped
+        if not fresh:
+            break
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= fresh
+    for pid in [proc.pid, *stopped]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(pid) for pid in stopped):
         time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    """True while a process exists and is not a zombie (a zombie holds no files or locks)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_project import Project, files_of, kill_group, planned_jobs
+from pipeline_project import Project, files_of, kill_tree, planned_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -71,7 +71,8 @@ def test_trainer_edit_trains_exactly_the_affected_experiment_into_a_new_run(proj
     dry = project.snakemake("--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     jobs = planned_jobs(dry.stdout + dry.stderr)
-    assert {job for job in jobs if job[0] != "all"} == {(rule, "smoke") for rule in RUN_RULES}
+    # Jobs of one run (aggregates over every experiment, such as `all`, name no experiment).
+    assert {job for job in jobs if job[1]} == {(rule, "smoke") for rule in RUN_RULES}
 
     proc = project.snakemake()
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -88,7 +89,9 @@ def test_trainer_edit_trains_exactly_the_affected_experiment_into_a_new_run(proj
 
     project.edit("conf/trainer/default.yaml", "weight_decay: 1.0e-4", "weight_decay: 0.0")
     dry = project.snakemake("--dry-run")
-    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    # No run trains or evaluates; only a summary over all runs (plot_models_vs_baseline) may be redrawn.
+    assert dry.returncode == 0 and not {job for job in planned_jobs(dry.stdout + dry.stderr) if job[1]}, \
+        dry.stdout[-3000:]
 
 
 def test_safe_key_changes_neither_hash_nor_dag(project, repo):
@@ -99,7 +102,9 @@ def test_safe_key_changes_neither_hash_nor_dag(project, repo):
         assert {name: run.run_hash for name, run in after.items()} == \
             {name: run.run_hash for name, run in before.items()}
         dry = project.snakemake("--dry-run")
-        assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+        # No run trains or evaluates; only a summary over all runs (plot_models_vs_baseline) may be redrawn.
+        assert dry.returncode == 0 and not {job for job in planned_jobs(dry.stdout + dry.stderr) if job[1]}, \
+            dry.stdout[-3000:]
     finally:
         project.write_config(smoke_config(repo, ["smoke", "smoke_wd"]))
 
@@ -110,7 +115,7 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
     project.write_config(smoke_config(repo, ["smoke", "smoke_wd"], ["trainer.lr=0.002"]))
     _, after = project.plan()
     dry = project.snakemake("--dry-run")
-    jobs = {job for job in planned_jobs(dry.stdout + dry.stderr) if job[0] != "all"}
+    jobs = {job for job in planned_jobs(dry.stdout + dry.stderr) if job[1]}
     assert jobs == {(rule, name) for rule in RUN_RULES for name in ("smoke", "smoke_wd")}
 
     # Training pauses before publishing step 20, so the newest checkpoint at the kill is step 10.
@@ -121,7 +126,7 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
     while not any(p.exists() for p in pointers) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     killed = next((name for name, p in zip(after, pointers, strict=True) if p.exists()), None)
-    kill_group(proc)
+    kill_tree(proc)
     assert killed is not None, "no checkpoint appeared before the pipeline ended"
     killed_dir = project.work / after[killed].dir
     assert (killed_dir / "checkpoints/latest").read_text().strip() == "step-000010"
@@ -150,7 +155,8 @@ def test_each_experiment_trains_on_its_own_dataset(repo, env_with_venv, tmp_path
     add_overlay(project, "smoke_cartpole", "# @package _global_\n",
                 "# @package _global_\ndefaults:\n  - override /data: cartpole\n")
     config = smoke_config(repo, ["smoke", "smoke_cartpole"])
-    config["datasets"]["cartpole"] = dict(config["datasets"]["pendulum"], env_id="CartPole-v1", policy="random")
+    # A random policy drops the pole within a few steps: too short for the smoke windows.
+    config["datasets"]["cartpole"] = dict(config["datasets"]["pendulum"], env_id="CartPole-v1")
     project.write_config(config)
     datasets, runs = project.plan()
     targets = [f"{run.dir}/train_done.json" for run in runs.values()]

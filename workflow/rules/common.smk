@@ -13,6 +13,11 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
+# Before worldpipe is imported: worldpipe.paths reads the conf/ tree's location once, and it must be the one beside
+# this Snakefile (the run hashes, the parse-time validation and the jobs all read it).
+CONF_DIR = os.path.join(workflow.basedir, "conf")
+os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
+
 from worldpipe import paths
 from worldpipe.pipeline import PipelineError, launch_overrides, plan, training_settings
 from worldpipe.preflight import validate_pipeline_experiments
@@ -21,7 +26,8 @@ from worldpipe.preflight import validate_pipeline_experiments
 # is parsed: a bad value stops the pipeline before the data stages run.
 validate_pipeline_experiments(config)
 
-CONF_DIR = os.path.join(workflow.basedir, "conf")
+if paths.CONF_DIR != Path(CONF_DIR).resolve():
+    raise WorkflowError(f"worldpipe was imported before {paths.CONF_DIR_ENV} was set: it reads {paths.CONF_DIR}")
 PATHS = paths.layout(Path(CONF_DIR))
 RESULTS, DATA, RUNS, LOGS, RULE_BENCHMARKS = (
     PATHS[key] for key in ("results", "data", "runs", "logs", "rule_benchmarks")
