@@ -57,12 +57,18 @@ rule plot_loss_curve:
         "../scripts/plot_loss_curve.py"
 
 
+# Named by the set of runs and evaluations it compares: an edit and its undo return to the same file.
+MODELS_VS_BASELINE_HASH = paths.short(
+    paths.canonical_hash({"runs": sorted((r.experiment, r.run_hash, r.eval_hash) for r in RUNS_PLANNED.values())})
+)
+
+
 rule plot_models_vs_baseline:
     input:
         metrics=[run_file(rules.evaluate_model.output.metrics, run) for run in RUNS_PLANNED.values()],
     output:
         plot=report(
-            f"{RESULTS}/models_vs_baseline.png",
+            f"{RESULTS}/models_vs_baseline/{MODELS_VS_BASELINE_HASH}.png",
             caption="../report/models_vs_baseline.rst",
             category="Evaluation",
         ),
@@ -73,8 +79,8 @@ rule plot_models_vs_baseline:
     resources:
         **rule_resources("plot_models_vs_baseline"),
     log:
-        f"{LOGS}/plot_models_vs_baseline.log",
+        f"{LOGS}/plot_models_vs_baseline/{MODELS_VS_BASELINE_HASH}.log",
     benchmark:
-        f"{RULE_BENCHMARKS}/plot_models_vs_baseline.tsv"
+        f"{RULE_BENCHMARKS}/plot_models_vs_baseline/{MODELS_VS_BASELINE_HASH}.tsv"
     script:
         "../scripts/plot_models_vs_baseline.py"

@@ -17,6 +17,8 @@ def sample_noise(seed: int, sample_index: torch.Tensor, shape: tuple[int, ...] |
     """Standard-normal noise [b, *shape], row i a function of (seed, sample_index[i]) only; None for no shape."""
     if shape is None:
         return None
+    if len(sample_index) == 0:  # this rank's slice of a short last batch can be empty
+        return torch.zeros(0, *shape)
     rows = []
     for index in sample_index.tolist():
         generator.manual_seed(int(np.random.SeedSequence([seed, _NOISE_DOMAIN, index]).generate_state(1, np.uint64)[0]))
