@@ -56,7 +56,13 @@ def install_loopback_stores() -> None:
             kwargs.update(zip(_TCPSTORE_ARGS, args, strict=False))
             if (kwargs.get("is_master") and kwargs.get("master_listen_fd") is None
                     and is_loopback(str(kwargs.get("host_name", "")))):
-                kwargs["master_listen_fd"] = loopback_listener(int(kwargs["port"]))
+                try:
+                    kwargs["master_listen_fd"] = loopback_listener(int(kwargs["port"]))
+                except OSError as exc:
+                    # Another agent on this machine (e.g. a second "node" of one host) already hosts the store.
+                    # torch's rendezvous answers a RuntimeError here by joining that store as a client, as it
+                    # does when its own TCPStore server cannot bind.
+                    raise RuntimeError(f"cannot listen on 127.0.0.1:{kwargs['port']}: {exc}") from exc
             super().__init__(**kwargs)
 
     dist.TCPStore = LoopbackTCPStore
