@@ -243,8 +243,11 @@ def fit_ring_model(rows: list[dict], n: int) -> dict:
     """alpha, beta of T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G minimizing the relative error; error per size."""
     sizes = np.array([r["bytes"] for r in rows], dtype=float)
     times = np.array([r["seconds"] for r in rows], dtype=float)
+    from scipy.optimize import nnls
+
     design = np.stack([np.full_like(sizes, 2 * (n - 1)), 2 * (n - 1) / n * sizes], axis=1) / times[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    # Non-negative: a noisy run (few sizes, one repeat) would otherwise fit a negative latency or bandwidth.
+    (alpha, beta), _ = nnls(design, np.ones_like(times))
     predicted = 2 * (n - 1) * alpha + 2 * (n - 1) / n * beta * sizes
     for row, model_s in zip(rows, predicted, strict=True):
         row["model_s"] = float(model_s)
@@ -252,6 +255,13 @@ def fit_ring_model(rows: list[dict], n: int) -> dict:
     return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta),
             "bandwidth_GBps": float(1.0 / beta / 1e9) if beta > 0 else None,
             "max_abs_fit_error": float(np.max(np.abs(predicted / times - 1.0)))}
+
+
+def describe_fit(fit: dict) -> str:
+    """The fitted ring model in words; a bandwidth the timings cannot resolve is said so, not printed as a number."""
+    bandwidth = (f"{fit['bandwidth_GBps']:.2f} GB/s" if fit["bandwidth_GBps"] is not None
+                 else "bandwidth not resolved by these sizes")
+    return f"alpha {fit['alpha_s'] * 1e6:.1f} us, {bandwidth}"
 
 
 def summarize(raw: dict) -> dict:
@@ -291,7 +301,7 @@ def _draw_all_reduce(result: dict):
     def draw(ax):
         ax.loglog([r["bytes"] for r in rows], [r["seconds"] for r in rows], "o", label="measured (median)")
         ax.loglog([r["bytes"] for r in rows], [r["model_s"] for r in rows], "-",
-                  label=f"ring model α={fit['alpha_s'] * 1e6:.1f} µs, 1/β={fit['bandwidth_GBps']:.2f} GB/s")
+                  label=f"ring model: {describe_fit(fit)}")
         ax.set(xlabel="message size (bytes)", ylabel="all_reduce time (s)",
                title=f"all_reduce on {result['world_size']} ranks ({result['backend']})")
     return draw
@@ -368,8 +378,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     tmp_out.write_text(json.dumps(result, indent=2) + "\n")
     os.replace(tmp_out, out)
     fit = result["all_reduce_fit"]
-    print(f"all_reduce ring model on {result['world_size']} ranks: alpha {fit['alpha_s'] * 1e6:.1f} us, "
-          f"bandwidth {fit['bandwidth_GBps']:.2f} GB/s, max fit error {fit['max_abs_fit_error']:.0%}")
+    print(f"all_reduce ring model on {result['world_size']} ranks: {describe_fit(fit)}, "
+          f"max fit error {fit['max_abs_fit_error']:.0%}")
     for row in result["ring_attention"]:
         if row["rank"] == 0:
             print(f"ring attention S={row['seq']}: bytes/model {row['bytes_ratio_to_model']:.3f}, "

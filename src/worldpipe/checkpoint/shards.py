@@ -72,7 +72,19 @@ def _writes_piece(dtensor) -> bool:
             raise ValueError("cannot checkpoint a DTensor with a Partial placement (reduce it first)")
         if placement.is_replicate() and mesh.get_local_rank(dim) != 0:
             return False
-    return True
+    return _first_copy_outside(mesh)
+
+
+@functools.lru_cache(maxsize=64)
+def _first_copy_outside(mesh) -> bool:
+    # A tensor on a submesh (FSDP over "dp" of a dp×tp mesh, for a module tensor parallelism leaves whole) is
+    # replicated along the root mesh's dimensions that the submesh does not span, which its placements do not
+    # mention: there only coordinate 0 writes. Decided from ranks, so a flattened submesh needs no names.
+    root = mesh._get_root_mesh()
+    if root is mesh:
+        return True
+    coords = [(root.mesh == rank).nonzero()[0].tolist() for rank in mesh.mesh.flatten().tolist()]
+    return all(coords[0][dim] == 0 for dim in range(root.ndim) if len({c[dim] for c in coords}) == 1)
 
 
 @dataclass

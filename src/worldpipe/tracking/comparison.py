@@ -20,8 +20,9 @@ from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 SEED_PARAM = "seed"
 DEFAULT_METRIC = f"{METRIC_PREFIX}one_step_ratio"
 TRAINING_METRICS = ("loss/total",)
-# Params that name a run rather than configure it: they differ between any two runs, so the table omits them.
-NAMING_PARAMS = ("run_dir", "checkpoint.dir", "experiment_name", "tracking.run_name")
+# Params that name or locate rather than configure: they differ between any two runs (a rerun regenerates its
+# data elsewhere), so the table omits them; what the data holds is compared by the dataset-hash tag.
+NAMING_PARAMS = ("run_dir", "checkpoint.dir", "experiment_name", "tracking.run_name", "data.store", "data.manifest")
 LOG_AXIS_SPAN = 10  # x values spanning this factor or more are plotted on a log axis
 MAX_COLUMN = 28
 IDENTITY_TAGS = ("worldpipe.git_sha", "worldpipe.dataset_hash", "worldpipe.checkpoint.digest",
