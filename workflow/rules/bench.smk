@@ -1,42 +1,67 @@
-# Benchmarks whose plots belong in the report. Not part of `all` (minutes of measurement): build them with
-#   snakemake --cores 2 bench_comm && snakemake --report results/report.html all bench_comm   (targets before --configfile)
+# Benchmarks whose plots belong in the report; the settings of each are the config's `bench.NAME` section. They are
+# not part of `all` (minutes of measurement). Build them and the report in one command:
+#   snakemake --cores 2 collect_benchmarks --report-after-run --report results/report.html
+# Every benchmark takes all the cores (they measure speed: two at once would disturb each other), and the settings
+# are a param, so changing one benchmark's settings reruns that benchmark only.
+import shlex
+
+from worldpipe.commands.bench import cli_options
+
+BENCH = PATHS["bench"]
+# Benchmarks with one JSON and one plot of the same name (comm draws four plots: its own rule).
+SINGLE_PLOT_BENCHMARKS = ("checkpoint", "rollout", "startup", "loop")
 
 
-rule bench_comm:
+def bench_options(name):
+    """`worldpipe bench NAME` options from the pipeline config, quoted for the shell."""
+    return shlex.join(cli_options(config.get("bench", {}).get(name, {})))
+
+
+def comm_plot(name):
+    return report(
+        f"{BENCH}/comm_{name}.png",
+        caption=f"../report/bench_comm_{name}.rst",
+        category="Benchmarks",
+        subcategory="comm",
+    )
+
+
+rule measure_communication:
     output:
-        result="results/bench/comm.json",
-        allreduce=report("results/bench/comm_allreduce.png", caption="../report/bench_comm.rst", category="Benchmarks"),
-        ring=report("results/bench/comm_ring_bytes.png", caption="../report/bench_comm.rst", category="Benchmarks"),
-        bubble=report("results/bench/comm_bubble.png", caption="../report/bench_comm.rst", category="Benchmarks"),
-        memory=report("results/bench/comm_memory.png", caption="../report/bench_comm.rst", category="Benchmarks"),
+        result=f"{BENCH}/comm.json",
+        allreduce=comm_plot("allreduce"),
+        ring=comm_plot("ring_bytes"),
+        bubble=comm_plot("bubble"),
+        memory=comm_plot("memory"),
     params:
-        nproc=2,
+        options=bench_options("comm"),
+    threads: workflow.cores
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **rule_resources("bench_comm"),
+        **rule_resources("measure_communication"),
     log:
-        "logs/bench_comm/bench_comm.log",
+        f"{LOGS}/measure_communication/comm.log",
     benchmark:
-        "benchmarks/rules/bench_comm/bench_comm.tsv"
+        f"{RULE_BENCHMARKS}/measure_communication/comm.tsv"
     shell:
-        "worldpipe bench comm --nproc {params.nproc} --out {output.result} > {log} 2>&1"
+        "worldpipe bench comm {params.options} --out {output.result} > {log} 2>&1"
 
-
-# worldpipe bench rollout|startup|loop as report targets: snakemake --cores 2 results/bench/rollout.png, then
-# snakemake --report bench.html results/bench/rollout.png
 
 rule run_benchmark:
     output:
-        result=f"{RESULTS}/bench/{{name}}.json",
+        result=f"{BENCH}/{{name}}.json",
         plot=report(
-            f"{RESULTS}/bench/{{name}}.png",
+            f"{BENCH}/{{name}}.png",
             caption="../report/bench.rst",
             category="Benchmarks",
             subcategory="{name}",
         ),
     wildcard_constraints:
-        name="rollout|startup|loop",
+        name="|".join(SINGLE_PLOT_BENCHMARKS),
+    params:
+        options=lambda wildcards: bench_options(wildcards.name),
+    threads: workflow.cores
     conda:
         "../envs/worldpipe.yaml"
     resources:
@@ -46,4 +71,11 @@ rule run_benchmark:
     benchmark:
         f"{RULE_BENCHMARKS}/run_benchmark/{{name}}.tsv"
     shell:
-        "worldpipe bench {wildcards.name} --out {output.result} > {log} 2>&1"
+        "worldpipe bench {wildcards.name} {params.options} --out {output.result} > {log} 2>&1"
+
+
+# Every benchmark's JSON and plots (the target of `snakemake collect_benchmarks`).
+rule collect_benchmarks:
+    input:
+        rules.measure_communication.output,
+        expand(rules.run_benchmark.output, name=SINGLE_PLOT_BENCHMARKS),
