@@ -37,6 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from worldpipe.paths import BENCH_DIR
+
 KB = 1 << 10
 
 
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
     parser.add_argument("--repeat", type=int, default=5, help="timed repetitions per point (median)")
-    parser.add_argument("--out", default="results/bench/comm.json")
+    parser.add_argument("--out", default=f"{BENCH_DIR}/comm.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
