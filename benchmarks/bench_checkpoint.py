@@ -414,8 +414,8 @@ def _print(result: dict) -> None:
               f"{sharded['async_stall_over_sync']:.4f}x sharded sync save")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """CLI entry: parse arguments, run, print a summary."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (the pipeline config's ``bench.checkpoint`` section sets them in the pipeline)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=256, help="total state size in MB (model + optimizer)")
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds (median reported)")
@@ -428,7 +428,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.mb < 1 or args.repeat < 1 or args.ranks < 0 or args.step_s <= 0:
         parser.error("--mb and --repeat must be >= 1, --ranks >= 0, --step-s > 0")
-    result = run(args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry: parse arguments, run, print a summary."""
+    result = run(parse_args(argv))
     _print(result)
     return result
 

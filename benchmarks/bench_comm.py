@@ -353,8 +353,8 @@ def plot(result: dict, folder: Path) -> list[str]:
             _figure(folder, "comm_memory.png", _draw_memory(result))]
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    """Launch the ranks, then fit, plot and write the JSON."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (the pipeline config's ``bench.comm`` section sets them in the pipeline)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
@@ -362,11 +362,19 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--out", default=f"{BENCH_DIR}/comm.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.worker and args.nproc < 2:
+        parser.error("--nproc must be at least 2 (communication needs two ranks)")
+    if args.max_mb < 1 or args.repeat < 1:
+        parser.error("--max-mb and --repeat must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Launch the ranks, then fit, plot and write the JSON."""
+    args = parse_args(argv)
     if args.worker:
         worker(Path(args.worker), args.max_mb, args.repeat)
         return None
-    if args.nproc < 2:
-        parser.error("--nproc must be at least 2 (communication needs two ranks)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

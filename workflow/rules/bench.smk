@@ -8,33 +8,41 @@ import shlex
 from worldpipe.commands.bench import cli_options
 
 BENCH = PATHS["bench"]
+# `worldpipe bench NAME` options from the pipeline config, quoted for the shell (worldpipe.commands.bench).
+BENCH_SETTINGS = config.get("bench", {})
 # Benchmarks with one JSON and one plot of the same name (comm draws four plots: its own rule).
 SINGLE_PLOT_BENCHMARKS = ("checkpoint", "rollout", "startup", "loop")
-
-
-def bench_options(name):
-    """`worldpipe bench NAME` options from the pipeline config, quoted for the shell."""
-    return shlex.join(cli_options(config.get("bench", {}).get(name, {})))
-
-
-def comm_plot(name):
-    return report(
-        f"{BENCH}/comm_{name}.png",
-        caption=f"../report/bench_comm_{name}.rst",
-        category="Benchmarks",
-        subcategory="comm",
-    )
 
 
 rule measure_communication:
     output:
         result=f"{BENCH}/comm.json",
-        allreduce=comm_plot("allreduce"),
-        ring=comm_plot("ring_bytes"),
-        bubble=comm_plot("bubble"),
-        memory=comm_plot("memory"),
+        allreduce=report(
+            f"{BENCH}/comm_allreduce.png",
+            caption="../report/bench_comm_allreduce.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
+        ring=report(
+            f"{BENCH}/comm_ring_bytes.png",
+            caption="../report/bench_comm_ring_bytes.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
+        bubble=report(
+            f"{BENCH}/comm_bubble.png",
+            caption="../report/bench_comm_bubble.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
+        memory=report(
+            f"{BENCH}/comm_memory.png",
+            caption="../report/bench_comm_memory.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
     params:
-        options=bench_options("comm"),
+        options=shlex.join(cli_options(BENCH_SETTINGS.get("comm", {}))),
     threads: workflow.cores
     conda:
         "../envs/worldpipe.yaml"
@@ -60,7 +68,7 @@ rule run_benchmark:
     wildcard_constraints:
         name="|".join(SINGLE_PLOT_BENCHMARKS),
     params:
-        options=lambda wildcards: bench_options(wildcards.name),
+        options=lambda wildcards: shlex.join(cli_options(BENCH_SETTINGS.get(wildcards.name, {}))),
     threads: workflow.cores
     conda:
         "../envs/worldpipe.yaml"
