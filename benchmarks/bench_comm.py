@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from worldpipe.atomic import write_text_atomic
 from worldpipe.paths import BENCH_DIR
 
 KB = 1 << 10
@@ -292,8 +293,10 @@ def _figure(folder: Path, name: str, draw) -> str:
     ax.legend()
     fig.tight_layout()
     path = folder / name
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{name}.tmp")  # readers (the report) never see a half-drawn plot
+    fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    os.replace(tmp, path)
     return str(path)
 
 
@@ -384,9 +387,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
         result = summarize(json.loads(raw_path.read_text()))
     result["plots"] = plot(result, out.parent)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_out, out)
+    write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     fit = result["all_reduce_fit"]
     print(f"all_reduce ring model on {result['world_size']} ranks: {describe_fit(fit)}, "
           f"max fit error {fit['max_abs_fit_error']:.0%}")

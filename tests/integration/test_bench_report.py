@@ -99,9 +99,11 @@ def test_changed_settings_rerun_that_benchmark_only(benchmarked):
     assert proc.stdout.count("rule run_benchmark:") + proc.stderr.count("rule run_benchmark:") == 1
 
 
-def test_a_bad_bench_setting_is_refused_naming_the_key(benchmarked):
-    project = benchmarked
+def test_a_bad_bench_setting_is_refused_naming_the_key(repo, env_with_venv, tmp_path):
+    project = Project(repo, tmp_path, env_with_venv)
     project.write_config({"experiments": [], "bench": {**TINY, "loop": {**TINY["loop"], "steps": "many"}}})
     proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
+    output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "['bench']['loop']['steps']" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "['bench']['loop']['steps']" in output and "Traceback" not in output, output[-3000:]
+    assert not (project.work / "results").exists()
