@@ -11,7 +11,6 @@ enforces (:func:`guard_optimizer`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
