@@ -356,9 +356,10 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    med, ratio = result["median_s"], result["ratio_vs_raw"]
-    single = [("raw write+fsync", med["raw"], "baseline", False)]
-    single += [(name, med[name], f"{ratio[name]:.2f}x raw", False) for name in ("ours_sync", "torch_save", "dcp")]
+    med, ratio, bw = result["median_s"], result["ratio_vs_raw"], result["bandwidth_MBps"]
+    single = [("raw write+fsync", med["raw"], f"baseline, {bw['raw']:.0f} MB/s", False)]
+    single += [(name, med[name], f"{ratio[name]:.2f}x raw, {bw[name]:.0f} MB/s", False)
+               for name in ("ours_sync", "torch_save", "dcp")]
     single += [("async stall", med["ours_async"], f"{result['async_stall_over_sync']:.3f}x sync", True),
                ("async stall, overlapped", med["ours_async_overlap"],
                 f"{result['async_overlap_stall_over_sync']:.3f}x sync", True)]
@@ -366,10 +367,11 @@ def plot(result: dict, path: Path) -> None:
     _draw_bars(axes[0], single, med["ours_sync"], f"One process, {result['state_mb']:.0f} MB of state")
     sharded = result.get("sharded")
     if sharded:
-        sm, sr = sharded["median_s"], sharded["ratio_vs_raw"]
-        rows = [(f"raw write+fsync, {sharded['ranks']} ranks", sm["raw"], "baseline", False),
-                ("ours_sharded", sm["ours_sharded"], f"{sr['ours_sharded']:.2f}x raw", False),
-                ("dcp save", sm["dcp"], f"{sr['dcp']:.2f}x raw", False),
+        sm, sr, sbw = sharded["median_s"], sharded["ratio_vs_raw"], sharded["aggregate_MBps"]
+        rows = [(f"raw write+fsync, {sharded['ranks']} ranks", sm["raw"], f"baseline, {sbw['raw']:.0f} MB/s", False),
+                ("ours_sharded", sm["ours_sharded"], f"{sr['ours_sharded']:.2f}x raw, {sbw['ours_sharded']:.0f} MB/s",
+                 False),
+                ("dcp save", sm["dcp"], f"{sr['dcp']:.2f}x raw, {sbw['dcp']:.0f} MB/s", False),
                 ("async stall, overlapped", sm["async_stall"], f"{sharded['async_stall_over_sync']:.3f}x sync",
                  True)]
         _draw_bars(axes[1], rows, sm["ours_sharded"],

@@ -1,8 +1,8 @@
 # Benchmarks whose plots belong in the report; the settings of each are the config's `bench.NAME` section. They are
 # not part of `all` (minutes of measurement). Build them and the report in one command:
 #   snakemake --cores 2 collect_benchmarks --report-after-run --report results/report.html
-# Every benchmark takes all the cores (they measure speed: two at once would disturb each other), and the settings
-# are a param, so changing one benchmark's settings reruns that benchmark only.
+# The settings are a param, so changing one benchmark's settings reruns that benchmark only.
+import os
 import shlex
 
 from worldpipe.commands.bench import cli_options
@@ -10,6 +10,10 @@ from worldpipe.commands.bench import cli_options
 BENCH = PATHS["bench"]
 # `worldpipe bench NAME` options from the pipeline config, quoted for the shell (worldpipe.commands.bench).
 BENCH_SETTINGS = config.get("bench", {})
+# Each benchmark takes every core Snakemake is given (threads are capped at --cores): they measure speed, and two at
+# once would disturb each other. Not workflow.cores: a cluster run has no --cores, and there the job's CPUs come
+# from resources.<rule>.cpus_per_task when set.
+BENCH_THREADS = os.cpu_count() or 1
 # Benchmarks with one JSON and one plot of the same name (comm draws four plots: its own rule).
 SINGLE_PLOT_BENCHMARKS = ("checkpoint", "rollout", "startup", "loop")
 
@@ -43,7 +47,7 @@ rule measure_communication:
         ),
     params:
         options=shlex.join(cli_options(BENCH_SETTINGS.get("comm", {}))),
-    threads: workflow.cores
+    threads: BENCH_THREADS
     conda:
         "../envs/worldpipe.yaml"
     resources:
@@ -69,7 +73,7 @@ rule run_benchmark:
         name="|".join(SINGLE_PLOT_BENCHMARKS),
     params:
         options=lambda wildcards: shlex.join(cli_options(BENCH_SETTINGS.get(wildcards.name, {}))),
-    threads: workflow.cores
+    threads: BENCH_THREADS
     conda:
         "../envs/worldpipe.yaml"
     resources:
