@@ -107,3 +107,15 @@ def test_a_bad_bench_setting_is_refused_naming_the_key(repo, env_with_venv, tmp_
     assert proc.returncode != 0
     assert "['bench']['loop']['steps']" in output and "Traceback" not in output, output[-3000:]
     assert not (project.work / "results").exists()
+
+
+def test_benchmarks_stay_out_of_the_default_target(repo, env_with_venv, tmp_path):
+    project = Project(repo, tmp_path, env_with_venv)
+    project.write_config({"experiments": [], "bench": TINY})
+    proc = project.snakemake("-n", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rules = {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}
+    assert not rules & {"measure_communication", "run_benchmark", "collect_benchmarks"}, rules
+    proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
+    rules = {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}
+    assert rules == {"measure_communication", "run_benchmark", "collect_benchmarks"}, rules
