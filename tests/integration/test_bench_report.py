@@ -1,4 +1,5 @@
-"""`snakemake collect_benchmarks` with tiny settings, then `snakemake --report`: every benchmark's plot is in the report.
+"""`snakemake collect_benchmarks` with tiny settings, then `snakemake --report`: every benchmark's plot is in the report,
+and what `bench comm` counts exactly (ring bytes, ZeRO memory) equals its closed form.
 
 A real Snakemake run of every benchmark (comm, checkpoint, rollout, startup, loop) on a copy of the project, the
 report built as a zip and opened. Structure only: benchmarks measure speed, tests never assert on it.
@@ -43,6 +44,7 @@ def _ratio_fields(bench: dict) -> None:
     assert {"alpha_s", "max_abs_fit_error"} <= set(comm["all_reduce_fit"])
     assert all("bytes_ratio_to_model" in row for row in comm["ring_attention"])
     assert set(comm["memory"]["measured_over_formula"]) == {"ddp", "fsdp2", "tp"}
+    _comm_agrees_with_its_exact_models(comm)
     checkpoint = bench["checkpoint"]
     assert set(checkpoint["ratio_vs_raw"]) == {"ours_sync", "torch_save", "dcp"}
     for key in ("async_stall_over_sync", "async_overlap_stall_over_sync"):
@@ -55,6 +57,21 @@ def _ratio_fields(bench: dict) -> None:
     assert all("overhead_vs_bare_s" in c for c in bench["startup"]["contenders"].values())
     assert bench["loop"]["loop_ratio"] > 0 and bench["loop"]["steps"] == TINY["loop"]["steps"]
     assert "trainer, compiled" not in bench["loop"]["contenders"]  # no_compile: true reached the CLI
+
+
+def _comm_agrees_with_its_exact_models(comm: dict) -> None:
+    # Not speed: quantities the benchmark counts exactly, which must equal their closed forms on any machine.
+    assert [r["bytes"] for r in comm["all_reduce"]] == [1024, 4096, 16384, 65536, 262144, 1048576]
+    assert all("fit_error" in r for r in comm["all_reduce"])
+    # Counted bytes are what the ring sends: exactly the model (N-1)·S·d_kv/N on every rank.
+    assert all(r["bytes_sent"] == r["model_bytes"] for r in comm["ring_attention"])
+    # Parameters, gradients and Adam state per rank follow the ZeRO formulas (FSDP2 pads uneven shards: 5%).
+    for layout, ratios in comm["memory"]["measured_over_formula"].items():
+        for category, ratio in ratios.items():
+            assert abs(ratio - 1) <= 0.05, (layout, category, ratio)
+    assert comm["memory"]["measured"]["fsdp2"]["parameters"] < comm["memory"]["measured"]["ddp"]["parameters"]
+    bubble = comm["pipeline_bubble"]
+    assert [r["idle_model"] for r in bubble] == sorted((r["idle_model"] for r in bubble), reverse=True)
 
 
 @pytest.fixture(scope="module")
