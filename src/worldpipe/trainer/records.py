@@ -2,6 +2,10 @@
 
 Glue between the checkpoint package and the tracking package, which know nothing of each other: it implements
 the Checkpointer's listener with the run recorder.
+
+The MLflow run starts in the background (store creation and ``start_run`` cost seconds before the first step
+otherwise): the run id reaches the run's identity when it is known, at the latest when the checkpoint that
+follows is published, and the completion record waits for it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from worldpipe.config import flatten
 from worldpipe.paths import COMPLETION_RECORD
 from worldpipe.preemption import PREEMPTED_RECORD
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
-from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.recorder import RunRecorder, background_start_wanted
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
 
 
@@ -36,12 +40,18 @@ class TrainingRecords:
         self.is_main = is_main
         self.location = checkpoint_location(cfg)
         self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
-                                    run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s)
+                                    run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s,
+                                    background_start=background_start_wanted())
+        self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
         self.store = str(cfg.data.store)
         self.run_name = cfg.tracking.run_name
 
     def open_run(self, identity: dict[str, Any], run_id: str | None, start_step: int) -> str | None:
-        """Open the MLflow run, or reopen the one a resumed checkpoint names; the run id on rank 0."""
+        """Open the MLflow run, or reopen the one a resumed checkpoint names; the run id on rank 0 if known yet.
+
+        ``identity`` is kept: its ``mlflow_run_id`` is filled in once the background start has created the run.
+        """
+        self._identity = identity
         return self.recorder.start(run_id, self.run_name, tags=run_tags(identity, start_step),
                                    resume_step=start_step, checkpoint_dir=self.location)
 
@@ -58,7 +68,11 @@ class TrainingRecords:
 
     # ---- CheckpointListener ----
     def before_publish(self, step: int) -> None:
-        """Journal the metrics of steps <= step; they count once this checkpoint is durable."""
+        """Journal the metrics of steps <= step; they count once this checkpoint is durable.
+
+        The checkpoint about to be written holds the identity dict itself, so the run id known by now goes in.
+        """
+        self._note_run_id()
         self.recorder.stage(step)
 
     def published(self, step: int, state: Mapping[str, Any], digest: str) -> tuple:
@@ -69,10 +83,22 @@ class TrainingRecords:
         """The checkpoint is durable: release its metrics, record its artifacts and tags."""
         self.recorder.commit(*token)
 
+    def _note_run_id(self) -> None:
+        run_id = self.recorder.run_id
+        if run_id and self._identity is not None:
+            self._identity["mlflow_run_id"] = run_id
+
+    def _name_run(self, record: dict[str, Any]) -> None:
+        """Put the MLflow run id in ``record`` once the run start has been tried (None: server never reached)."""
+        run_id = self.recorder.await_run_id()
+        self._note_run_id()
+        record["mlflow_run_id"] = run_id or record.get("mlflow_run_id")
+
     # ---- endings ----
     def finished(self, record: dict[str, Any]) -> None:
         """Completion record on disk, MLflow run FINISHED."""
         if self.is_main:
+            self._name_run(record)
             (self.run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
             write_text_atomic(self.run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
             self.recorder.end("FINISHED")
@@ -80,6 +106,7 @@ class TrainingRecords:
     def preempted(self, record: dict[str, Any]) -> None:
         """Preemption record on disk (the launcher maps it to the requeue exit code), MLflow run KILLED."""
         if self.is_main:
+            self._name_run(record)
             write_text_atomic(self.run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
             self.recorder.end("KILLED")
 
