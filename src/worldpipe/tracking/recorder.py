@@ -294,9 +294,12 @@ class RunRecorder:
 
     def _deliver_now(self) -> DeliveryReport:
         try:
-            report = deliver(self._spool, self.uri)
-        finally:
+            return self._deliver_and_report()
+        finally:  # after the warning, if any: whoever waits for the run start sees it said first
             self._opened()
+
+    def _deliver_and_report(self) -> DeliveryReport:
+        report = deliver(self._spool, self.uri)
         if report.error:
             self._note_failure()
             if not self._offline:

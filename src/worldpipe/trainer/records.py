@@ -4,8 +4,9 @@ Glue between the checkpoint package and the tracking package, which know nothing
 the Checkpointer's listener with the run recorder.
 
 The MLflow run starts in the background (store creation and ``start_run`` cost seconds before the first step
-otherwise): the run id reaches the run's identity when it is known, at the latest when the checkpoint that
-follows is published, and the completion record waits for it.
+otherwise): the first checkpoint and the completion record wait for that start to have been tried, so every
+checkpoint's identity and ``train_done.json`` name the run exactly as when it was started before the first step
+(None only while the server is unreachable, as then).
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ class TrainingRecords:
     def before_publish(self, step: int) -> None:
         """Journal the metrics of steps <= step; they count once this checkpoint is durable.
 
-        The checkpoint about to be written holds the identity dict itself, so the run id known by now goes in.
+        The checkpoint about to be written holds the identity dict itself: the run id goes in (the first
+        checkpoint waits for the background run start to have been tried, usually long done).
         """
-        self._note_run_id()
+        self._name_run(None)
         self.recorder.stage(step)
 
     def published(self, step: int, state: Mapping[str, Any], digest: str) -> tuple:
@@ -83,16 +85,15 @@ class TrainingRecords:
         """The checkpoint is durable: release its metrics, record its artifacts and tags."""
         self.recorder.commit(*token)
 
-    def _note_run_id(self) -> None:
-        run_id = self.recorder.run_id
-        if run_id and self._identity is not None:
-            self._identity["mlflow_run_id"] = run_id
+    def _name_run(self, record: dict[str, Any] | None) -> None:
+        """Once the run start has been tried, put the MLflow run id in the identity and ``record`` (if any).
 
-    def _name_run(self, record: dict[str, Any]) -> None:
-        """Put the MLflow run id in ``record`` once the run start has been tried (None: server never reached)."""
+        Unknown (server not reached yet): both keep what they hold (the resumed checkpoint's id, or None).
+        """
         run_id = self.recorder.await_run_id()
-        self._note_run_id()
-        record["mlflow_run_id"] = run_id or record.get("mlflow_run_id")
+        for target in (self._identity, record):
+            if run_id and target is not None:
+                target["mlflow_run_id"] = run_id
 
     # ---- endings ----
     def finished(self, record: dict[str, Any]) -> None:
