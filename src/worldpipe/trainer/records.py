@@ -6,13 +6,19 @@ the Checkpointer's listener with the run recorder.
 The MLflow run starts in the background (store creation and ``start_run`` cost seconds before the first step
 otherwise): the first checkpoint and the completion record wait for that start to have been tried, so every
 checkpoint's identity and ``train_done.json`` name the run exactly as when it was started before the first step
-(None only while the server is unreachable, as then).
+(None only while the server is unreachable, as then). The start's artifacts (config, identity, environment
+listing: the listing alone takes about half a second) are assembled and journaled on a helper thread too; the
+first checkpoint waits for them, so a kill before it costs nothing (the rerun from step 0 records them again)
+and one after it finds them journaled.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Mapping
+import logging
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,30 @@ from worldpipe.preemption import PREEMPTED_RECORD
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.recorder import RunRecorder, background_start_wanted
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
+
+log = logging.getLogger("worldpipe.tracking")
+
+
+class _Helper:
+    """One call on a daemon thread; ``join`` waits for it and raises what it raised (once)."""
+
+    def __init__(self, work: Callable[[], None], name: str) -> None:
+        self._error: BaseException | None = None
+        self._work = work
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except BaseException as err:  # noqa: BLE001 - handed to whoever joins
+            self._error = err
+
+    def join(self) -> None:
+        self._thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 def checkpoint_location(cfg: DictConfig) -> str:
@@ -44,6 +74,7 @@ class TrainingRecords:
                                     run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s,
                                     background_start=background_start_wanted())
         self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
+        self._start_files: _Helper | None = None  # the start's artifacts, journaled off the critical path
         self.store = str(cfg.data.store)
         self.run_name = cfg.tracking.run_name
 
@@ -58,10 +89,27 @@ class TrainingRecords:
 
     def log_start(self, identity: dict[str, Any], manifest: Mapping, start_step: int) -> None:
         """Every resolved config key as a param, and the artifacts of this start (config, identity, data, code)."""
-        if self.is_main:
-            self.recorder.log_params(flatten(identity["config"]))
-            self.recorder.log_files(start_artifacts(identity, manifest, self.run_dir, start_step))
-            self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
+        if not (self.is_main and self.recorder.enabled):
+            return
+        self.recorder.log_params(flatten(identity["config"]))
+        self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
+        frozen = copy.deepcopy(identity)  # as of this start (the trainer's copy changes under the helper)
+
+        def journal() -> None:
+            # identity.json names the run, as after a synchronous start (unless the server was not reached).
+            frozen["mlflow_run_id"] = self.recorder.await_run_id() or frozen.get("mlflow_run_id")
+            self.recorder.log_files(start_artifacts(frozen, manifest, self.run_dir, start_step))
+
+        if self.recorder.background_start:
+            self._start_files = _Helper(journal, "worldpipe-start-records")
+        else:
+            journal()
+
+    def _settle_start(self) -> None:
+        """Wait for the start's artifacts to be journaled (raising what assembling them raised)."""
+        helper, self._start_files = self._start_files, None
+        if helper is not None:
+            helper.join()
 
     def add_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         """Buffer a step's metrics; they reach MLflow once a checkpoint covering the step is durable."""
@@ -74,6 +122,7 @@ class TrainingRecords:
         The checkpoint about to be written holds the identity dict itself: the run id goes in (the first
         checkpoint waits for the background run start to have been tried, usually long done).
         """
+        self._settle_start()
         self._name_run(None)
         self.recorder.stage(step)
 
@@ -99,6 +148,7 @@ class TrainingRecords:
     def finished(self, record: dict[str, Any]) -> None:
         """Completion record on disk, MLflow run FINISHED."""
         if self.is_main:
+            self._settle_start()
             self._name_run(record)
             (self.run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
             write_text_atomic(self.run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
@@ -107,6 +157,7 @@ class TrainingRecords:
     def preempted(self, record: dict[str, Any]) -> None:
         """Preemption record on disk (the launcher maps it to the requeue exit code), MLflow run KILLED."""
         if self.is_main:
+            self._settle_start()
             self._name_run(record)
             write_text_atomic(self.run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
             self.recorder.end("KILLED")
@@ -114,4 +165,8 @@ class TrainingRecords:
     def failed(self) -> None:
         """The MLflow run says FAILED rather than RUNNING forever; a resume reopens it."""
         if self.is_main:
+            try:
+                self._settle_start()
+            except Exception as err:  # noqa: BLE001 - the run is failing already; its own error is raised
+                log.warning("the start's artifacts were not recorded: %s", err)
             self.recorder.end("FAILED")
