@@ -26,10 +26,9 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from worldpipe.measure.startup import mark
 from worldpipe.paths import default_tracking_uri
 from worldpipe.tracking.delivery import DeliveryReport, deliver
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
@@ -84,9 +83,10 @@ class RunRecorder:
 
     def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
                  retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
-                 background_start: bool = False):
+                 background_start: bool = False, on_opened: Callable[[], None] | None = None):
         self.enabled = enabled
         self.background_start = background_start
+        self.on_opened = on_opened  # called (on the delivery thread, if started there) once the run exists
         self.system_metrics_s = system_metrics_s
         self._system_metrics = None
         self.uri = resolve_tracking_uri(uri) if enabled else None
@@ -288,7 +288,8 @@ class RunRecorder:
         self._open_tried.set()
         if self._spool.state()["acked"] >= self._open_seq:
             self._open_acked = True
-            mark("mlflow_run_opened")  # off the critical path when started in the background
+            if self.on_opened is not None:
+                self.on_opened()
             with self._monitor_lock:
                 self._start_monitor()
 

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from worldpipe.atomic import write_text_atomic
 from worldpipe.config import flatten
+from worldpipe.measure.startup import mark
 from worldpipe.paths import COMPLETION_RECORD
 from worldpipe.preemption import PREEMPTED_RECORD
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
@@ -72,7 +73,8 @@ class TrainingRecords:
         self.location = checkpoint_location(cfg)
         self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
                                     run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s,
-                                    background_start=background_start_wanted())
+                                    background_start=background_start_wanted(),
+                                    on_opened=lambda: mark("mlflow_run_opened"))
         self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
         self._start_files: _Helper | None = None  # the start's artifacts, journaled off the critical path
         self.store = str(cfg.data.store)
