@@ -4,7 +4,7 @@ Same model (the config's), same data (the same store, global sampler and WindowL
 noise, one process and one thread each, measured in one run. Per-step times come from a timestamp written at
 the end of every step (``WORLDPIPE_STARTUP_TRACE``); the marginal time per step is the mean over steps 2..N-1
 (start-up and the always-saved final checkpoint excluded; checkpoints at the cadence included), median over
-rounds whose contender order rotates. Contenders:
+rounds whose contender order rotates (:mod:`worldpipe.measure.rounds`). Contenders:
 
 * ``bare loop`` (baseline) — next_batch, noise, forward, backward, clip, AdamW, LR schedule; nothing else;
 * ``trainer``               — `worldpipe train`, tracking off, no checkpoint before the last step;
@@ -32,6 +32,7 @@ import numpy as np
 from worldpipe.atomic import write_text_atomic
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
+from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
 from worldpipe.paths import BENCH_DIR
 
@@ -141,17 +142,17 @@ def main(argv=None) -> int:
         import mlflow
 
         mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db").search_experiments()  # store created outside timings
-        samples: dict[str, list[np.ndarray]] = {name: [] for name in contenders(work, args, 0)}
-        for round_ in range(args.rounds):  # order rotates every round: load drift hits every contender alike
-            runs = contenders(work, args, round_)  # fresh run directories: no resume
-            names = list(runs)[round_ % len(runs):] + list(runs)[:round_ % len(runs)]
-            for name in names:
-                times = run(runs[name], env, work / "trace.jsonl")
-                samples[name].append(times)
-                print(f"round {round_}: {name:34s} mean {1e3 * times.mean():7.2f} ms/step")
+
+        def measure(name: str, cmd: list[str], round_: int) -> np.ndarray:
+            times = run(cmd, env, work / "trace.jsonl")
+            print(f"round {round_}: {name:34s} mean {1e3 * times.mean():7.2f} ms/step")
+            return times
+
+        # Fresh run directories every round (no resume); the order rotates (worldpipe.measure.rounds).
+        samples = run_rounds(args.rounds, lambda round_: contenders(work, args, round_), measure)
         for name, rounds in samples.items():
             means = [1e3 * float(t.mean()) for t in rounds]
-            report["contenders"][name] = {"mean_ms": float(np.median(means)), "round_means_ms": means,
+            report["contenders"][name] = {"mean_ms": median_of_means(means), "round_means_ms": means,
                                           "median_ms": 1e3 * float(np.median(np.concatenate(rounds))),
                                           "steps_timed": int(sum(len(t) for t in rounds))}
     base = report["contenders"]["bare loop"]

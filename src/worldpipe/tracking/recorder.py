@@ -5,7 +5,11 @@ that is down at start or mid-run costs nothing: training goes on, a warning says
 the next successful contact (or ``worldpipe tracking sync RUN_DIR``) replays them idempotently.
 
 Delivery runs in a background thread (records are durable before it sees them), so a slow or hanging server
-never stalls the training loop; only the start (to learn the run id) and the end deliver synchronously. After a
+never stalls the training loop; only the end delivers synchronously. The start delivers synchronously too unless
+``background_start`` is set: then the run is created (or reopened) by the delivery thread while the first steps
+run, and whoever needs the run id asks for it when it does (``run_id`` for a checkpoint,
+:meth:`RunRecorder.await_run_id` at the end). Records are journaled in order either way, so nothing a background
+start delays is lost or reordered; the system-metrics monitor starts once the run exists. After a
 failure the thread retries by itself with exponential backoff (1 s, 2 s, ... up to ``retry_s``), so a server
 that comes back mid-run receives everything waiting without a manual sync.
 
@@ -22,7 +26,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from worldpipe.paths import default_tracking_uri
@@ -40,6 +44,15 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BA
 # After a failed delivery the background thread retries on its own, first after this many seconds, doubling
 # up to `retry_s`: a server that comes back mid-run gets the waiting records without a manual sync.
 RETRY_FIRST_S = 1.0
+# `WORLDPIPE_TRACKING_START=sync` makes the trainer start the MLflow run before its first step, as it used to
+# (for comparison: `worldpipe bench startup` measures both); anything else starts it in the background.
+START_ENV = "WORLDPIPE_TRACKING_START"
+SYNC_START = "sync"
+
+
+def background_start_wanted() -> bool:
+    """True unless the environment asks for the synchronous run start (the measured baseline)."""
+    return os.environ.get(START_ENV, "background") != SYNC_START
 
 
 def retry_delay(failures: int, first_s: float, cap_s: float) -> float:
@@ -69,8 +82,11 @@ class RunRecorder:
     """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
 
     def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
-                 retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0):
+                 retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
+                 background_start: bool = False, on_opened: Callable[[], None] | None = None):
         self.enabled = enabled
+        self.background_start = background_start
+        self.on_opened = on_opened  # called (on the delivery thread, if started there) once the run exists
         self.system_metrics_s = system_metrics_s
         self._system_metrics = None
         self.uri = resolve_tracking_uri(uri) if enabled else None
@@ -88,6 +104,13 @@ class RunRecorder:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Set once a delivery has tried this segment's "open" record (run created/reopened, or server unreachable).
+        self._open_tried = threading.Event()
+        self._open_seq: int | None = None
+        self._open_acked = False
+        self._resume = False
+        self._ending = False
+        self._monitor_lock = threading.Lock()  # the delivery thread starts the monitor, end() stops it
 
     @property
     def spool(self) -> Spool | None:
@@ -95,6 +118,7 @@ class RunRecorder:
 
     @property
     def run_id(self) -> str | None:
+        """The MLflow run id if the run has been created (or reopened) by now; never waits."""
         return self._spool.state()["run_id"] if self._spool else None
 
     # ---- lifecycle ----
@@ -102,7 +126,8 @@ class RunRecorder:
               checkpoint_dir: str | None = None) -> str | None:
         """Open a segment: create the run, or reopen `run_id` (from the checkpoint) or the run directory's run.
 
-        Returns the run id, or None while the tracking server has not been reached.
+        Returns the run id, or None while the tracking server has not been reached (always, for a fresh run
+        started in the background: :meth:`await_run_id` waits for it).
         """
         if not self.enabled:
             return None
@@ -110,25 +135,40 @@ class RunRecorder:
         for key, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         self._spool.hold_active()
-        self._spool.append("open", experiment=self.experiment, run_name=run_name, tags=dict(tags),
-                           reopen_run_id=run_id, record_key=self._spool.record_key(), resume_step=int(resume_step),
-                           checkpoint_dir=checkpoint_dir, uri=self.uri)
-        self.deliver(force=True)
+        self._resume, self._ending = resume_step > 0, False
+        self._open_tried.clear()
+        self._open_acked = False
+        self._open_seq = self._spool.append(
+            "open", experiment=self.experiment, run_name=run_name, tags=dict(tags), reopen_run_id=run_id,
+            record_key=self._spool.record_key(), resume_step=int(resume_step), checkpoint_dir=checkpoint_dir,
+            uri=self.uri)
+        if not self.background_start:
+            self.deliver(force=True)
         if self._thread is None:
             self._stopping = False
             self._thread = threading.Thread(target=self._deliver_loop, name="worldpipe-tracking", daemon=True)
             self._thread.start()
-        if self._system_metrics is None:
-            self._system_metrics = start_system_metrics(self.run_id, self.uri, self.system_metrics_s,
-                                                        resume=resume_step > 0)
+        self._wake.set()  # a background start: the thread opens the run now; otherwise a no-op wake-up
+        return self.run_id
+
+    def await_run_id(self) -> str | None:
+        """The run id once a delivery has tried this segment's start (None: the server was not reached)."""
+        if not self.enabled:
+            return None
+        if self._open_seq is not None and not self._open_tried.wait(self.join_s):
+            log.warning("the MLflow run start is still in progress after %.0f s; going on without its id",
+                        self.join_s)
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
         """Mark the run terminated (FINISHED, FAILED or KILLED) and replay what is still spooled."""
         if not self.enabled:
             return
-        stop_system_metrics(self._system_metrics)
-        self._system_metrics = None
+        self.await_run_id()
+        with self._monitor_lock:
+            self._start_monitor()  # a segment shorter than the run start still gets its one sample
+            monitor, self._system_metrics, self._ending = self._system_metrics, None, True
+        stop_system_metrics(monitor)
         self._spool.append("end", status=status)
         self._stop_thread()
         report = self.deliver(force=True) if self._thread is None else None
@@ -235,7 +275,31 @@ class RunRecorder:
         else:
             log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
 
+    def _start_monitor(self) -> None:
+        """Start the system-metrics monitor once the run exists (call with the monitor lock held)."""
+        if self._system_metrics is None and not self._ending and self.system_metrics_s and self.run_id:
+            self._system_metrics = start_system_metrics(self.run_id, self.uri, self.system_metrics_s,
+                                                        resume=self._resume)
+
+    def _opened(self) -> None:
+        """After a delivery attempt: this segment's start has been tried; start the monitor once the run exists."""
+        if self._open_seq is None or self._open_acked:
+            return
+        self._open_tried.set()
+        if self._spool.state()["acked"] >= self._open_seq:
+            self._open_acked = True
+            if self.on_opened is not None:
+                self.on_opened()
+            with self._monitor_lock:
+                self._start_monitor()
+
     def _deliver_now(self) -> DeliveryReport:
+        try:
+            return self._deliver_and_report()
+        finally:  # after the warning, if any: whoever waits for the run start sees it said first
+            self._opened()
+
+    def _deliver_and_report(self) -> DeliveryReport:
         report = deliver(self._spool, self.uri)
         if report.error:
             self._note_failure()

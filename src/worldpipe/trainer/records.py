@@ -2,12 +2,23 @@
 
 Glue between the checkpoint package and the tracking package, which know nothing of each other: it implements
 the Checkpointer's listener with the run recorder.
+
+The MLflow run starts in the background (store creation and ``start_run`` cost seconds before the first step
+otherwise): the first checkpoint and the completion record wait for that start to have been tried, so every
+checkpoint's identity and ``train_done.json`` name the run exactly as when it was started before the first step
+(None only while the server is unreachable, as then). The start's artifacts (config, identity, environment
+listing: the listing alone takes about half a second) are assembled and journaled on a helper thread too; the
+first checkpoint waits for them, so a kill before it costs nothing (the rerun from step 0 records them again)
+and one after it finds them journaled.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Mapping
+import logging
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +26,36 @@ from omegaconf import DictConfig
 
 from worldpipe.atomic import write_text_atomic
 from worldpipe.config import flatten
+from worldpipe.measure.startup import mark
 from worldpipe.paths import COMPLETION_RECORD
 from worldpipe.preemption import PREEMPTED_RECORD
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
-from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.recorder import RunRecorder, background_start_wanted
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
+
+log = logging.getLogger("worldpipe.tracking")
+
+
+class _Helper:
+    """One call on a daemon thread; ``join`` waits for it and raises what it raised (once)."""
+
+    def __init__(self, work: Callable[[], None], name: str) -> None:
+        self._error: BaseException | None = None
+        self._work = work
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except BaseException as err:  # noqa: BLE001 - handed to whoever joins
+            self._error = err
+
+    def join(self) -> None:
+        self._thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 def checkpoint_location(cfg: DictConfig) -> str:
@@ -36,21 +72,46 @@ class TrainingRecords:
         self.is_main = is_main
         self.location = checkpoint_location(cfg)
         self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
-                                    run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s)
+                                    run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s,
+                                    background_start=background_start_wanted(),
+                                    on_opened=lambda: mark("mlflow_run_opened"))
+        self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
+        self._start_files: _Helper | None = None  # the start's artifacts, journaled off the critical path
         self.store = str(cfg.data.store)
         self.run_name = cfg.tracking.run_name
 
     def open_run(self, identity: dict[str, Any], run_id: str | None, start_step: int) -> str | None:
-        """Open the MLflow run, or reopen the one a resumed checkpoint names; the run id on rank 0."""
+        """Open the MLflow run, or reopen the one a resumed checkpoint names; the run id on rank 0 if known yet.
+
+        ``identity`` is kept: its ``mlflow_run_id`` is filled in once the background start has created the run.
+        """
+        self._identity = identity
         return self.recorder.start(run_id, self.run_name, tags=run_tags(identity, start_step),
                                    resume_step=start_step, checkpoint_dir=self.location)
 
     def log_start(self, identity: dict[str, Any], manifest: Mapping, start_step: int) -> None:
         """Every resolved config key as a param, and the artifacts of this start (config, identity, data, code)."""
-        if self.is_main:
-            self.recorder.log_params(flatten(identity["config"]))
-            self.recorder.log_files(start_artifacts(identity, manifest, self.run_dir, start_step))
-            self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
+        if not (self.is_main and self.recorder.enabled):
+            return
+        self.recorder.log_params(flatten(identity["config"]))
+        self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
+        frozen = copy.deepcopy(identity)  # as of this start (the trainer's copy changes under the helper)
+
+        def journal() -> None:
+            # identity.json names the run, as after a synchronous start (unless the server was not reached).
+            frozen["mlflow_run_id"] = self.recorder.await_run_id() or frozen.get("mlflow_run_id")
+            self.recorder.log_files(start_artifacts(frozen, manifest, self.run_dir, start_step))
+
+        if self.recorder.background_start:
+            self._start_files = _Helper(journal, "worldpipe-start-records")
+        else:
+            journal()
+
+    def _settle_start(self) -> None:
+        """Wait for the start's artifacts to be journaled (raising what assembling them raised)."""
+        helper, self._start_files = self._start_files, None
+        if helper is not None:
+            helper.join()
 
     def add_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         """Buffer a step's metrics; they reach MLflow once a checkpoint covering the step is durable."""
@@ -58,7 +119,13 @@ class TrainingRecords:
 
     # ---- CheckpointListener ----
     def before_publish(self, step: int) -> None:
-        """Journal the metrics of steps <= step; they count once this checkpoint is durable."""
+        """Journal the metrics of steps <= step; they count once this checkpoint is durable.
+
+        The checkpoint about to be written holds the identity dict itself: the run id goes in (the first
+        checkpoint waits for the background run start to have been tried, usually long done).
+        """
+        self._settle_start()
+        self._name_run(None)
         self.recorder.stage(step)
 
     def published(self, step: int, state: Mapping[str, Any], digest: str) -> tuple:
@@ -69,10 +136,22 @@ class TrainingRecords:
         """The checkpoint is durable: release its metrics, record its artifacts and tags."""
         self.recorder.commit(*token)
 
+    def _name_run(self, record: dict[str, Any] | None) -> None:
+        """Once the run start has been tried, put the MLflow run id in the identity and ``record`` (if any).
+
+        Unknown (server not reached yet): both keep what they hold (the resumed checkpoint's id, or None).
+        """
+        run_id = self.recorder.await_run_id()
+        for target in (self._identity, record):
+            if run_id and target is not None:
+                target["mlflow_run_id"] = run_id
+
     # ---- endings ----
     def finished(self, record: dict[str, Any]) -> None:
         """Completion record on disk, MLflow run FINISHED."""
         if self.is_main:
+            self._settle_start()
+            self._name_run(record)
             (self.run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
             write_text_atomic(self.run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
             self.recorder.end("FINISHED")
@@ -80,10 +159,16 @@ class TrainingRecords:
     def preempted(self, record: dict[str, Any]) -> None:
         """Preemption record on disk (the launcher maps it to the requeue exit code), MLflow run KILLED."""
         if self.is_main:
+            self._settle_start()
+            self._name_run(record)
             write_text_atomic(self.run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
             self.recorder.end("KILLED")
 
     def failed(self) -> None:
         """The MLflow run says FAILED rather than RUNNING forever; a resume reopens it."""
         if self.is_main:
+            try:
+                self._settle_start()
+            except Exception as err:  # noqa: BLE001 - the run is failing already; its own error is raised
+                log.warning("the start's artifacts were not recorded: %s", err)
             self.recorder.end("FAILED")
