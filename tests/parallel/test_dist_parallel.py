@@ -85,3 +85,18 @@ def test_two_dimensional_mesh_step_equals_single_process(tmp_path, env_with_venv
     results = run_ranks(tmp_path, env_with_venv, 4, "layout", *map(str, case))
     assert_matches_reference(results)
     assert sorted({r["dp_rank"] for r in results}) == [0, 1]
+
+
+def test_shard_index_of_a_dp_tp_model_covers_every_element_once(tmp_path, env_with_venv):
+    # 4 gloo ranks, mesh dp×tp = 2×2: tensor-parallel weights are 2-D DTensors on the whole mesh; the modules
+    # tp leaves whole are sharded by FSDP over the "dp" submesh only, replicated across tp.
+    results = run_ranks(tmp_path, env_with_venv, 4, "shard_index", "3")
+    first = results[0]
+    assert first["on_submesh"] > 0  # the case the index must not double-count is present
+    assert first["elements_not_once"] == 0, first
+    assert first["value_diff"] == 0.0, first
+    # Every rank holds pieces (tp-sharded weights), but only tp coordinate 0 writes the submesh tensors.
+    assert all(r["tensors"] == first["tensors"] for r in results)
+    counts = [r["pieces_per_rank"] for r in results]
+    assert all(c == counts[0] for c in counts)
+    assert counts[0][0] > counts[0][1] and counts[0][2] > counts[0][3], counts[0]
