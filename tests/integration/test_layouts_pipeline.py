@@ -37,7 +37,10 @@ def layout_config(repo: Path, layout: str, world_size: int | None = None) -> dic
     config = yaml.safe_load((repo / "conf/pipeline/smoke.yaml").read_text())
     config["experiments"] = [f"layout_{layout}"]
     config["train"]["nproc_per_node"] = world_size or LAYOUTS[layout][1]
-    config["train"]["overrides"] = [f"parallel={layout}", f"trainer.steps={STEPS}", f"checkpoint.every={STEPS}"]
+    # Tracking off (resume-safe too): what is tested here is the layout; tests/integration/test_run_identity.py
+    # covers the pipeline's MLflow records.
+    config["train"]["overrides"] = [f"parallel={layout}", f"trainer.steps={STEPS}", f"checkpoint.every={STEPS}",
+                                    "tracking.enabled=false"]
     return config
 
 
@@ -65,7 +68,9 @@ def train_with_snakemake(project: Project, config: dict):
 def test_layout_trains_through_the_pipeline(repo, project, layout):
     run = train_with_snakemake(project, layout_config(repo, layout))
     done = json.loads((project.work / run.dir / "train_done.json").read_text())
-    assert done["final_step"] == STEPS and done["world_size"] == LAYOUTS[layout][1]
+    assert done["final_step"] == STEPS and done["world_size"] == LAYOUTS[layout][1] and done["digest"]
+    if layout in ("single", "ddp", "cp", "dp_cp"):  # replicated parameters: every rank holds the same bits
+        assert len(set(done["replica_digests"])) == 1 and done["replica_digests"][0] is not None
     checkpoint = project.work / run.dir / "checkpoints" / f"step-{STEPS:06d}"
     from worldpipe.checkpoint import CheckpointManager
 

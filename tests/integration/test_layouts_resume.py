@@ -110,6 +110,8 @@ def test_sharded_checkpoint_resumes_onto_another_layout(tmp_path, references, sm
     end, expected = manager.load(2 * HALF)["model"], reference.load(2 * HALF)["model"]
     moved = distance(expected, reference.load(HALF)["model"])
     assert moved > 0
+    print(f"{source} -> {target}: distance {distance(end, expected):.3g} of {moved:.3g} moved "
+          f"({distance(end, expected) / moved:.2%})")
     assert distance(end, expected) <= CROSS_LAYOUT_RTOL * moved, (distance(end, expected), moved)
 
 

@@ -1,7 +1,8 @@
-"""Every layout trains the smoke experiment through `worldpipe train` (real torchrun, gloo), and a run resumes
-onto another layout. The RSSM takes the batch layouts; the sequence models the tensor and context ones."""
+"""A run resumes onto another layout through `worldpipe train` (real torchrun, gloo).
 
-import json
+Every layout trains the smoke experiment through the Snakemake pipeline in test_layouts_pipeline.py; sharded
+resume on cp, dp×tp and dp×cp is in test_layouts_resume.py."""
+
 import subprocess
 
 import pytest
@@ -15,21 +16,6 @@ def train(run_dir, dataset, env, experiment, layout, *extra, timeout=600):
            f"data.store={store}", f"data.manifest={manifest}", "tracking.enabled=false",
            "trainer.progress_bar=false", *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-LAYOUTS = [("smoke", "single"), ("smoke_transformer", "tp"), ("smoke_transformer", "cp"), ("smoke_ssm", "cp"),
-           ("smoke_transformer", "dp_tp"), ("smoke_ssm", "dp_cp")]
-
-
-@pytest.mark.parametrize(("experiment", "layout"), LAYOUTS, ids=[f"{e}-{p}" for e, p in LAYOUTS])
-def test_layout_trains_the_smoke_experiment(tmp_path, smoke_dataset, env_with_venv, experiment, layout):
-    run_dir = tmp_path / "run"
-    proc = train(run_dir, smoke_dataset, env_with_venv, experiment, layout, "trainer.steps=10", "checkpoint.every=5")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((run_dir / "train_done.json").read_text())
-    assert record["final_step"] == 10 and record["digest"]
-    if layout in ("single", "cp", "dp_cp"):  # replicated parameters: every rank holds the same bits
-        assert len(set(record["replica_digests"])) == 1 and record["replica_digests"][0] is not None
 
 
 def test_resume_onto_another_layout(tmp_path, smoke_dataset, env_with_venv):

@@ -45,3 +45,10 @@ def test_cli_refuses_before_starting_processes(tmp_path, env_with_venv):
     assert proc.returncode != 0
     assert "parallel.context_parallel" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()  # refused before the run directory or any rank existed
+
+
+def test_tensor_and_context_parallel_together_are_refused_with_the_reason():
+    cfg = _cfg("experiment=smoke_transformer", "parallel=dp_tp", "parallel.context_parallel=2")
+    with pytest.raises(ConfigError, match=r"config key 'parallel.context_parallel'.*3-D device mesh"):
+        validate_config(cfg, 4)
+

@@ -61,8 +61,11 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
         if value < 1:
             raise ConfigError(f"config key 'parallel.{key}': must be a positive integer, got {value!r}")
     if tp > 1 and cp > 1:
+        # tp×cp needs a 3-D mesh (dp, cp, tp): the cp ring would circulate the key/value blocks of each tp
+        # rank's own heads over its cp group. The layouts here are 2-D (dp outermost, one model axis).
         raise ConfigError("config key 'parallel.context_parallel': cannot be combined with parallel.tensor_parallel "
-                          "> 1 (layouts are dp×tp or dp×cp)")
+                          "> 1: tp×cp needs a 3-D device mesh (dp, cp, tp), which is not implemented; "
+                          "the layouts are 2-D, dp×tp or dp×cp")
     if world_size % (tp * cp):
         key = "tensor_parallel" if tp > 1 else "context_parallel"
         raise ConfigError(f"config key 'parallel.{key}': degree {tp * cp} does not divide the world size {world_size}")
