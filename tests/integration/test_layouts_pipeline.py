@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from pipeline_project import Project
+from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
+from worldpipe.checkpoint.shards import INDEX_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -29,7 +31,9 @@ LAYOUTS = {
     "cp": ("smoke_transformer", 2, {"strategy": "ddp", "dp": 1, "tp": 1, "cp": 2}),
     "dp_tp": ("smoke_transformer", 4, {"strategy": "fsdp2", "dp": 2, "tp": 2, "cp": 1}),
     "dp_cp": ("smoke_ssm", 4, {"strategy": "ddp", "dp": 2, "tp": 1, "cp": 2}),
+    "tp_cp": ("smoke_transformer", 4, {"strategy": "fsdp2", "dp": 1, "tp": 2, "cp": 2}),
 }
+SHARDED = ("fsdp2", "tp", "dp_tp", "tp_cp")  # parameters are DTensors: every rank writes its own pieces
 
 
 def layout_config(repo: Path, layout: str, world_size: int | None = None) -> dict:
@@ -72,10 +76,12 @@ def test_layout_trains_through_the_pipeline(repo, project, layout):
     if layout in ("single", "ddp", "cp", "dp_cp"):  # replicated parameters: every rank holds the same bits
         assert len(set(done["replica_digests"])) == 1 and done["replica_digests"][0] is not None
     checkpoint = project.work / run.dir / "checkpoints" / f"step-{STEPS:06d}"
-    from worldpipe.checkpoint import CheckpointManager
-
-    identity = CheckpointManager(checkpoint.parent).load(STEPS, keys=["identity"])["identity"]
+    manager = CheckpointManager(checkpoint.parent, verify="sha256")
+    identity = manager.load(STEPS, keys=["identity"])["identity"]
     assert identity["parallel_layout"] == {**LAYOUTS[layout][2], "world_size": LAYOUTS[layout][1]}
+    assert (checkpoint / INDEX_FILE).is_file() == (layout in SHARDED)
+    assert manager.verify(STEPS, full=True) == []
+    assert checkpoint_digest(checkpoint.parent) == done["digest"]
 
 
 def test_changing_only_the_layout_of_a_finished_run_trains_nothing(repo, project):

@@ -169,12 +169,13 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
     }
 
 
-def check_shard_index(seed: int) -> dict:
-    """Split a dp×tp (2×2) transformer's model and optimizer state into pieces as a sharded save does, and
-    count how often each element of each logical tensor is covered (rank 0 checks against the full tensors).
+def check_shard_index(tp: int, cp: int, seed: int) -> dict:
+    """Split a 4-rank tensor-parallel transformer's model and optimizer state (dp×tp, or cp×tp) into pieces as
+    a sharded save does, and count how often each element of each logical tensor is covered (rank 0 checks
+    against the full tensors).
 
-    The modules tensor parallelism leaves whole live on the "dp" submesh: their pieces must not be written
-    once per tp coordinate.
+    The modules tensor parallelism leaves whole live on a submesh (FSDP2 over "dp", or over the flattened
+    dp×cp ranks): their pieces must not be written once per tp coordinate.
     """
     from worldpipe.checkpoint import shards
     from worldpipe.checkpoint.sharded_saver import local_state_dicts
@@ -185,13 +186,13 @@ def check_shard_index(seed: int) -> dict:
     runtime = init_runtime("gloo")
     torch.manual_seed(seed)
     model = build_model(MODELS["transformer"], OBS_DIM, ACT_DIM)
-    layout = build_layout({"strategy": "fsdp2", "tensor_parallel": 2, "context_parallel": 1}, runtime)
+    layout = build_layout({"strategy": "fsdp2", "tensor_parallel": tp, "context_parallel": cp}, runtime)
     model = layout.wrap(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **layout.optimizer_kwargs)
     batch = synthetic_batch(4, 6, seed, model.noise_shape(6))
     mine = {k: batch[k] if batch[k] is None else batch[k][layout.dp_rank::layout.dp_size]
             for k in ("obs", "action", "reward", "mask", "noise")}
-    (model(*mine.values())["total"] / batch["global_valid"]).backward()
+    (model(*layout.shard_batch(mine).values())["total"] / batch["global_valid"]).backward()
     optimizer.step()  # optimizer state (exp_avg, exp_avg_sq) is sharded like the parameters
     model_state, optim_state = local_state_dicts(model, optimizer)
     local = shards.split_state({"model": model_state, "optimizer": optim_state})
@@ -237,7 +238,7 @@ def main(argv: list[str]) -> None:
         dist.destroy_process_group()
         return
     if check == "shard_index":
-        result = check_shard_index(int(args[0]))
+        result = check_shard_index(*map(int, args))
         Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
         return
