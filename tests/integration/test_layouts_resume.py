@@ -4,13 +4,14 @@ For cp, dp×tp and dp×cp: a run of 2N steps saving every N steps (sharded: ever
 uninterrupted reference; its step-N checkpoint, copied alone into a fresh run directory, is exactly what a run
 interrupted after step N leaves behind, and resuming from it on the same layout must end with the reference's
 digest, bit for bit (same layout, same reduction order). The step-N checkpoints then resume onto other
-layouts (dp×tp onto tp, dp×cp onto one process), ending within the tolerance below of the reference, and
-verify and digest through `worldpipe ckpt`, with the digest of the same state saved full.
+layouts (dp×tp onto cp×tp: the 2-D mesh's pieces re-cut for another 2-D mesh; dp×cp onto one process: all
+pieces into plain tensors), ending within the tolerance below of the reference, and verify and digest through
+`worldpipe ckpt`, with the digest of the same state saved full.
 
 cp and dp×cp train with ``parallel.strategy=fsdp2`` here: the shipped cp/dp_cp layouts replicate parameters
 (DDP), and a replicated model is saved full by rank 0, which the full-checkpoint resume tests already cover.
 
-Tensor parallel alone resumes bit-exactly in test_sharded_training.py.
+Tensor parallel alone resumes bit-exactly (and onto FSDP2), and FSDP2 onto DDP, in test_sharded_training.py.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def test_sharded_resume_on_the_same_layout_is_bit_exact(tmp_path, references, sm
 
 
 @pytest.mark.parametrize(("source", "target", "experiment"),
-                         [("dp_tp", "tp", "smoke_transformer"), ("dp_cp", "single", "smoke_ssm")])
+                         [("dp_tp", "tp_cp", "smoke_transformer"), ("dp_cp", "single", "smoke_ssm")])
 def test_sharded_checkpoint_resumes_onto_another_layout(tmp_path, references, smoke_dataset, env_with_venv,
                                                         source, target, experiment):
     straight = references[source]
