@@ -64,11 +64,9 @@ def run_hash(cfg_hash: str, dataset_spec_hash: str) -> str:
 
 def compose(overrides: Sequence[str], conf: Path | None = None) -> DictConfig:
     """The resolved training config for these overrides, from `conf` (default: worldpipe.paths.conf_dir())."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from worldpipe.preflight import compose_config
 
-    with initialize_config_dir(config_dir=str(conf or paths.conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    return compose_config(overrides, conf or paths.conf_dir())
 
 
 def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
@@ -115,12 +113,17 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
              conf: Path | None = None) -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit."""
+    from worldpipe.preflight import checked_config
+
     overrides = identity_overrides(config, experiment)
     try:
-        # With the settings too, so a bad one stops the pipeline here; they cannot change the hash.
-        cfg = compose([*overrides, *training_settings(config, "")], conf)
-    except Exception as err:  # Hydra's errors have no common base that covers interpolation and parse errors
-        raise PipelineError(f"experiments: {experiment!r} does not compose with overrides {overrides}: {err}") from err
+        # Validated (types, ranges, layout against world size) with the settings too, so a bad value stops the
+        # pipeline while the Snakefile is parsed, before any data stage runs; the settings cannot change the hash.
+        cfg = checked_config([*overrides, *training_settings(config, "")], conf or paths.conf_dir())
+    except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
+        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise PipelineError(f"experiments: experiment {experiment!r} does not compose with overrides "
+                            f"{list(config['train'].get('overrides', []))}: {message}") from None
     name = str(cfg.data.name)
     if name not in known or name.endswith(HELDOUT_SUFFIX):
         raise PipelineError(f"experiments: {experiment!r} trains on data.name={name!r}, which is not under "

@@ -2,8 +2,9 @@
 
 Composing the config (unknown groups or keys), every override's value against the type of the value it
 replaces, the config's own rules (:func:`worldpipe.config.validate_config`), and the data: the store and the
-manifest exist and describe the same dataset. Light imports only (no torch): the Snakefile calls
-:func:`validate_pipeline_experiments` while it is parsed, so a bad value fails before the data stages run.
+manifest exist and describe the same dataset. Light imports only (no torch): the Snakefile's plan
+(:func:`worldpipe.pipeline.plan`) runs :func:`checked_config` while it is parsed, so a bad value fails before the
+data stages run.
 """
 
 from __future__ import annotations
@@ -141,21 +142,3 @@ def check_data(cfg: DictConfig) -> str:
             f"{manifest['dataset_hash'][:16]}…) belongs to another dataset than data.store {store} (dataset "
             f"{stored_spec.get('name')!r}; spec differs in {', '.join(differs)}); point both at the same dataset")
     return manifest["dataset_hash"]
-
-
-def validate_pipeline_experiments(config: Mapping) -> None:
-    """For the Snakefile: compose and validate every experiment's training config with `train.overrides`.
-
-    Raises UsageError with one line naming the experiment and the key.
-    """
-    train = config.get("train", {})
-    for experiment in config.get("experiments", []):
-        overrides = [f"experiment={experiment}", f"parallel.nproc_per_node={train.get('nproc_per_node', 1)}",
-                     f"parallel.nnodes={train.get('nnodes', 1)}", *train.get("overrides", [])]
-        try:
-            checked_config(overrides)
-        except Exception as exc:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
-            message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            raise UsageError(f"pipeline config: experiment {experiment!r} with train.overrides "
-                             f"{list(train.get('overrides', []))}: {message}") from None
-

@@ -119,6 +119,7 @@ def test_a_workers_error_is_one_line(tmp_path, smoke_dataset, env_with_venv):
     log = (run_dir / "errors.log").read_text()
     assert "Traceback (most recent call last)" in log and "CorruptShardError" in log
     assert not pids_with_arg(f"run_dir={run_dir}")
+    assert not (run_dir / "checkpoints" / "latest").exists()  # stopped before its first checkpoint
 
 
 class Payload:

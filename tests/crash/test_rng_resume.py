@@ -19,9 +19,10 @@ from kill_support import kill_at_random_point
 
 from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
-from worldpipe.checkpoint.rng_audit import PER_RANK_STREAMS, rng_fingerprint
+from worldpipe.checkpoint.rng_audit import rng_fingerprint
 from worldpipe.cli import main as cli_main
 from worldpipe.models.augmented import RNG_TRACE_ENV, RNG_TRACE_FORMAT
+from worldpipe.trainer.seeding import PER_RANK_STREAMS
 
 pytestmark = [pytest.mark.crash, pytest.mark.integration]
 

@@ -20,11 +20,6 @@ os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
 
 from worldpipe import paths
 from worldpipe.pipeline import PipelineError, launch_overrides, plan, training_settings
-from worldpipe.preflight import validate_pipeline_experiments
-
-# Every experiment's training config (with train.overrides) is composed and validated now, while the Snakefile
-# is parsed: a bad value stops the pipeline before the data stages run.
-validate_pipeline_experiments(config)
 
 if paths.CONF_DIR != Path(CONF_DIR).resolve():
     raise WorkflowError(f"worldpipe was imported before {paths.CONF_DIR_ENV} was set: it reads {paths.CONF_DIR}")
@@ -32,6 +27,8 @@ PATHS = paths.layout(Path(CONF_DIR))
 RESULTS, DATA, RUNS, LOGS, RULE_BENCHMARKS = (
     PATHS[key] for key in ("results", "data", "runs", "logs", "rule_benchmarks")
 )
+# Every experiment's training config (with the pipeline's overrides) is composed and validated now, while the
+# Snakefile is parsed: a bad value stops the pipeline before the data stages run.
 try:
     DATASETS, RUNS_PLANNED = plan(config, Path(CONF_DIR))
 except PipelineError as err:

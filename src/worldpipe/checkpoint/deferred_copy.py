@@ -11,11 +11,12 @@ enforces (:func:`guard_optimizer`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from .thread_pool import LazyThreadPool
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -41,25 +42,12 @@ def step_mutated(optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], b
     return lambda t: _storage_ptr(t) in ptrs
 
 
-_pool: ThreadPoolExecutor | None = None
+_COPY_POOL = LazyThreadPool("ckpt-snapshot-copy", max_workers=1)
 
 
 def copy_pool() -> ThreadPoolExecutor:
-    """The process-wide copy thread. Kept alive between saves: starting a thread waits until the new thread
-    runs, which on a busy machine costs the caller milliseconds it would otherwise not stall."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-snapshot-copy")
-    return _pool
-
-
-def _forget_pool_in_child() -> None:
-    # A forked child inherits the executor but not its thread.
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+    """The process-wide copy thread (one: copies of a snapshot run in order)."""
+    return _COPY_POOL.get()
 
 
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from worldpipe.atomic import fsync_dir
 
 from .tensorfile import Segment
+from .thread_pool import LazyThreadPool
 
 _MAX_WRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
 
@@ -45,24 +46,12 @@ def write_file_durably(path: str, segments: list[Segment]) -> None:
     fsync_and_close(write_file(path, segments))
 
 
-_fsync_pool: ThreadPoolExecutor | None = None
+_FSYNC_POOL = LazyThreadPool("ckpt-fsync", max_workers=2)
 
 
 def fsync_pool() -> ThreadPoolExecutor:
     """Threads that fsync finished files while the next ones are being written (device I/O overlaps)."""
-    global _fsync_pool
-    if _fsync_pool is None:
-        _fsync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-fsync")
-    return _fsync_pool
-
-
-def _forget_fsync_pool_in_child() -> None:
-    # A forked child inherits the executor but not its threads.
-    global _fsync_pool
-    _fsync_pool = None
-
-
-os.register_at_fork(after_in_child=_forget_fsync_pool_in_child)
+    return _FSYNC_POOL.get()
 
 
 __all__ = ["fsync_and_close", "fsync_dir", "fsync_pool", "write_all", "write_file", "write_file_durably"]

@@ -171,13 +171,19 @@ class CheckpointManager:
             for path in removed:
                 logger.warning("removed leftover of an interrupted save or deletion: %s", path)
             self.store.publish(step, files, contents, state.get(layout.IDENTITY) or {})
-            try:
-                fault.inject("before_retention")
-                self._apply_retention(step)
-                fault.inject("after_retention")
-            except OSError as exc:
-                # The new checkpoint is durable; retention is retried (recomputed) at the next save.
-                logger.error("retention after saving step %d failed: %s", step, exc)
+            self.retain_after(step)
+
+    def retain_after(self, step: int) -> None:
+        """Delete what the retention policy no longer keeps once ``step`` is published (under its writer lock).
+
+        A failure is logged, not raised: the new checkpoint is durable, and retention is recomputed next save.
+        """
+        try:
+            fault.inject("before_retention")
+            self._apply_retention(step)
+            fault.inject("after_retention")
+        except OSError as exc:
+            logger.error("retention after saving step %d failed: %s", step, exc)
 
     def _apply_retention(self, step: int) -> None:
         doomed = select_deletions(self.store.step_names(), step, self.keep_last, self.keep_every,

@@ -21,30 +21,18 @@ import torch
 
 from . import layout
 from .tensorfile import Segment
+from .thread_pool import LazyThreadPool
 
 FORMAT = "worldpipe.checkpoint"
 FORMAT_VERSION = 1
 _HASH_CHUNK = 64 << 20  # large updates: hashlib releases the GIL while it hashes them
 
-_pool: ThreadPoolExecutor | None = None
+_HASH_POOL = LazyThreadPool("ckpt-sha256", max_workers=lambda: max(2, min(4, os.cpu_count() or 2)))
 
 
 def hash_pool() -> ThreadPoolExecutor:
     """Process-wide threads that SHA-256 file contents concurrently with writing and reading them."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)),
-                                   thread_name_prefix="ckpt-sha256")
-    return _pool
-
-
-def _forget_pool_in_child() -> None:
-    # A forked child (e.g. a DataLoader worker) inherits the executor but not its threads.
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+    return _HASH_POOL.get()
 
 
 def sha256_segments(segments: Iterable[Segment]) -> str:

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import layout
-from .state import from_portable, to_portable
-
-# Streams the trainer seeds differently on every rank (worldpipe.trainer.seeding.seed_rank_generators); torch's global
-# generator is seeded identically on purpose (same model init everywhere), so it is not expected to differ.
-PER_RANK_STREAMS = ("python", "numpy_global")
+from .state import NUMPY_GLOBAL_STREAM, PYTHON_STREAM, from_portable, to_portable
 
 
 def _hash_tree(obj: Any, digest: Any) -> None:
@@ -50,7 +46,7 @@ def rng_fingerprint(rng: Mapping) -> dict[str, str]:
     arrays), so a state captured live and the same state read back from a file agree.
     """
     rng = from_portable(to_portable(dict(rng)))
-    streams: dict[str, Any] = {"python": rng.get("python"), "numpy_global": rng.get("numpy_global"),
+    streams: dict[str, Any] = {PYTHON_STREAM: rng.get(PYTHON_STREAM), NUMPY_GLOBAL_STREAM: rng.get(NUMPY_GLOBAL_STREAM),
                                "torch": rng.get("torch"), "cuda": rng.get("cuda")}
     streams.update({f"numpy:{k}": v for k, v in (rng.get("numpy") or {}).items()})
     streams.update({f"torch:{k}": v for k, v in (rng.get("generators") or {}).items()})
@@ -73,11 +69,13 @@ def _lists(obj: Any) -> Any:
     return obj
 
 
-def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | None) -> list[str]:
+def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | None,
+              per_rank_streams: Sequence[str]) -> list[str]:
     """Problems with a checkpoint's RNG files (``[]`` when fine), each naming the step and file.
 
     ``manifest``: the step's parsed manifest; ``rng_states``: its RNG states as loaded, index = rank;
-    ``world_size``: the world size recorded in the step's identity (None: unknown, not checked).
+    ``world_size``: the world size recorded in the step's identity (None: unknown, not checked);
+    ``per_rank_streams``: streams the trainer seeds differently on every rank, so no two ranks may share one.
     """
     step = manifest.get("step")
     where = layout.step_dir_name(step) if isinstance(step, int) else "checkpoint"
@@ -92,7 +90,7 @@ def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | No
         problems.append(f"{where}: {len(listed)} RNG file(s) for a run of world size {world_size} "
                         f"(identity.json)")
     prints = [rng_fingerprint(state) for state in rng_states]
-    for stream in PER_RANK_STREAMS:
+    for stream in per_rank_streams:
         owner: dict[str, int] = {}
         for rank, fingerprint in enumerate(prints):
             value = fingerprint.get(stream)
@@ -106,7 +104,7 @@ def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | No
     return problems
 
 
-def check_rng_files(manager: Any, step: int) -> list[str]:
+def check_rng_files(manager: Any, step: int, per_rank_streams: Sequence[str]) -> list[str]:
     """:func:`audit_rng` of step ``step`` of a :class:`~worldpipe.checkpoint.CheckpointManager`'s store."""
     from .errors import CheckpointError
     from .manifest import parse_manifest
@@ -122,4 +120,5 @@ def check_rng_files(manager: Any, step: int) -> list[str]:
     except CheckpointError as exc:
         return [str(exc)]
     world_size = (state[layout.IDENTITY] or {}).get("world_size")
-    return audit_rng(manifest, state[layout.RNG] or [], world_size if isinstance(world_size, int) else None)
+    return audit_rng(manifest, state[layout.RNG] or [], world_size if isinstance(world_size, int) else None,
+                     per_rank_streams)

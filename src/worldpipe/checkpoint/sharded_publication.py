@@ -225,7 +225,7 @@ def publish_shards(manager, step: int, local: shards.LocalShards, group: Any = N
         if outcome:
             _raise(own_error, step, manager.root, outcome)
     if coll.rank == 0:
-        _retain(manager, step)
+        manager.retain_after(step)
 
 
 def _raise(own: BaseException | None, step: int, root: str, problem: str):
@@ -299,12 +299,3 @@ def _commit(writer, step: int, local: shards.LocalShards, gathered: list, rank0_
         return exc if isinstance(exc, CheckpointWriteError) else CheckpointWriteError(step, writer.path(""), exc)
     return None
 
-
-def _retain(manager, step: int) -> None:
-    try:
-        fault.inject("before_retention")
-        manager._apply_retention(step)
-        fault.inject("after_retention")
-    except OSError as exc:
-        # The new checkpoint is durable; retention is retried (recomputed) at the next save.
-        logger.error("retention after saving step %d failed: %s", step, exc)

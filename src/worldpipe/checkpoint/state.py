@@ -26,6 +26,9 @@ import torch
 from . import layout
 
 _NDARRAY_TAG = "__ndarray__"
+# Keys of the process-global streams in a captured RNG state.
+PYTHON_STREAM = "python"
+NUMPY_GLOBAL_STREAM = "numpy_global"
 
 
 def validate_state(state: Mapping) -> None:
@@ -155,8 +158,8 @@ def capture_rng(numpy_generators: Mapping[str, np.random.Generator] | None = Non
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         cuda = [s.clone() for s in torch.cuda.get_rng_state_all()]
     return {
-        "python": random.getstate(),
-        "numpy_global": to_portable(np.random.get_state()),
+        PYTHON_STREAM: random.getstate(),
+        NUMPY_GLOBAL_STREAM: to_portable(np.random.get_state()),
         "numpy": {name: to_portable(g.bit_generator.state) for name, g in (numpy_generators or {}).items()},
         "torch": torch.get_rng_state(),
         "cuda": cuda,
@@ -171,10 +174,10 @@ def restore_rng(rng: Mapping, numpy_generators: Mapping[str, np.random.Generator
     A named generator the state does not hold raises ``KeyError``: silently keeping its current state would
     make the resumed run draw different numbers.
     """
-    py = rng["python"]
+    py = rng[PYTHON_STREAM]
     random.setstate((py[0], tuple(py[1]), py[2]))
-    if rng.get("numpy_global") is not None:
-        np.random.set_state(tuple(from_portable(rng["numpy_global"])))
+    if rng.get(NUMPY_GLOBAL_STREAM) is not None:
+        np.random.set_state(tuple(from_portable(rng[NUMPY_GLOBAL_STREAM])))
     saved_np = rng.get("numpy") or {}
     for name, gen in (numpy_generators or {}).items():
         if name not in saved_np:

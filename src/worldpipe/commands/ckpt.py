@@ -49,8 +49,9 @@ def _verify(args) -> int:
         problems = manager.verify(step, full=True)
         if args.rng and not problems:
             from worldpipe.checkpoint.rng_audit import check_rng_files
+            from worldpipe.trainer.seeding import PER_RANK_STREAMS
 
-            problems = check_rng_files(manager, step)
+            problems = check_rng_files(manager, step, PER_RANK_STREAMS)
         print(f"step {step}: {'ok' if not problems else 'FAILED'}")
         for problem in problems:
             print(f"  {problem}")

@@ -47,9 +47,11 @@ def _locate(path: str, manifest: str | None) -> tuple[str, str | None]:
     """Accept a dataset directory (store.zarr + manifest.json inside) or an explicit store URL."""
     from pathlib import Path
 
+    from worldpipe.paths import MANIFEST_NAME, STORE_NAME
+
     base = Path(path)
-    if (base / "store.zarr").exists():
-        return str(base / "store.zarr"), manifest or str(base / "manifest.json")
+    if (base / STORE_NAME).exists():
+        return str(base / STORE_NAME), manifest or str(base / MANIFEST_NAME)
     return path, manifest
 
 

@@ -128,9 +128,8 @@ def _compare(args) -> int:
 
 
 def _server(args) -> int:
+    from worldpipe import paths
     from worldpipe.tracking.server import (
-        DEFAULT_ARTIFACTS,
-        DEFAULT_BACKEND,
         DEFAULT_PORT,
         LOCAL_HOST,
         ServerConfigError,
@@ -140,8 +139,8 @@ def _server(args) -> int:
 
     extra = [a for a in args.overrides if a != "--"]  # anything after `--` goes to `mlflow server` as is
     try:
-        command = server_command(args.backend_store_uri or DEFAULT_BACKEND,
-                                 args.artifacts_destination or DEFAULT_ARTIFACTS, args.host or LOCAL_HOST,
+        command = server_command(args.backend_store_uri or paths.default_tracking_uri(),
+                                 args.artifacts_destination or paths.layout()["mlartifacts"], args.host or LOCAL_HOST,
                                  args.port or DEFAULT_PORT, args.workers, extra)
     except ServerConfigError as err:
         print(f"error: {err}", file=sys.stderr)

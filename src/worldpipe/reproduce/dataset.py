@@ -6,6 +6,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from worldpipe import paths
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 
@@ -36,7 +37,7 @@ def regenerate_dataset(spec: dict, target: Path) -> tuple[str, str]:
     from worldpipe.data.build import build_dataset
     from worldpipe.data.spec import DatasetSpec
 
-    store, manifest = target / "store.zarr", target / "manifest.json"
+    store, manifest = target / paths.STORE_NAME, target / paths.MANIFEST_NAME
     if store.exists():
         shutil.rmtree(store)
     manifest.unlink(missing_ok=True)
@@ -56,9 +57,10 @@ def locate_dataset(recorded: RecordedRun, data_dir: str | None = None) -> tuple[
     store, manifest = resolve_recorded_path(str(data.get("store")), cwd), resolve_recorded_path(str(data.get("manifest")), cwd)
     if _dataset_ok(store, manifest, expected):
         return store, manifest, "recorded location"
-    target = Path(data_dir) if data_dir else Path("results/data") / f"rerun-{expected[:16]}"
-    if _dataset_ok(str(target / "store.zarr"), str(target / "manifest.json"), expected):
-        return str(target / "store.zarr"), str(target / "manifest.json"), "earlier regeneration"
+    target = Path(data_dir) if data_dir else Path(paths.layout()["data"]) / f"rerun-{expected[:16]}"
+    again = str(target / paths.STORE_NAME), str(target / paths.MANIFEST_NAME)
+    if _dataset_ok(*again, expected):
+        return *again, "earlier regeneration"
     spec = (recorded.manifest or {}).get("spec")
     if not spec:
         raise RerunError(f"dataset {expected[:16]}… is not at {store} and the run's dataset/manifest.json artifact "

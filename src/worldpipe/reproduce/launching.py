@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from worldpipe import paths
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 from worldpipe.tracking.spool import Spool
@@ -68,12 +69,7 @@ def new_run_id(run_dir: Path) -> str:
     return state["run_id"]
 
 
-def _default_run_dir(recorded: RecordedRun, kind: str) -> Path:
-    name = recorded.config.get("experiment_name", "run")
-    return Path("results/runs") / f"{name}-{kind}-{recorded.run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def default_run_dir(recorded: RecordedRun, kind: str) -> Path:
-    """results/runs/<experiment>-<kind>-<run id prefix>-<time>: a new directory for a rebuilt run."""
+    """<runs>/<experiment>-<kind>-<run id prefix>-<time> (conf/paths): a new directory for a rebuilt run."""
     name = recorded.config.get("experiment_name", "run")
-    return Path("results/runs") / f"{name}-{kind}-{recorded.run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(paths.layout()["runs"]) / f"{name}-{kind}-{recorded.run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"

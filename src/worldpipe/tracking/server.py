@@ -15,8 +15,6 @@ from pathlib import Path
 
 LOCAL_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
-DEFAULT_BACKEND = "sqlite:///results/mlflow.db"
-DEFAULT_ARTIFACTS = "results/mlartifacts"
 DATABASE_SCHEMES = ("postgresql", "postgresql+psycopg2", "sqlite", "mysql", "mssql")
 
 
