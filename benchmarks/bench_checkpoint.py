@@ -1,6 +1,6 @@
 """Checkpoint save/load throughput against baselines measured in the same run.
 
-    python benchmarks/bench_checkpoint.py [--mb 256] [--repeat 3] [--dir DIR] [--out results/bench/checkpoint.json]
+    python benchmarks/bench_checkpoint.py [--mb 256] [--repeat 5] [--dir DIR] [--out results/bench/checkpoint.json]
         [--step-s 0.5] [--ranks 2]
 
 State: ``--mb`` MB of fp32 tensors in total, a third in a model-like dict (layers of mixed shapes), two thirds
@@ -22,7 +22,8 @@ its own fresh directory, interleaved round by round (median of ``--repeat`` roun
   ``save``, and the sharded async stall
 * loads: ours with sha256 verification, ours with size verification, torch.load of the torch.save files
 
-Ratios: raw_time / contender_time for writers (1.0 = raw bandwidth), async stall / sync save time.
+Ratios: raw_time / contender_time for writers (1.0 = raw bandwidth), async stall / sync save time. JSON to
+``--out``, a plot of both (``checkpoint.png``) beside it, each written atomically.
 """
 
 from __future__ import annotations
@@ -41,10 +42,14 @@ from pathlib import Path
 
 import torch
 
+from worldpipe.atomic import fsync_dir, write_text_atomic
 from worldpipe.checkpoint import CheckpointManager
-from worldpipe.checkpoint.files import fsync_dir, write_all
+from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_raw
+from worldpipe.paths import BENCH_DIR
 
 MB = 1 << 20
+# The issue's target for the training stall of an async save, drawn on the plot (not asserted anywhere).
+TARGET_STALL_OVER_SYNC = 0.03
 
 
 def make_state(total_mb: int, seed: int = 0) -> dict:
@@ -114,22 +119,6 @@ def overlapped_stall(manager, step: int, state: dict, optimizer, simulated: Simu
     return stall + time.perf_counter() - t0, step_time
 
 
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from _tensors(v)
-
-
-def state_bytes(state: dict) -> int:
-    """Total tensor bytes of the state."""
-    return sum(t.numel() * t.element_size() for t in _tensors(state))
-
-
 class Bench:
     """Fresh directories for every measurement, removed after it."""
 
@@ -152,15 +141,9 @@ class Bench:
 
     def raw(self) -> float:
         d = self.fresh("raw")
-        parts = {"model": list(_tensors(self.state["model"])), "optimizer": list(_tensors(self.state["optimizer"]))}
+        files = {f"{name}.bin": list(tensors_in(self.state[name])) for name in ("model", "optimizer")}
         t0 = time.perf_counter()
-        for name, tensors in parts.items():
-            fd = os.open(d / f"{name}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            for t in tensors:
-                write_all(fd, memoryview(t.numpy()).cast("B"))
-            os.fsync(fd)
-            os.close(fd)
-        fsync_dir(str(d))
+        write_raw(d, files)
         dt = time.perf_counter() - t0
         shutil.rmtree(d)
         return dt
@@ -307,7 +290,7 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     state = make_state(args.mb)
     nbytes = state_bytes(state)
-    base_parent = Path(args.dir) if args.dir else Path("results/bench")
+    base_parent = Path(args.dir) if args.dir else Path(args.out).parent
     base_parent.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=base_parent))
     bench = Bench(base, state)
@@ -338,12 +321,73 @@ def run(args: argparse.Namespace) -> dict:
         "cpus": os.cpu_count(),
         # this benchmark is CPU-sensitive (hashing): record how busy the machine was
         "loadavg_before_after": [load_before[0], os.getloadavg()[0]],
+        "target_stall_over_sync": TARGET_STALL_OVER_SYNC,
     }
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        result["plot"] = str(out.with_suffix(".png"))
+        plot(result, out.with_suffix(".png"))
+        write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _draw_bars(ax, rows: list[tuple[str, float, str, bool]], sync_s: float, title: str) -> None:
+    """Horizontal bars (seconds, log scale) labelled with their ratio; stalls in a second colour."""
+    names = [r[0] for r in rows]
+    seconds = [r[1] for r in rows]
+    colours = ["tab:orange" if r[3] else "tab:blue" for r in rows]
+    ax.barh(names, seconds, color=colours)
+    for y, (_, value, label, _) in enumerate(rows):
+        ax.text(value, y, f" {label}", va="center", fontsize=8)
+    ax.axvline(TARGET_STALL_OVER_SYNC * sync_s, color="k", ls="--", lw=1,
+               label=f"target stall: {TARGET_STALL_OVER_SYNC}x sync save")
+    ax.set_xscale("log")
+    ax.set_xlim(min(seconds + [TARGET_STALL_OVER_SYNC * sync_s]) / 2, max(seconds) * 8)
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds (median; log scale)", title=title)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), frameon=False)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Sync vs async stall and every writer vs raw write+fsync; sharded rows beside them. Written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med, ratio, bw = result["median_s"], result["ratio_vs_raw"], result["bandwidth_MBps"]
+    steps = result["simulated_step_s"]  # the overlapped copy shares the CPU with the step: its cost moves there
+    single = [("raw write+fsync", med["raw"], f"baseline, {bw['raw']:.0f} MB/s", False)]
+    single += [(name, med[name], f"{ratio[name]:.2f}x raw, {bw[name]:.0f} MB/s", False)
+               for name in ("ours_sync", "torch_save", "dcp")]
+    single += [("async stall", med["ours_async"], f"{result['async_stall_over_sync']:.2g}x sync", True),
+               ("async stall, overlapped", med["ours_async_overlap"],
+                f"{result['async_overlap_stall_over_sync']:.2g}x sync; step "
+                f"{steps['during_overlapped_copy'] / steps['idle']:.1f}x idle", True)]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    _draw_bars(axes[0], single, med["ours_sync"], f"One process, {result['state_mb']:.0f} MB of state")
+    sharded = result.get("sharded")
+    if sharded:
+        sm, sr, sbw = sharded["median_s"], sharded["ratio_vs_raw"], sharded["aggregate_MBps"]
+        rows = [(f"raw write+fsync, {sharded['ranks']} ranks", sm["raw"], f"baseline, {sbw['raw']:.0f} MB/s", False),
+                ("ours_sharded", sm["ours_sharded"], f"{sr['ours_sharded']:.2f}x raw, {sbw['ours_sharded']:.0f} MB/s",
+                 False),
+                ("dcp save", sm["dcp"], f"{sr['dcp']:.2f}x raw, {sbw['dcp']:.0f} MB/s", False),
+                ("async stall, overlapped", sm["async_stall"], f"{sharded['async_stall_over_sync']:.2g}x sync",
+                 True)]
+        _draw_bars(axes[1], rows, sm["ours_sharded"],
+                   f"Sharded: {sharded['ranks']} ranks x {sharded['bytes_per_rank'] / MB:.0f} MB each")
+    else:
+        axes[1].text(0.5, 0.5, "sharded rows skipped (--ranks 0)", ha="center", va="center")
+        axes[1].set_axis_off()
+    fig.suptitle("worldpipe bench checkpoint: writers vs raw write+fsync (x raw: raw time / writer time), "
+                 "async stall / sync save", fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
 
 
 def _print(result: dict) -> None:
@@ -355,7 +399,7 @@ def _print(result: dict) -> None:
             continue
         ratio = f"  {result['ratio_vs_raw'][name]:.2f}x raw" if name in result["ratio_vs_raw"] else ""
         print(f"  {name:<11} {med[name]:.3f} s  {result['bandwidth_MBps'][name]:7.0f} MB/s{ratio}")
-    print(f"  async stall {med['ours_async']:.3f} s = {result['async_stall_over_sync']:.3f}x sync save "
+    print(f"  async stall {med['ours_async']:.3f} s = {result['async_stall_over_sync']:.2g}x sync save "
           f"(first save, cold buffers: {result['async_first_save_stall_s']:.3f} s)")
     steps = result["simulated_step_s"]
     print(f"  async stall, copy overlapping the next step: {med['ours_async_overlap']:.4f} s = "
@@ -374,18 +418,26 @@ def _print(result: dict) -> None:
               f"{sharded['async_stall_over_sync']:.4f}x sharded sync save")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """CLI entry: parse arguments, run, print a summary."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (the pipeline config's ``bench.checkpoint`` section sets them in the pipeline)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=256, help="total state size in MB (model + optimizer)")
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds (median reported)")
-    parser.add_argument("--dir", default=None, help="where to write (default: results/bench/ckpt-bench-*)")
-    parser.add_argument("--out", default="results/bench/checkpoint.json")
+    parser.add_argument("--dir", default=None, help="where to write (default: ckpt-bench-* beside --out)")
+    parser.add_argument("--out", default=f"{BENCH_DIR}/checkpoint.json", help="JSON; the plot goes beside it (.png)")
     parser.add_argument("--step-s", type=float, default=0.5,
                         help="simulated forward/backward the async copy overlaps (seconds, idle machine)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks of the sharded rows (0: skip them)")
     parser.add_argument("--sharded-timeout-s", type=float, default=1800)
-    result = run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.mb < 1 or args.repeat < 1 or args.ranks < 0 or args.step_s <= 0:
+        parser.error("--mb and --repeat must be >= 1, --ranks >= 0, --step-s > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry: parse arguments, run, print a summary."""
+    result = run(parse_args(argv))
     _print(result)
     return result
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import time
@@ -28,13 +27,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bench_checkpoint import MB, SimulatedStep, make_state, state_bytes
+from bench_checkpoint import MB, SimulatedStep, make_state
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from worldpipe.checkpoint import CheckpointManager
-from worldpipe.checkpoint.files import fsync_dir, write_all
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
+from worldpipe.measure.write_baseline import state_bytes, write_raw
 
 CONTENDERS = ("raw", "ours_sharded", "dcp", "async_stall")
 
@@ -92,15 +91,7 @@ class ShardedBench:
     def raw(self) -> float:
         d = self.fresh("raw")
 
-        def write():
-            fd = os.open(d / f"rank-{self.rank}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            for t in self.locals:
-                write_all(fd, memoryview(t.numpy()).cast("B"))
-            os.fsync(fd)
-            os.close(fd)
-            fsync_dir(str(d))
-
-        return self._cleanup(d, self.timed(write))
+        return self._cleanup(d, self.timed(lambda: write_raw(d, {f"rank-{self.rank}.bin": self.locals})))
 
     def ours_sharded(self) -> float:
         d = self.fresh("ours")

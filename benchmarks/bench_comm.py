@@ -37,6 +37,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from worldpipe.atomic import write_text_atomic
+from worldpipe.paths import BENCH_DIR
+
 KB = 1 << 10
 
 
@@ -290,8 +293,10 @@ def _figure(folder: Path, name: str, draw) -> str:
     ax.legend()
     fig.tight_layout()
     path = folder / name
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{name}.tmp")  # readers (the report) never see a half-drawn plot
+    fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    os.replace(tmp, path)
     return str(path)
 
 
@@ -351,20 +356,28 @@ def plot(result: dict, folder: Path) -> list[str]:
             _figure(folder, "comm_memory.png", _draw_memory(result))]
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    """Launch the ranks, then fit, plot and write the JSON."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (the pipeline config's ``bench.comm`` section sets them in the pipeline)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
     parser.add_argument("--repeat", type=int, default=5, help="timed repetitions per point (median)")
-    parser.add_argument("--out", default="results/bench/comm.json")
+    parser.add_argument("--out", default=f"{BENCH_DIR}/comm.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.worker and args.nproc < 2:
+        parser.error("--nproc must be at least 2 (communication needs two ranks)")
+    if args.max_mb < 1 or args.repeat < 1:
+        parser.error("--max-mb and --repeat must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Launch the ranks, then fit, plot and write the JSON."""
+    args = parse_args(argv)
     if args.worker:
         worker(Path(args.worker), args.max_mb, args.repeat)
         return None
-    if args.nproc < 2:
-        parser.error("--nproc must be at least 2 (communication needs two ranks)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -374,9 +387,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
         result = summarize(json.loads(raw_path.read_text()))
     result["plots"] = plot(result, out.parent)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_out, out)
+    write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     fit = result["all_reduce_fit"]
     print(f"all_reduce ring model on {result['world_size']} ranks: {describe_fit(fit)}, "
           f"max fit error {fit['max_abs_fit_error']:.0%}")

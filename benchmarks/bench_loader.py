@@ -31,6 +31,7 @@ from worldpipe.data.loader import WindowLoader
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.data.store import TrajectoryStore
+from worldpipe.paths import BENCH_DIR
 
 TARGET_VS_MMAP = 0.5
 TARGET_VS_DEMAND = 10.0
@@ -39,7 +40,7 @@ TARGET_VS_DEMAND = 10.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (all have small, CI-friendly defaults)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/bench/loader.json")
+    p.add_argument("--out", default=f"{BENCH_DIR}/loader.json")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("--episodes-per-shard", type=int, default=16)

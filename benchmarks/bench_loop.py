@@ -33,6 +33,7 @@ from worldpipe.atomic import write_text_atomic
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.measure.startup import TRACE_ENV
+from worldpipe.paths import BENCH_DIR
 
 BARE_LOOP = """
 import sys, torch
@@ -75,7 +76,7 @@ loader.close()
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/bench/loop.json")
+    p.add_argument("--out", default=f"{BENCH_DIR}/loop.json")
     p.add_argument("--steps", type=int, default=500, help="steps per contender (default cadences: log 10, ckpt 250)")
     p.add_argument("--experiment", default="smoke")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled contender (its compile takes minutes)")

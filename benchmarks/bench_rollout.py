@@ -34,6 +34,7 @@ from worldpipe.measure.load import run_open_loop
 from worldpipe.measure.memory import LiveTensorPeak
 from worldpipe.measure.timers import Timeline
 from worldpipe.models import build_model, state_nbytes
+from worldpipe.paths import BENCH_DIR
 from worldpipe.rollout.demo import MODEL_CONF_DIR, model_config, publish_demo_checkpoint
 from worldpipe.rollout.registry import load_served_model, split_checkpoint_path
 
@@ -45,7 +46,7 @@ HORIZONS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/bench/rollout.json")
+    p.add_argument("--out", default=f"{BENCH_DIR}/rollout.json")
     p.add_argument("--checkpoint", help="serve this checkpoint dir (default: a demo RSSM of conf/model/rssm.yaml)")
     p.add_argument("--duration-s", type=float, default=3.0, help="seconds of load per offered rate")
     p.add_argument("--loop-steps", type=int, default=40, help="iterations of the serial control loop")

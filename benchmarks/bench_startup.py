@@ -33,6 +33,7 @@ from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.local_run import LAUNCHER_ENV
 from worldpipe.measure.startup import TRACE_ENV
+from worldpipe.paths import BENCH_DIR
 
 TARGET_OVERHEAD_S = 2.0
 BARE_SCRIPT = """
@@ -69,7 +70,7 @@ SPANS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/bench/startup.json")
+    p.add_argument("--out", default=f"{BENCH_DIR}/startup.json")
     p.add_argument("--repeats", type=int, default=2, help="runs per contender (median reported)")
     return p.parse_args(argv)
 

@@ -59,6 +59,8 @@ RUN_RECORD: str = _PATHS["run_record"]
 LATEST_LINK: str = _PATHS["latest"]
 STORE_NAME: str = _PATHS["store"]
 MANIFEST_NAME: str = _PATHS["manifest"]
+# Where `worldpipe bench` writes its JSON and plots unless told otherwise (relative to the working directory).
+BENCH_DIR: str = _PATHS["bench"]
 
 
 def canonical_hash(payload: Mapping[str, Any]) -> str:

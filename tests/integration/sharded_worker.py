@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from worldpipe.checkpoint import CheckpointManager, capture_rng
 from worldpipe.checkpoint.resharding import load_resharded
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
+from worldpipe.measure.write_baseline import tensors_in
 
 GLOBAL_BATCH = 8
 
@@ -126,23 +127,12 @@ def memory(args, rank: int, world: int) -> dict:
     optimizer.step()
     saver = ShardedSaver(CheckpointManager(args.root, keep_last=2))
     sharded_state = state_of(model, optimizer, 1, False)
-    local = sum(t.to_local().numel() * t.element_size() for t in _tensors(sharded_state) if hasattr(t, "to_local"))
+    local = sum(t.to_local().numel() * t.element_size() for t in tensors_in(sharded_state) if hasattr(t, "to_local"))
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * 3  # params + Adam's two
     peaks = {"sharded": _peak_during(lambda: save(saver, model, optimizer, 1, False))}
     peaks["full"] = _peak_during(lambda: save(saver, model, optimizer, 2, True))
     return {"peak_bytes": peaks, "full_state_bytes": full_bytes, "rank0_shard_bytes": local,
             "threads": threading.active_count()}
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def main() -> None:

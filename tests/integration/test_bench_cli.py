@@ -53,6 +53,10 @@ def test_bench_checkpoint_writes_its_json(tmp_path, env_with_venv):
     assert result["async_overlap_stall_over_sync"] == pytest.approx(med["ours_async_overlap"] / med["ours_sync"])
     assert "x raw" in proc.stdout and "async stall" in proc.stdout
     assert list(work.iterdir()) == []  # its checkpoints are cleaned up
+    # The plot beside the JSON, both published by rename: no temporary file is left beside them.
+    assert sorted(p.name for p in out.parent.iterdir()) == ["checkpoint.json", "checkpoint.png"]
+    assert result["plot"] == str(out.with_suffix(".png"))
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow  # builds two stores and times a GRU loop: ~25 s of CPU even at this size

@@ -1,42 +1,79 @@
-# Benchmarks whose plots belong in the report. Not part of `all` (minutes of measurement): build them with
-#   snakemake --cores 2 bench_comm && snakemake --report results/report.html all bench_comm   (targets before --configfile)
+# Benchmarks whose plots belong in the report; the settings of each are the config's `bench.NAME` section. They are
+# not part of `all` (minutes of measurement). Build them and the report in one command:
+#   snakemake --cores 2 collect_benchmarks --report-after-run --report results/report.html
+# The settings are a param, so changing one benchmark's settings reruns that benchmark only.
+import os
+import shlex
+
+from worldpipe.commands.bench import cli_options
+
+BENCH = PATHS["bench"]
+# `worldpipe bench NAME` options from the pipeline config, quoted for the shell (worldpipe.commands.bench).
+BENCH_SETTINGS = config.get("bench", {})
+# Each benchmark takes every core Snakemake is given (threads are capped at --cores): they measure speed, and two at
+# once would disturb each other. Not workflow.cores: a cluster run has no --cores, and there the job's CPUs come
+# from resources.<rule>.cpus_per_task when set.
+BENCH_THREADS = os.cpu_count() or 1
+# Benchmarks with one JSON and one plot of the same name (comm draws four plots: its own rule).
+SINGLE_PLOT_BENCHMARKS = ("checkpoint", "rollout", "startup", "loop")
 
 
-rule bench_comm:
+rule measure_communication:
     output:
-        result="results/bench/comm.json",
-        allreduce=report("results/bench/comm_allreduce.png", caption="../report/bench_comm.rst", category="Benchmarks"),
-        ring=report("results/bench/comm_ring_bytes.png", caption="../report/bench_comm.rst", category="Benchmarks"),
-        bubble=report("results/bench/comm_bubble.png", caption="../report/bench_comm.rst", category="Benchmarks"),
-        memory=report("results/bench/comm_memory.png", caption="../report/bench_comm.rst", category="Benchmarks"),
+        result=f"{BENCH}/comm.json",
+        allreduce=report(
+            f"{BENCH}/comm_allreduce.png",
+            caption="../report/bench_comm_allreduce.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
+        ring=report(
+            f"{BENCH}/comm_ring_bytes.png",
+            caption="../report/bench_comm_ring_bytes.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
+        bubble=report(
+            f"{BENCH}/comm_bubble.png",
+            caption="../report/bench_comm_bubble.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
+        memory=report(
+            f"{BENCH}/comm_memory.png",
+            caption="../report/bench_comm_memory.rst",
+            category="Benchmarks",
+            subcategory="comm",
+        ),
     params:
-        nproc=2,
+        options=shlex.join(cli_options(BENCH_SETTINGS.get("comm", {}))),
+    threads: BENCH_THREADS
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **rule_resources("bench_comm"),
+        **rule_resources("measure_communication"),
     log:
-        "logs/bench_comm/bench_comm.log",
+        f"{LOGS}/measure_communication/comm.log",
     benchmark:
-        "benchmarks/rules/bench_comm/bench_comm.tsv"
+        f"{RULE_BENCHMARKS}/measure_communication/comm.tsv"
     shell:
-        "worldpipe bench comm --nproc {params.nproc} --out {output.result} > {log} 2>&1"
+        "worldpipe bench comm {params.options} --out {output.result} > {log} 2>&1"
 
-
-# worldpipe bench rollout|startup|loop as report targets: snakemake --cores 2 results/bench/rollout.png, then
-# snakemake --report bench.html results/bench/rollout.png
 
 rule run_benchmark:
     output:
-        result=f"{RESULTS}/bench/{{name}}.json",
+        result=f"{BENCH}/{{name}}.json",
         plot=report(
-            f"{RESULTS}/bench/{{name}}.png",
+            f"{BENCH}/{{name}}.png",
             caption="../report/bench.rst",
             category="Benchmarks",
             subcategory="{name}",
         ),
     wildcard_constraints:
-        name="rollout|startup|loop",
+        name="|".join(SINGLE_PLOT_BENCHMARKS),
+    params:
+        options=lambda wildcards: shlex.join(cli_options(BENCH_SETTINGS.get(wildcards.name, {}))),
+    threads: BENCH_THREADS
     conda:
         "../envs/worldpipe.yaml"
     resources:
@@ -46,4 +83,11 @@ rule run_benchmark:
     benchmark:
         f"{RULE_BENCHMARKS}/run_benchmark/{{name}}.tsv"
     shell:
-        "worldpipe bench {wildcards.name} --out {output.result} > {log} 2>&1"
+        "worldpipe bench {wildcards.name} {params.options} --out {output.result} > {log} 2>&1"
+
+
+# Every benchmark's JSON and plots (the target of `snakemake collect_benchmarks`).
+rule collect_benchmarks:
+    input:
+        rules.measure_communication.output,
+        expand(rules.run_benchmark.output, name=SINGLE_PLOT_BENCHMARKS),

@@ -4,17 +4,35 @@ from __future__ import annotations
 
 import runpy
 import sys
+from collections.abc import Mapping
 
 from worldpipe.identity import PROJECT_ROOT
+from worldpipe.paths import BENCH_DIR
 
 BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py",
               "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py"}
 
 
 def register(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks; writes JSON under results/bench/")
+    bench = sub.add_parser("bench", help=f"benchmarks; writes JSON and plots under {BENCH_DIR}/")
     bench.add_argument("name", choices=sorted(BENCHMARKS))
     bench.set_defaults(handler=_bench, accepts_overrides=True, overrides=[])
+
+
+def cli_options(settings: Mapping[str, object]) -> list[str]:
+    """Command-line options of a benchmark from its settings (the pipeline config's `bench.NAME` section).
+
+    A key is the option's name with underscores for dashes (``max_mb: 64`` -> ``--max-mb 64``); ``true`` is a
+    bare flag and ``false`` leaves the flag out.
+    """
+    argv: list[str] = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _bench(args) -> int:
@@ -23,5 +41,8 @@ def _bench(args) -> int:
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as done:
-        return int(done.code or 0) if not isinstance(done.code, str) else 1
+        if isinstance(done.code, str):  # a benchmark's one-line error: say it (the CLI would not)
+            print(done.code, file=sys.stderr)
+            return 1
+        return int(done.code or 0)
     return 0

@@ -20,8 +20,13 @@ SMALL_RSSM = {"_target_": "worldpipe.models.rssm.RSSM", "embed": 16, "deter": 16
 
 
 def model_config(name: str) -> dict:
-    """The model config ``conf/model/NAME.yaml`` as a plain dict."""
-    return OmegaConf.to_container(OmegaConf.load(MODEL_CONF_DIR / f"{name}.yaml"))
+    """The model config ``conf/model/NAME.yaml`` as a plain dict, composed by Hydra as training composes it.
+
+    Composed, not read: a model file may have a defaults list (the augmented RSSM nests ``rssm@inner``).
+    """
+    from worldpipe.preflight import compose_config
+
+    return OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True)
 
 
 def publish_demo_checkpoint(root: str | Path, step: int = 1, seed: int = 0, model_cfg: dict | None = None,

@@ -1,0 +1,44 @@
+"""The raw-write baseline of the checkpoint benchmarks: the tensors' bytes, large writes, fsync, nothing else.
+
+A checkpoint writer is compared with this limit, measured in the same run on the same bytes: one file per
+part (per process, or per rank in the sharded rows), no serialization, no hashing, no manifest, no rename.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from worldpipe.atomic import fsync_dir
+from worldpipe.checkpoint.files import fsync_and_close, write_file
+
+
+def tensors_in(obj) -> Iterator[torch.Tensor]:
+    """Every tensor in a nested structure of dicts, lists and tuples, in order."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from tensors_in(value)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            yield from tensors_in(value)
+
+
+def state_bytes(obj) -> int:
+    """Total bytes of the tensors in a nested structure (each tensor's own elements)."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj))
+
+
+def write_raw(directory: str | os.PathLike, files: Mapping[str, Sequence[torch.Tensor]]) -> None:
+    """Write each named file's tensors back to back into ``directory``, fsync every file, then the directory.
+
+    The files must not exist. Tensors must be contiguous CPU tensors (their bytes are written as they are).
+    """
+    for name, tensors in files.items():
+        fd = write_file(str(Path(directory) / name), [memoryview(t.numpy()).cast("B") for t in tensors])
+        fsync_and_close(fd)
+    fsync_dir(directory)

@@ -1,0 +1,121 @@
+"""`snakemake collect_benchmarks` with tiny settings, then `snakemake --report`: every benchmark's plot is in the report.
+
+A real Snakemake run of every benchmark (comm, checkpoint, rollout, startup, loop) on a copy of the project, the
+report built as a zip and opened. Structure only: benchmarks measure speed, tests never assert on it.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+
+from pipeline_project import Project, planned_jobs
+
+# Five benchmarks, each starting processes (torchrun ranks, servers, training runs): minutes on a busy 2-core box.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TINY = {
+    "comm": {"nproc": 2, "max_mb": 1, "repeat": 1},
+    "checkpoint": {"mb": 1, "repeat": 1, "step_s": 0.05, "ranks": 2},
+    "rollout": {"duration_s": 0.5, "loop_steps": 3},
+    "startup": {"repeats": 1},
+    "loop": {"steps": 6, "rounds": 1, "no_compile": True},
+}
+# Every plot of the target, and a phrase of the caption that says how to read it.
+PLOTS = {
+    "comm_allreduce.png": "fitted to the points",
+    "comm_ring_bytes.png": "counted at the send calls",
+    "comm_bubble.png": "(P-1)/(M+P-1)",
+    "comm_memory.png": "ZeRO per-parameter formulas",
+    "checkpoint.png": "The dashed line is the target stall",
+    "rollout.png": "the star is the knee",
+    "startup.png": "a bare script plus 2 s",
+    "loop.png": "bare hand-written torch loop",
+}
+
+
+def _ratio_fields(bench: dict) -> None:
+    """Each JSON carries the ratios against its same-run baseline (values are the benchmark's business)."""
+    comm = bench["comm"]
+    assert {"alpha_s", "max_abs_fit_error"} <= set(comm["all_reduce_fit"])
+    assert all("bytes_ratio_to_model" in row for row in comm["ring_attention"])
+    assert set(comm["memory"]["measured_over_formula"]) == {"ddp", "fsdp2", "tp"}
+    checkpoint = bench["checkpoint"]
+    assert set(checkpoint["ratio_vs_raw"]) == {"ours_sync", "torch_save", "dcp"}
+    for key in ("async_stall_over_sync", "async_overlap_stall_over_sync"):
+        assert checkpoint[key] > 0
+    assert set(checkpoint["sharded"]["ratio_vs_raw"]) == {"ours_sharded", "dcp"}
+    assert checkpoint["sharded"]["ranks"] == 2 and checkpoint["sharded"]["async_stall_over_sync"] > 0
+    rollout = bench["rollout"]["summary"]
+    assert {f"knee_throughput_ratio_vs_no_batching[{name}]" for name in bench["rollout"]["settings"]} <= set(rollout)
+    assert bench["startup"]["torchrun_to_in_process_ratio"] > 0
+    assert all("overhead_vs_bare_s" in c for c in bench["startup"]["contenders"].values())
+    assert bench["loop"]["loop_ratio"] > 0 and bench["loop"]["steps"] == TINY["loop"]["steps"]
+    assert "trainer, compiled" not in bench["loop"]["contenders"]  # no_compile: true reached the CLI
+
+
+@pytest.fixture(scope="module")
+def benchmarked(repo, env_with_venv, tmp_path_factory):
+    project = Project(repo, tmp_path_factory.mktemp("bench-report"), env_with_venv)
+    project.write_config({"experiments": [], "bench": TINY})  # over conf/pipeline/default.yaml
+    proc = project.snakemake("collect_benchmarks", timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return project
+
+
+def test_every_benchmark_plot_is_in_the_report(benchmarked):
+    project = benchmarked
+    report = project.work / "report.zip"
+    proc = project.snakemake("collect_benchmarks", "--report", str(report), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bench_dir = project.work / "results" / "bench"
+    with zipfile.ZipFile(report) as archive:
+        names = archive.namelist()
+        html = archive.read(next(n for n in names if n.endswith("report.html"))).decode()
+        for plot, caption in PLOTS.items():
+            entries = [n for n in names if n.endswith("/" + plot)]
+            assert len(entries) == 1, (plot, [n for n in names if n.endswith(".png")])
+            data = archive.read(entries[0])
+            assert data[:8] == PNG and data == (bench_dir / plot).read_bytes(), plot
+            assert caption in html, caption
+    _ratio_fields({name: json.loads((bench_dir / f"{name}.json").read_text()) for name in TINY})
+
+
+def test_changed_settings_rerun_that_benchmark_only(benchmarked):
+    project = benchmarked
+    proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    config = project.config()
+    config["bench"]["checkpoint"]["repeat"] = 2
+    project.write_config(config)
+    proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = planned_jobs(proc.stdout + proc.stderr)
+    assert {rule for rule, _ in jobs} == {"run_benchmark", "collect_benchmarks"}, jobs
+    assert "wildcards: name=checkpoint" in proc.stdout + proc.stderr
+    assert proc.stdout.count("rule run_benchmark:") + proc.stderr.count("rule run_benchmark:") == 1
+
+
+def test_a_bad_bench_setting_is_refused_naming_the_key(repo, env_with_venv, tmp_path):
+    project = Project(repo, tmp_path, env_with_venv)
+    project.write_config({"experiments": [], "bench": {**TINY, "loop": {**TINY["loop"], "steps": "many"}}})
+    proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "['bench']['loop']['steps']" in output and "Traceback" not in output, output[-3000:]
+    assert not (project.work / "results").exists()
+
+
+def test_benchmarks_stay_out_of_the_default_target(repo, env_with_venv, tmp_path):
+    project = Project(repo, tmp_path, env_with_venv)
+    project.write_config({"experiments": [], "bench": TINY})
+    proc = project.snakemake("-n", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rules = {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}
+    assert not rules & {"measure_communication", "run_benchmark", "collect_benchmarks"}, rules
+    proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
+    rules = {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}
+    assert rules == {"measure_communication", "run_benchmark", "collect_benchmarks"}, rules
