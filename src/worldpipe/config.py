@@ -107,8 +107,11 @@ def _is_safe(key: str) -> bool:
 
 
 def is_resume_safe(key: str) -> bool:
-    """True for a dotted key a resume may change (RESUME_SAFE_KEYS): not part of the config hash."""
-    return _is_safe(key)
+    """True for a dotted key a resume may change (RESUME_SAFE_KEYS): not part of the config hash.
+
+    A config group all of whose keys are safe is safe as a whole: ``parallel=tp`` picks another layout.
+    """
+    return _is_safe(key) or f"{key}." in RESUME_SAFE_KEYS
 
 
 def identity_config(cfg: DictConfig | Mapping) -> dict[str, Any]:

@@ -68,12 +68,14 @@ def _type_problem(reference: object, value: object) -> str | None:
     return None
 
 
-def check_value_types(cfg: DictConfig | Mapping, overrides: Sequence[str]) -> None:
-    """Each value override must have the type of the value it replaces; raises ConfigError naming the key."""
+def check_value_types(cfg: DictConfig | Mapping, overrides: Sequence[str], config_dir: Path = CONF_DIR) -> None:
+    """Each value override must have the type of the value it replaces; raises ConfigError naming the key.
+
+    The reference is composed from the same ``config_dir`` as ``cfg`` (its groups may exist only there)."""
     values = [o for o in overrides if "=" in o and o not in group_selections(overrides)]
     if not values:
         return
-    reference = flatten(to_container(compose_config(group_selections(overrides))))
+    reference = flatten(to_container(compose_config(group_selections(overrides), config_dir)))
     composed = flatten(to_container(cfg))
     for override in values:
         key = _override_key(override)
@@ -98,7 +100,7 @@ def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> Dic
     """Compose and fully validate the training config for ``overrides`` (no data is read)."""
     check_override_syntax(overrides)
     cfg = compose_config(overrides, config_dir)
-    check_value_types(cfg, overrides)
+    check_value_types(cfg, overrides, config_dir)
     validate_config(cfg, world_size_of(cfg))
     return cfg
 

@@ -169,12 +169,76 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
     }
 
 
+def check_shard_index(tp: int, cp: int, seed: int) -> dict:
+    """Split a 4-rank tensor-parallel transformer's model and optimizer state (dp×tp, or cp×tp) into pieces as
+    a sharded save does, and count how often each element of each logical tensor is covered (rank 0 checks
+    against the full tensors).
+
+    The modules tensor parallelism leaves whole live on a submesh (FSDP2 over "dp", or over the flattened
+    dp×cp ranks): their pieces must not be written once per tp coordinate.
+    """
+    from worldpipe.checkpoint import shards
+    from worldpipe.checkpoint.sharded_saver import local_state_dicts
+    from worldpipe.models import build_model
+    from worldpipe.parallel.layout import build_layout
+    from worldpipe.parallel.runtime import init_runtime
+
+    runtime = init_runtime("gloo")
+    torch.manual_seed(seed)
+    model = build_model(MODELS["transformer"], OBS_DIM, ACT_DIM)
+    layout = build_layout({"strategy": "fsdp2", "tensor_parallel": tp, "context_parallel": cp}, runtime)
+    model = layout.wrap(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **layout.optimizer_kwargs)
+    batch = synthetic_batch(4, 6, seed, model.noise_shape(6))
+    mine = {k: batch[k] if batch[k] is None else batch[k][layout.dp_rank::layout.dp_size]
+            for k in ("obs", "action", "reward", "mask", "noise")}
+    (model(*layout.shard_batch(mine).values())["total"] / batch["global_valid"]).backward()
+    optimizer.step()  # optimizer state (exp_avg, exp_avg_sq) is sharded like the parameters
+    model_state, optim_state = local_state_dicts(model, optimizer)
+    local = shards.split_state({"model": model_state, "optimizer": optim_state})
+    leaves: list = []
+
+    def collect(obj):
+        if shards.is_dtensor(obj):
+            leaves.append(obj)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                collect(value)
+
+    collect({"model": model_state, "optimizer": optim_state})  # the traversal order of split_state
+    full = [leaf.full_tensor() for leaf in leaves]  # collective over each leaf's mesh
+    on_submesh = sum(leaf.device_mesh._get_root_mesh() is not leaf.device_mesh for leaf in leaves)
+    pieces = [None] * runtime.world_size
+    dist.all_gather_object(pieces, (local.pieces, {k: v.clone() for k, v in local.local.items()}))
+    result = {"tensors": len(local.tensors), "on_submesh": on_submesh,
+              "pieces_per_rank": [len(p) for p, _ in pieces]}
+    if runtime.rank == 0:
+        index = shards.build_index(local.tensors, [p for p, _ in pieces])
+        files = {shards.shard_file(r): tensors for r, (_, tensors) in enumerate(pieces)}
+        counts_off, worst = 0, 0.0
+        for entry, tensor in zip(index["tensors"], full, strict=True):
+            count = torch.zeros(entry["shape"], dtype=torch.int64)
+            for piece in entry["pieces"]:
+                region = tuple(slice(o, o + s) for o, s in zip(piece["offset"], piece["shape"], strict=True))
+                count[region] += 1
+            counts_off += int((count != 1).sum())
+            assembled = shards.read_region(entry, [0] * tensor.dim(), list(tensor.shape), files.__getitem__)
+            worst = max(worst, _max_diff(assembled, tensor.detach()))
+        result.update(elements_not_once=counts_off, value_diff=worst)
+    return result
+
+
 def main(argv: list[str]) -> None:
     check, out_dir, *args = argv
     torch.set_num_threads(1)
     if check == "layout":
         model_name, strategy, tp, cp, batch, window, micro = args
         result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro))
+        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        return
+    if check == "shard_index":
+        result = check_shard_index(*map(int, args))
         Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
         return

@@ -80,8 +80,27 @@ def test_layout_step_equals_single_process(tmp_path, env_with_venv, case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [("transformer", "fsdp2", 2, 1, 5, 8, 1), ("transformer", "ddp", 1, 2, 5, 8, 1),
-                                  ("ssm", "ddp", 1, 2, 6, 8, 1)], ids=["dp_tp", "dp_cp-transformer", "dp_cp-ssm"])
+                                  ("ssm", "ddp", 1, 2, 6, 8, 1), ("transformer", "fsdp2", 2, 2, 5, 8, 2)],
+                         ids=["dp_tp", "dp_cp-transformer", "dp_cp-ssm", "tp_cp"])
 def test_two_dimensional_mesh_step_equals_single_process(tmp_path, env_with_venv, case):
     results = run_ranks(tmp_path, env_with_venv, 4, "layout", *map(str, case))
     assert_matches_reference(results)
-    assert sorted({r["dp_rank"] for r in results}) == [0, 1]
+    dp = 4 // (case[2] * case[3])
+    assert sorted({r["dp_rank"] for r in results}) == list(range(dp))
+    assert results[0]["layout"] == {"strategy": case[1], "dp": dp, "tp": case[2], "cp": case[3]}
+
+
+@pytest.mark.parametrize(("tp", "cp"), [(2, 1), pytest.param(2, 2, marks=pytest.mark.slow)], ids=["dp_tp", "tp_cp"])
+def test_shard_index_of_a_tensor_parallel_model_covers_every_element_once(tmp_path, env_with_venv, tp, cp):
+    # 4 gloo ranks, mesh dp×tp or cp×tp = 2×2: tensor-parallel weights are 2-D DTensors on the whole mesh; the
+    # modules tp leaves whole are sharded by FSDP over a submesh ("dp", or dp×cp flattened), replicated across tp.
+    results = run_ranks(tmp_path, env_with_venv, 4, "shard_index", str(tp), str(cp), "3")
+    first = results[0]
+    assert first["on_submesh"] > 0  # the case the index must not double-count is present
+    assert first["elements_not_once"] == 0, first
+    assert first["value_diff"] == 0.0, first
+    # Every rank holds pieces (tp-sharded weights), but only tp coordinate 0 writes the submesh tensors.
+    assert all(r["tensors"] == first["tensors"] for r in results)
+    counts = [r["pieces_per_rank"] for r in results]
+    assert all(c == counts[0] for c in counts)
+    assert counts[0][0] > counts[0][1] and counts[0][2] > counts[0][3], counts[0]

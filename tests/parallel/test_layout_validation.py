@@ -33,6 +33,7 @@ def test_invalid_layout_names_the_key(overrides, world, key):
     ["experiment=smoke", "parallel=fsdp2"], ["experiment=smoke_transformer", "parallel=tp"],
     ["experiment=smoke_transformer", "parallel=cp"], ["experiment=smoke_ssm", "parallel=cp"],
     ["experiment=smoke_transformer", "parallel=dp_tp"], ["experiment=smoke_ssm", "parallel=dp_cp"],
+    ["experiment=smoke_transformer", "parallel=tp_cp"],
 ])
 def test_valid_layouts_pass(overrides):
     cfg = _cfg(*overrides)
@@ -45,3 +46,12 @@ def test_cli_refuses_before_starting_processes(tmp_path, env_with_venv):
     assert proc.returncode != 0
     assert "parallel.context_parallel" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()  # refused before the run directory or any rank existed
+
+
+def test_tensor_and_context_parallel_together_need_fsdp2():
+    cfg = _cfg("experiment=smoke_transformer", "parallel=tp_cp", "parallel.strategy=ddp")
+    with pytest.raises(ConfigError, match=r"config key 'parallel.strategy'.*tp×cp"):
+        validate_config(cfg, 4)
+    cfg = _cfg("experiment=smoke_ssm", "parallel=tp_cp")  # the linear SSM has no tensor-parallel plan
+    with pytest.raises(ConfigError, match=r"config key 'parallel.tensor_parallel'"):
+        validate_config(cfg, 4)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from worldpipe import paths
-from worldpipe.pipeline import PipelineError, plan
+from worldpipe.pipeline import PipelineError, plan, training_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,6 +54,17 @@ def test_an_override_changes_the_hash_a_resume_safe_key_does_not(conf):
     assert run_hashes(pipeline_config(overrides=["trainer.log_every=7"]), conf) == base
     edit(conf / "trainer/default.yaml", "log_every: 10", "log_every: 20")
     assert run_hashes(pipeline_config(), conf) == base
+
+
+def test_a_layout_override_is_a_resume_safe_setting_not_part_of_the_run():
+    # `parallel=<layout>` selects a whole group of resume-safe keys: the jobs get it with the settings (outside
+    # the rule's parameters, so switching it does not make Snakemake rerun a finished run), never in the
+    # overrides that name the run.
+    config = pipeline_config(overrides=["parallel=fsdp2", "trainer.lr=3e-4"])
+    (run,) = plan(config)[1].values()
+    assert "parallel=fsdp2" not in run.overrides and "trainer.lr=3e-4" in run.overrides
+    assert "parallel=fsdp2" in training_settings(config, "")
+    assert run.run_hash == plan(pipeline_config(overrides=["trainer.lr=3e-4"]))[1]["pendulum_rssm"].run_hash
 
 
 def test_only_the_experiments_an_edit_touches_change(conf):

@@ -1,11 +1,14 @@
 """Parallel layouts: from ``cfg.parallel`` and the runtime, the device mesh and what the trainer must do with it.
 
-A layout is a data-parallel strategy (``parallel.strategy``: none, ddp, fsdp2) times at most one model axis:
-``parallel.tensor_parallel`` (DTensor column/row-wise sharding of the model's plan) or
-``parallel.context_parallel`` (the sequence cut in time). The world is a 2-D mesh, data-parallel outermost:
-rank = dp_rank * inner + inner_rank. The trainer asks the layout
+A layout is a data-parallel strategy (``parallel.strategy``: none, ddp, fsdp2) times the model axes
+``parallel.tensor_parallel`` (DTensor column/row-wise sharding of the model's plan) and
+``parallel.context_parallel`` (the sequence cut in time). The world is a device mesh (dp, cp, tp) without the
+model axes of degree 1, data-parallel outermost and tensor-parallel innermost:
+rank = (dp_rank * cp + cp_rank) * tp + tp_rank. With both model axes (tp×cp), each cp rank's ring attention
+circulates the key/value blocks of its own tp rank's heads, and FSDP2 over the flattened dp×cp ranks averages
+the gradients. The trainer asks the layout
 
-* which slice of the global batch this rank loads (``dp_rank`` of ``dp_size``: ranks of one tp/cp group load
+* which slice of the global batch this rank loads (``dp_rank`` of ``dp_size``: ranks of one cp×tp group load
   the same windows);
 * how to wrap the model (:meth:`Layout.wrap`);
 * how to cut a batch in time (:meth:`Layout.shard_batch`, cp only);
@@ -60,9 +63,6 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
     for key, value in (("tensor_parallel", tp), ("context_parallel", cp)):
         if value < 1:
             raise ConfigError(f"config key 'parallel.{key}': must be a positive integer, got {value!r}")
-    if tp > 1 and cp > 1:
-        raise ConfigError("config key 'parallel.context_parallel': cannot be combined with parallel.tensor_parallel "
-                          "> 1 (layouts are dp×tp or dp×cp)")
     if world_size % (tp * cp):
         key = "tensor_parallel" if tp > 1 else "context_parallel"
         raise ConfigError(f"config key 'parallel.{key}': degree {tp * cp} does not divide the world size {world_size}")
@@ -73,6 +73,10 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
                           "use ddp or fsdp2")
     if tp > 1 and strategy == "ddp" and dp > 1:
         raise ConfigError("config key 'parallel.strategy': dp×tp shards the data-parallel axis with fsdp2, not ddp")
+    if tp > 1 and cp > 1 and strategy != "fsdp2":
+        # DDP cannot wrap tensor-parallel (DTensor) parameters: the cp ranks' gradients are reduced by FSDP2.
+        raise ConfigError(f"config key 'parallel.strategy': tp×cp reduces gradients over the cp (and dp) ranks "
+                          f"with fsdp2, not {strategy}")
     support = _model_support(model_cfg) if "_target_" in model_cfg else None
     if support is None:
         return
@@ -140,9 +144,12 @@ class Layout:
             from torch.distributed.tensor.parallel import parallelize_module
 
             parallelize_module(model, self.mesh["tp"], model.tensor_parallel_plan())
-            if self.dp_size > 1:
-                _fully_shard(model, self.mesh["dp"])
-                self._reducers = self.dp_size
+            if self.cp_size > 1:
+                model.bind_time_partition(self.partition)
+            # Gradients are averaged over the ranks that hold different windows or chunks (dp, and cp).
+            if self.dp_size * self.cp_size > 1:
+                _fully_shard(model, self.mesh["dp"] if self.cp_size == 1 else self.mesh["dp", "cp"]._flatten())
+                self._reducers = self.dp_size * self.cp_size
             return model
         if self.cp_size > 1:
             model.bind_time_partition(self.partition)
@@ -208,9 +215,11 @@ def build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
         return Layout(runtime, strategy, runtime.rank, runtime.world_size)
     from torch.distributed.device_mesh import init_device_mesh
 
-    axis = "tp" if tp > 1 else "cp"
     dp = runtime.world_size // inner
-    mesh = init_device_mesh(runtime.device.type, (dp, inner), mesh_dim_names=("dp", axis))
-    dp_rank, inner_rank = mesh.get_local_rank("dp"), mesh.get_local_rank(axis)
-    partition = TimePartition(mesh[axis].get_group(), inner_rank, inner) if cp > 1 else None
-    return Layout(runtime, strategy, dp_rank, dp, tp_size=tp, cp_size=cp, mesh=mesh, partition=partition)
+    # Data parallel outermost, tensor parallel innermost (the most frequent collectives on the closest ranks).
+    names = ("dp", *(["cp"] if cp > 1 else []), *(["tp"] if tp > 1 else []))
+    shape = (dp, *([cp] if cp > 1 else []), *([tp] if tp > 1 else []))
+    mesh = init_device_mesh(runtime.device.type, shape, mesh_dim_names=names)
+    partition = TimePartition(mesh["cp"].get_group(), mesh.get_local_rank("cp"), cp) if cp > 1 else None
+    return Layout(runtime, strategy, mesh.get_local_rank("dp"), dp, tp_size=tp, cp_size=cp, mesh=mesh,
+                  partition=partition)
