@@ -27,7 +27,7 @@ pipeline: install
 test: install system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow"
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow" --durations=40
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks workflow
