@@ -420,7 +420,8 @@ def _print(result: dict) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (the pipeline config's ``bench.checkpoint`` section sets them in the pipeline)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="worldpipe bench checkpoint", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=256, help="total state size in MB (model + optimizer)")
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds (median reported)")
     parser.add_argument("--dir", default=None, help="where to write (default: ckpt-bench-* beside --out)")

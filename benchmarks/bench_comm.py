@@ -358,7 +358,8 @@ def plot(result: dict, folder: Path) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (the pipeline config's ``bench.comm`` section sets them in the pipeline)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="worldpipe bench comm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
     parser.add_argument("--repeat", type=int, default=5, help="timed repetitions per point (median)")

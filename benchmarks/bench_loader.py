@@ -39,7 +39,8 @@ TARGET_VS_DEMAND = 10.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (all have small, CI-friendly defaults)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="worldpipe bench loader", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=f"{BENCH_DIR}/loader.json")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--max-steps", type=int, default=200)

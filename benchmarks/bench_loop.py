@@ -76,7 +76,8 @@ loader.close()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="worldpipe bench loop", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=f"{BENCH_DIR}/loop.json")
     p.add_argument("--steps", type=int, default=500, help="steps per contender (default cadences: log 10, ckpt 250)")
     p.add_argument("--experiment", default="smoke")

@@ -45,7 +45,8 @@ HORIZONS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="worldpipe bench rollout", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=f"{BENCH_DIR}/rollout.json")
     p.add_argument("--checkpoint", help="serve this checkpoint dir (default: a demo RSSM of conf/model/rssm.yaml)")
     p.add_argument("--duration-s", type=float, default=3.0, help="seconds of load per offered rate")

@@ -84,7 +84,8 @@ SPANS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="worldpipe bench startup", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=f"{BENCH_DIR}/startup.json")
     p.add_argument("--repeats", type=int, default=3, help="runs per contender (median reported)")
     return p.parse_args(argv)

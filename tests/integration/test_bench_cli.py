@@ -79,3 +79,12 @@ def test_bench_loader_writes_its_json(tmp_path, env_with_venv):
     assert isinstance(result["meets_targets"], bool)
     assert result["training_demand_windows_per_s"] == 1000.0
     assert f"wrote {out}" in proc.stdout
+
+
+@pytest.mark.parametrize(("name", "args"), [("comm", ["--nproc", "1"]), ("loop", ["--steps", "many"])])
+def test_a_bad_option_is_one_line_naming_the_command(tmp_path, env_with_venv, name, args):
+    proc = bench(env_with_venv, tmp_path, name, *args)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"worldpipe bench {name}: error:"), proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
