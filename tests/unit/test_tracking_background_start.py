@@ -5,9 +5,7 @@ SQLite backend; an unreachable server is a 127.0.0.1 port nothing listens on."""
 from __future__ import annotations
 
 import logging
-import socket
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from worldpipe.cli import main as cli_main
@@ -16,21 +14,6 @@ from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.spool import Spool
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
-
-
-@pytest.fixture(scope="module")
-def sqlite_uri(tmp_path_factory) -> str:
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    MlflowClient(uri).search_experiments()  # the schema once for the module
-    return uri
-
-
-@pytest.fixture
-def dead_uri() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def background(uri: str, experiment: str, run_dir, **kwargs) -> RunRecorder:

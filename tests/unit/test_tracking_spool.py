@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,6 @@ from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.spool import Spool
-
-
-@pytest.fixture(scope="module")
-def sqlite_uri(tmp_path_factory) -> str:
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    MlflowClient(uri).search_experiments()  # create the schema once for the module
-    return uri
-
-
-@pytest.fixture
-def dead_uri() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"  # nothing listens there
 
 
 def _metrics(step: int, offset: float = 0.0) -> dict[str, float]:
