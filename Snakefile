@@ -4,7 +4,7 @@ import os
 
 from snakemake.utils import min_version, validate
 
-from worldpipe.sweep import sweep_targets
+from worldpipe.pipeline.sweep import sweep_targets
 
 min_version("9.0")
 

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import torch
 
-from worldpipe.atomic import fsync_dir, write_text_atomic
 from worldpipe.checkpoint import CheckpointManager
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import fsync_dir, write_text_atomic
 from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_raw
-from worldpipe.paths import BENCH_DIR
 
 MB = 1 << 20
 # The target for the training stall of an async save, drawn on the plot (not asserted anywhere).

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from worldpipe.atomic import write_text_atomic
-from worldpipe.paths import BENCH_DIR
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import write_text_atomic
 
 KB = 1 << 10
 

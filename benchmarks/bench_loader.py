@@ -26,12 +26,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from worldpipe.config.paths import BENCH_DIR
 from worldpipe.data.build import build_dataset
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.paths import BENCH_DIR
 
 TARGET_VS_MMAP = 0.5
 TARGET_VS_DEMAND = 10.0

@@ -29,16 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from worldpipe.atomic import write_text_atomic
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import write_text_atomic
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
-from worldpipe.paths import BENCH_DIR
 
 BARE_LOOP = """
 import sys, torch
-from worldpipe.launch import compose_config
+from worldpipe.launch.launcher import compose_config
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
@@ -102,7 +102,7 @@ def run(cmd: list[str], env: dict, trace: Path) -> np.ndarray:
 
 
 def has_compile_option() -> bool:
-    from worldpipe.launch import compose_config
+    from worldpipe.launch.launcher import compose_config
 
     try:
         return "compile" in compose_config([]).trainer

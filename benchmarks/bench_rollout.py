@@ -28,13 +28,13 @@ import numpy as np
 import requests
 import torch
 
-from worldpipe.atomic import write_text_atomic
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import write_text_atomic
 from worldpipe.measure.energy import EnergyMeter
 from worldpipe.measure.load import run_open_loop
 from worldpipe.measure.memory import LiveTensorPeak
 from worldpipe.measure.timers import Timeline
 from worldpipe.models import build_model, state_nbytes
-from worldpipe.paths import BENCH_DIR
 from worldpipe.rollout.demo import MODEL_CONF_DIR, model_config, publish_demo_checkpoint
 from worldpipe.rollout.registry import load_served_model, split_checkpoint_path
 

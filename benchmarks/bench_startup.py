@@ -37,13 +37,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worldpipe.atomic import write_text_atomic
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import write_text_atomic
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
-from worldpipe.local_run import LAUNCHER_ENV
+from worldpipe.launch.local_run import LAUNCHER_ENV
 from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
-from worldpipe.paths import BENCH_DIR
 from worldpipe.tracking.recorder import START_ENV, SYNC_START
 
 TARGET_OVERHEAD_S = 2.0

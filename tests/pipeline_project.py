@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from worldpipe.pipeline import plan
+from worldpipe.pipeline.plan import plan
 
 
 def plan_of(repo: Path, configfile: Path):

@@ -8,7 +8,7 @@ import os
 import sys
 
 from worldpipe.commands import bench, ckpt, data, rerun, run, runs, serve, sweep, tracking
-from worldpipe.errors import DEBUG_ENV, report
+from worldpipe.core.errors import DEBUG_ENV, report
 
 GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve, sweep)
 

@@ -39,7 +39,7 @@ def wait_for(predicate, timeout: float = 180.0) -> None:
 
 
 def workers_of(run_dir: Path) -> set[int]:
-    return pids_with_arg("worldpipe.worker") & pids_with_arg(f"run_dir={run_dir}")
+    return pids_with_arg("worldpipe.launch.worker") & pids_with_arg(f"run_dir={run_dir}")
 
 
 def kill_launcher_group(proc: subprocess.Popen, run_dir: Path) -> set[int]:
@@ -91,7 +91,7 @@ def test_one_run_per_directory_and_rendezvous_on_loopback(tmp_path, smoke_datase
             assert not wait_gone(tree, timeout=30)
 
     # The holder is dead (kill -9): its lock is taken over at once, however stale the file's content.
-    from worldpipe.run_lock import RunLock
+    from worldpipe.launch.run_lock import RunLock
 
     assert f'"pid": {first.pid}' in (run_dir / ".run.lock").read_text()
     with RunLock(run_dir):

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 from processes import is_alive, wait_gone
-from worldpipe.lifeline import EXIT_ORPHANED, LAUNCHER_PID_ENV, parent_pid_of
+from worldpipe.launch.lifeline import EXIT_ORPHANED, LAUNCHER_PID_ENV, parent_pid_of
 
-WORKER = ("from worldpipe.lifeline import bind_worker_to_launcher; import sys, time; bind_worker_to_launcher(); "
+WORKER = ("from worldpipe.launch.lifeline import bind_worker_to_launcher; import sys, time; bind_worker_to_launcher(); "
           "print('bound', flush=True); time.sleep(600)")
 MIDDLE = ("import subprocess, sys; worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
           "print(worker.pid, flush=True); worker.wait()")

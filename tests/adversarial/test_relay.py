@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from worldpipe.relay import OutputRelay
+from worldpipe.launch.relay import OutputRelay
 
 TORCHRUN_FAILURE = b"""W1129 18:45:34.329000 21982 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 22001 closing signal SIGTERM
 E1129 18:45:34.400000 21982 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 0 (pid: 22000) of binary: /x/python3
@@ -13,7 +13,7 @@ Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-worldpipe.worker FAILED
+worldpipe.launch.worker FAILED
 """
 
 
@@ -27,12 +27,12 @@ def relay_of(*chunks: bytes, tmp_path) -> tuple[OutputRelay, str]:
 
 
 def test_one_primary_line_and_nothing_of_torchruns_report(tmp_path):
-    relay, shown = relay_of(b"INFO worldpipe.train: step 10\n",
+    relay, shown = relay_of(b"INFO worldpipe.trainer.main: step 10\n",
                             b"error (secondary): [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n",
                             b"error: corrupt dataset file 'obs/c/5/0/0': sha256 does not match the manifest\n",
                             b"error: corrupt dataset file 'obs/c/4/0/0': sha256 does not match the manifest\n",
                             TORCHRUN_FAILURE, tmp_path=tmp_path)
-    assert shown.splitlines() == ["INFO worldpipe.train: step 10",
+    assert shown.splitlines() == ["INFO worldpipe.trainer.main: step 10",
                                   "error: corrupt dataset file 'obs/c/5/0/0': sha256 does not match the manifest"]
     assert relay.summary(1) is None and relay.child_exit == 1
     relay.write_log()

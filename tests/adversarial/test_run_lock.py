@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from worldpipe.run_lock import RunLock, RunLocked
+from worldpipe.launch.run_lock import RunLock, RunLocked
 
-HOLDER = ("import sys, time; from worldpipe.run_lock import RunLock; RunLock(sys.argv[1]).acquire(); "
+HOLDER = ("import sys, time; from worldpipe.launch.run_lock import RunLock; RunLock(sys.argv[1]).acquire(); "
           "print('held', flush=True); time.sleep(600)")
 
 

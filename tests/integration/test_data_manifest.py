@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worldpipe import atomic as atomic_file
+from worldpipe.core import atomic as atomic_file
 from worldpipe.data.build import build_dataset
 from worldpipe.data.manifest import describe_dataset, load_manifest, seal_dataset, verify_dataset
 from worldpipe.data.spec import DatasetSpec

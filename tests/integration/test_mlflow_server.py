@@ -17,7 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from mlflow_support import MlflowServer, train_command
 
-from worldpipe.config import flatten
+from worldpipe.config.identity import flatten
 from worldpipe.tracking.history import duplicate_steps, histories, read_artifact
 from worldpipe.tracking.params import split_params
 from worldpipe.tracking.records import TIMING_METRICS

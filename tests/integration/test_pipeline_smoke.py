@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline_project import plan_of
-from worldpipe import paths
+from worldpipe.config import paths
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -87,7 +87,7 @@ def test_trained_model_beats_the_untrained_one(pipeline_dir, repo, tmp_path):
     """Same architecture, seed and normalization, no training: its held-out error one step ahead and averaged
     over the horizon must be worse than the trained checkpoint's, evaluated by the same code."""
     from worldpipe.checkpoint import CheckpointManager
-    from worldpipe.evaluate import evaluate
+    from worldpipe.evaluate.open_loop import evaluate
     from worldpipe.models import build_model
 
     datasets, _ = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
@@ -128,7 +128,7 @@ def test_checkpoint_manifest_lists_every_file_with_sha256(pipeline_dir):
 def test_mlflow_run_has_every_config_key(pipeline_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from worldpipe.config import flatten
+    from worldpipe.config.identity import flatten
     from worldpipe.tracking.params import split_params
 
     record = json.loads((pipeline_dir / "results/runs/smoke/latest/train_done.json").read_text())

@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_support import train_command
 
-from worldpipe.config import flatten
+from worldpipe.config.identity import flatten
 from worldpipe.tracking.history import duplicate_steps, first_difference, histories, read_artifact
 from worldpipe.tracking.params import split_params
 

@@ -1,7 +1,7 @@
 """The trainer saves DTensor-sharded runs (FSDP2, TP) sharded (no rank gathers), sync or async, and resumes them
 onto other layouts (DDP, FSDP2).
 
-Real torchrun (2 gloo ranks) through `worldpipe.train`: an FSDP2 run saving asynchronously (the snapshot copy
+Real torchrun (2 gloo ranks) through `worldpipe.trainer.main`: an FSDP2 run saving asynchronously (the snapshot copy
 overlapping the next step) ends with the digest of the same run saving synchronously; both checkpoints are
 sharded; a DDP run resumed from the FSDP2 run's sharded checkpoint of an earlier step finishes. A tensor-
 parallel transformer run killed after step 20 resumes bit-exactly, and its step-20 checkpoint resumes on FSDP2.

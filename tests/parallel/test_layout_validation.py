@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from worldpipe.config import ConfigError, validate_config
-from worldpipe.launch import compose_config
+from worldpipe.config.identity import ConfigError, validate_config
+from worldpipe.launch.launcher import compose_config
 
 
 def _cfg(*overrides):

@@ -45,7 +45,7 @@ def smoke_target(configfiles: list[Path]) -> str:
     """The completion record of the smoke experiment's run under these config files (merged key by key)."""
     from snakemake.utils import update_config
 
-    from worldpipe.pipeline import plan
+    from worldpipe.pipeline.plan import plan
 
     config: dict = {}
     for path in configfiles:

@@ -6,9 +6,16 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from worldpipe.config import ConfigError, config_diff, config_hash, flatten, identity_config, validate_config
-from worldpipe.launch import compose_config, torchrun_command
-from worldpipe.paths import CONF_DIR
+from worldpipe.config.identity import (
+    ConfigError,
+    config_diff,
+    config_hash,
+    flatten,
+    identity_config,
+    validate_config,
+)
+from worldpipe.config.paths import CONF_DIR
+from worldpipe.launch.launcher import compose_config, torchrun_command
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
@@ -111,7 +118,7 @@ def test_model_keys_are_checked_against_the_model_signature(override, key):
 
 
 def test_every_group_option_starts_from_its_schema():
-    from worldpipe.config_schema import GROUP_SCHEMAS
+    from worldpipe.config.schema import GROUP_SCHEMAS
 
     for group in GROUP_SCHEMAS:
         for option in (CONF_DIR / group).glob("*.yaml"):

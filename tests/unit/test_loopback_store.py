@@ -1,4 +1,4 @@
-"""worldpipe.torchrun's loopback stores: a second host on one machine joins as a client instead of failing.
+"""worldpipe.launch.torchrun's loopback stores: a second host on one machine joins as a client instead of failing.
 
 Two SLURM "nodes" on one host both see the loopback rendezvous endpoint as their own; torch's rendezvous
 tries to host the store from each and falls back to a client when hosting raises RuntimeError. Run in a
@@ -15,7 +15,7 @@ CHILD = textwrap.dedent("""
     import socket
     from datetime import timedelta
     import torch.distributed as dist
-    from worldpipe.torchrun import install_loopback_stores
+    from worldpipe.launch.torchrun import install_loopback_stores
 
     install_loopback_stores()
     with socket.socket() as probe:

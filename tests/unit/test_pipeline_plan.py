@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from worldpipe import paths
-from worldpipe.pipeline import PipelineError, plan, training_settings
+from worldpipe.config import paths
+from worldpipe.pipeline.plan import PipelineError, plan, training_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

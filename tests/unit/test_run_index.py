@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from worldpipe import paths
 from worldpipe.cli import main
-from worldpipe.pipeline import launch_overrides, plan
-from worldpipe.run_index import RunDirMismatch, begin, end, experiment_runs
+from worldpipe.config import paths
+from worldpipe.pipeline.plan import launch_overrides, plan
+from worldpipe.pipeline.run_index import RunDirMismatch, begin, end, experiment_runs
 
 REPO = Path(__file__).resolve().parents[2]
 

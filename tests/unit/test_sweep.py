@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from worldpipe.sweep import SweepError, expand_sweep, swept_keys
+from worldpipe.pipeline.sweep import SweepError, expand_sweep, swept_keys
 
 REPO = Path(__file__).resolve().parents[2]
 

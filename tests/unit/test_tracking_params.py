@@ -1,6 +1,6 @@
 """Lossless params: every key, values beyond MLflow's limit pointed to an artifact."""
 
-from worldpipe.config import flatten
+from worldpipe.config.identity import flatten
 from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH, OVERFLOW_ARTIFACT_DIR, param_text, split_params
 
 

@@ -10,7 +10,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from worldpipe import identity as ident
+from worldpipe.core import provenance as ident
 from worldpipe.reproduce.drift import RerunError, check_code
 from worldpipe.reproduce.rerun import compare_runs
 from worldpipe.tracking.history import RecordedRun

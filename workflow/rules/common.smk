@@ -1,8 +1,8 @@
 # The plan the rules are built from, and helpers shared by the rules. No rules here.
 #
 # Parse time: every experiment's Hydra config is composed from this checkout's conf/ with the pipeline's
-# overrides (worldpipe.pipeline); its run directory is named by the hash of that resolved config and of its
-# dataset's spec, and each dataset directory by the hash of its spec (worldpipe.paths). Editing conf/ or the
+# overrides (worldpipe.pipeline.plan); its run directory is named by the hash of that resolved config and of its
+# dataset's spec, and each dataset directory by the hash of its spec (worldpipe.config.paths). Editing conf/ or the
 # pipeline config therefore names new directories for exactly the experiments it changes.
 import json
 import math
@@ -13,13 +13,13 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-# Before worldpipe is imported: worldpipe.paths reads the conf/ tree's location once, and it must be the one beside
+# Before worldpipe is imported: worldpipe.config.paths reads the conf/ tree's location once, and it must be the one beside
 # this Snakefile (the run hashes, the parse-time validation and the jobs all read it).
 CONF_DIR = os.path.join(workflow.basedir, "conf")
 os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
 
-from worldpipe import paths
-from worldpipe.pipeline import PipelineError, launch_overrides, plan, training_settings
+from worldpipe.config import paths
+from worldpipe.pipeline.plan import PipelineError, launch_overrides, plan, training_settings
 
 if paths.CONF_DIR != Path(CONF_DIR).resolve():
     raise WorkflowError(f"worldpipe was imported before {paths.CONF_DIR_ENV} was set: it reads {paths.CONF_DIR}")
@@ -122,7 +122,7 @@ def heldout_manifest(wildcards):
 
 
 def tracking_uri():
-    """The pipeline's tracking_uri, else $MLFLOW_TRACKING_URI, else the default of worldpipe.paths."""
+    """The pipeline's tracking_uri, else $MLFLOW_TRACKING_URI, else the default of worldpipe.config.paths."""
     uri = config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
     return uri or paths.default_tracking_uri(Path(CONF_DIR))
 
@@ -162,7 +162,7 @@ def training_resources():
 
 # Jobs inherit these (and a SLURM job sets them again when it reads this file). They are not parameters of the
 # rules, whose changes make Snakemake remake outputs: moving the checkout must not retrain anything, and neither
-# must a resume-safe setting (world size, tracking URI, log cadence: worldpipe.pipeline.training_settings), which
+# must a resume-safe setting (world size, tracking URI, log cadence: worldpipe.pipeline.plan.training_settings), which
 # is not part of a run's identity. WORLDPIPE_CONF_DIR makes the jobs, and training, read the conf/ tree beside
 # this Snakefile, the one the run hashes come from.
 os.environ.update(

@@ -1,12 +1,12 @@
-# Sweeps (config `sweep`, see src/worldpipe/sweep.py): one training + one evaluation job per point, each in its own
+# Sweeps (config `sweep`, see src/worldpipe/pipeline/sweep.py): one training + one evaluation job per point, each in its own
 # run directory <results>/sweeps/<name>/<point>/ and MLflow run, nested under the sweep's parent run; then a
 # comparison table and plot of all points. Every point trains on the dataset of the sweep's base experiment.
 import json
 import re
 import shlex
 
-from worldpipe.pipeline import identity_overrides, plan_run
-from worldpipe.sweep import expand_sweep, sweep_dir
+from worldpipe.pipeline.plan import identity_overrides, plan_run
+from worldpipe.pipeline.sweep import expand_sweep, sweep_dir
 
 SWEEP = config.get("sweep") or {}
 SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}

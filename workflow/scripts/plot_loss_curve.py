@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from worldpipe.evaluate import plot_loss_curve
+from worldpipe.evaluate.open_loop import plot_loss_curve
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 - the log must stay open for the whole script

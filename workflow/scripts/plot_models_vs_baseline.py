@@ -4,7 +4,7 @@ import json
 import sys
 from pathlib import Path
 
-from worldpipe.evaluate import plot_models_vs_baseline
+from worldpipe.evaluate.open_loop import plot_models_vs_baseline
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 - the log must stay open for the whole script

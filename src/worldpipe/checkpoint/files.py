@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from worldpipe.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_dir
 
 from .tensorfile import Segment
 from .thread_pool import LazyThreadPool

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from worldpipe.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_dir
 
 from . import fault, layout, shards
 from .codec import PendingFile, encode_state, json_bytes

@@ -6,8 +6,8 @@ import runpy
 import sys
 from collections.abc import Mapping
 
-from worldpipe.identity import PROJECT_ROOT
-from worldpipe.paths import BENCH_DIR
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.provenance import PROJECT_ROOT
 
 BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py",
               "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py"}

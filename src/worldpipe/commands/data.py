@@ -47,7 +47,7 @@ def _locate(path: str, manifest: str | None) -> tuple[str, str | None]:
     """Accept a dataset directory (store.zarr + manifest.json inside) or an explicit store URL."""
     from pathlib import Path
 
-    from worldpipe.paths import MANIFEST_NAME, STORE_NAME
+    from worldpipe.config.paths import MANIFEST_NAME, STORE_NAME
 
     base = Path(path)
     if (base / STORE_NAME).exists():

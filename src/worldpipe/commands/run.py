@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from worldpipe.atomic import write_text_atomic
+from worldpipe.core.atomic import write_text_atomic
 
 
 def register(sub) -> None:
@@ -32,13 +32,13 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
-    from worldpipe.launch import launch_training, main_env_endpoint
+    from worldpipe.launch.launcher import launch_training, main_env_endpoint
 
     return launch_training(args.overrides, main_env_endpoint())
 
 
 def _evaluate(args) -> int:
-    from worldpipe.evaluate import evaluate, plot_error_vs_horizon
+    from worldpipe.evaluate.open_loop import evaluate, plot_error_vs_horizon
 
     with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:
         predictions = args.predictions or str(Path(tmp) / "predictions.npz")
@@ -54,7 +54,7 @@ def _evaluate(args) -> int:
 
 
 def _track_evaluation(args, result: dict, predictions: str) -> int:
-    from worldpipe.evaluation_record import EvaluationInputs, record_evaluation
+    from worldpipe.evaluate.record import EvaluationInputs, record_evaluation
 
     files = {"metrics": args.out, **({"plot": args.plot} if args.plot else {})}
     inputs = EvaluationInputs(args.checkpoints, args.store, args.manifest, files, predictions)

@@ -28,8 +28,8 @@ def register(sub) -> None:
 
 
 def _list(args) -> int:
-    from worldpipe import paths
-    from worldpipe.run_index import config_changes, experiment_runs
+    from worldpipe.config import paths
+    from worldpipe.pipeline.run_index import config_changes, experiment_runs
 
     root = Path(args.runs_dir or paths.layout()["runs"])
     if not root.is_dir():
@@ -58,7 +58,7 @@ def _begin(args) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from worldpipe.run_index import RunDirMismatch, begin
+    from worldpipe.pipeline.run_index import RunDirMismatch, begin
 
     try:
         record = begin(args.run_dir, args.dataset_spec_hash, args.overrides)
@@ -70,7 +70,7 @@ def _begin(args) -> int:
 
 
 def _end(args) -> int:
-    from worldpipe.run_index import end
+    from worldpipe.pipeline.run_index import end
 
     end(args.run_dir, args.exit_code)
     return 0

@@ -53,7 +53,7 @@ def _config(args):
 def _serve(args) -> int:
     import torch
 
-    from worldpipe.serve.server import serve
+    from worldpipe.rollout.http.server import serve
 
     try:
         config = _config(args)
@@ -67,11 +67,11 @@ def _serve(args) -> int:
 def _rollout(args) -> int:
     from pydantic import ValidationError
 
-    from worldpipe.atomic import write_text_atomic
+    from worldpipe.core.atomic import write_text_atomic
     from worldpipe.rollout.engine import Sampling
+    from worldpipe.rollout.http.app import as_matrix, jsonable
+    from worldpipe.rollout.http.schemas import RolloutIn
     from worldpipe.rollout.service import InputError, RolloutService, ServiceConfig
-    from worldpipe.serve.app import as_matrix, jsonable
-    from worldpipe.serve.schemas import RolloutIn
 
     try:
         body = RolloutIn.model_validate_json(Path(args.request).read_text())

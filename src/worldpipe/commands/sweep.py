@@ -32,7 +32,7 @@ def register(sub) -> None:
 def _points(args) -> int:
     import yaml
 
-    from worldpipe.sweep import SweepError, expand_sweep
+    from worldpipe.pipeline.sweep import SweepError, expand_sweep
 
     config = yaml.safe_load(Path(args.configfile).read_text()) or {}
     if "sweep" not in config:
@@ -48,8 +48,8 @@ def _points(args) -> int:
 
 
 def _open(args) -> int:
-    from worldpipe.atomic import write_text_atomic
-    from worldpipe.sweep import SweepError, expand_sweep, swept_keys
+    from worldpipe.core.atomic import write_text_atomic
+    from worldpipe.pipeline.sweep import SweepError, expand_sweep, swept_keys
     from worldpipe.tracking.history import client_for
     from worldpipe.tracking.sweep_runs import open_parent_run
 

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from worldpipe.paths import COMPLETION_RECORD
+from worldpipe.config.paths import COMPLETION_RECORD
 
 
 def register(sub) -> None:
@@ -53,7 +53,7 @@ def _last_open(spool) -> dict:
 
 
 def _sync(args) -> int:
-    from worldpipe.atomic import write_text_atomic
+    from worldpipe.core.atomic import write_text_atomic
     from worldpipe.tracking.delivery import checkpoint_probe, deliver
     from worldpipe.tracking.spool import Spool
 
@@ -103,7 +103,7 @@ def _status(args) -> int:
 
 
 def _compare(args) -> int:
-    from worldpipe.atomic import write_text_atomic
+    from worldpipe.core.atomic import write_text_atomic
     from worldpipe.tracking.comparison import (
         DEFAULT_METRIC,
         ComparisonError,
@@ -128,7 +128,7 @@ def _compare(args) -> int:
 
 
 def _server(args) -> int:
-    from worldpipe import paths
+    from worldpipe.config import paths
     from worldpipe.tracking.server import (
         DEFAULT_PORT,
         LOCAL_HOST,

@@ -8,8 +8,8 @@ from typing import Any
 
 import fsspec
 
-from worldpipe.atomic import fsync_tree, write_atomic
-from worldpipe.data.locations import list_files, local_path, open_filesystem
+from worldpipe.core.atomic import fsync_tree, write_atomic
+from worldpipe.core.locations import list_files, local_path, open_filesystem
 from worldpipe.data.store import TrajectoryStore, array_layout
 
 MANIFEST_FORMAT = "worldpipe.data.manifest/1"

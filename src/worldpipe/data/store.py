@@ -24,10 +24,10 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 import worldpipe
+from worldpipe.core.locations import local_path, open_zarr_store
 from worldpipe.data.environments import env_dims
 from worldpipe.data.episodes import simulate_episode
 from worldpipe.data.integrity import CorruptShardError, VerifyingStore
-from worldpipe.data.locations import local_path, open_zarr_store
 from worldpipe.data.shard_codec import ShardFormat
 from worldpipe.data.spec import DatasetSpec
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from worldpipe.atomic import fsync_dir
 from worldpipe.checkpoint.files import fsync_and_close, write_file
+from worldpipe.core.atomic import fsync_dir
 
 
 def tensors_in(obj) -> Iterator[torch.Tensor]:

@@ -55,7 +55,7 @@ def _model_support(model_cfg: Mapping[str, Any]):
 
 def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
     """Refuse a parallel layout that cannot work for this model and world size; the error names the key."""
-    from worldpipe.config import ConfigError, to_container
+    from worldpipe.config.identity import ConfigError, to_container
 
     c = to_container(cfg)
     p, model_cfg = c["parallel"], c.get("model", {})

@@ -10,8 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from worldpipe.atomic import fsync_dir
 from worldpipe.checkpoint import layout
+from worldpipe.core.atomic import fsync_dir
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
 from worldpipe.reproduce.drift import RerunError, check_code
 from worldpipe.reproduce.launching import (

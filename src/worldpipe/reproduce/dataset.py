@@ -6,7 +6,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from worldpipe import paths
+from worldpipe.config import paths
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 

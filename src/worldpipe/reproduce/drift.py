@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from worldpipe import identity as ident
+from worldpipe.core import provenance as ident
 from worldpipe.tracking.history import RecordedRun
 
 log = logging.getLogger("worldpipe.rerun")

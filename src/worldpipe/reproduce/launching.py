@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from worldpipe import paths
+from worldpipe.config import paths
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 from worldpipe.tracking.spool import Spool
@@ -50,7 +50,7 @@ def training_config(recorded: RecordedRun, run_dir: Path, store: str, manifest: 
 
 def launch(config: dict, run_dir: Path, overrides: list[str] = ()) -> int:
     """Train this config through the launcher (preflight, torchrun, signal forwarding); returns its exit code."""
-    from worldpipe.launch import launch_training
+    from worldpipe.launch.launcher import launch_training
 
     run_dir.mkdir(parents=True, exist_ok=True)
     config_dir = run_dir / RECORDED_CONFIG_DIR

@@ -1,6 +1,6 @@
 """The rollout service as a Python API: stateless rollouts (cached) and sessions, over one batcher.
 
-The HTTP app (:mod:`worldpipe.serve.app`) and ``worldpipe rollout`` both call this; inputs are checked here
+The HTTP app (:mod:`worldpipe.rollout.http.app`) and ``worldpipe rollout`` both call this; inputs are checked here
 against the served model, so every caller rejects the same bad input with an error naming the field.
 """
 

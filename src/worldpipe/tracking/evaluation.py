@@ -43,7 +43,7 @@ class EvaluationRecord:
     run_id: str
     checkpoint_digest: str
     checkpoint_step: int
-    result: Mapping[str, Any]  # what worldpipe.evaluate.evaluate returns
+    result: Mapping[str, Any]  # what worldpipe.evaluate.open_loop.evaluate returns
     artifacts: Mapping[str, str] = field(default_factory=dict)  # local files to attach, by path
     datasets: tuple[DatasetRecord, ...] = ()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from worldpipe.config import flatten
+from worldpipe.config.identity import flatten
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from worldpipe.paths import default_tracking_uri
+from worldpipe.config.paths import default_tracking_uri
 from worldpipe.tracking.delivery import DeliveryReport, deliver
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool

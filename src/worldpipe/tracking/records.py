@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from worldpipe import identity as ident
 from worldpipe.checkpoint import layout as checkpoint_layout
+from worldpipe.core import provenance as ident
 from worldpipe.tracking.jsonable import to_jsonable
 
 # Metrics measured with a clock: they differ between bit-identical runs and are not compared by `rerun`.
@@ -67,7 +67,7 @@ def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]
         "worldpipe.start_step": str(start_step),
         "worldpipe.timing_metrics": ",".join(TIMING_METRICS),
         "mlflow.source.type": "JOB",
-        "mlflow.source.name": "worldpipe.train",
+        "mlflow.source.name": "worldpipe.trainer.main",
     }
     for name in ("python", "torch", "numpy"):
         tags[f"worldpipe.{name}_version"] = str(versions.get(name, platform.python_version() if name == "python" else None))

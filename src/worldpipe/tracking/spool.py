@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from worldpipe.atomic import fsync_dir, write_text_atomic
+from worldpipe.core.atomic import fsync_dir, write_text_atomic
 
 TRACKING_DIR = "tracking"
 JOURNAL_NAME = "journal.jsonl"

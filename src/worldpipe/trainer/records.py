@@ -24,14 +24,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from worldpipe.atomic import write_text_atomic
-from worldpipe.config import flatten
+from worldpipe.config.identity import flatten
+from worldpipe.config.paths import COMPLETION_RECORD
+from worldpipe.core.atomic import write_text_atomic
 from worldpipe.measure.startup import mark
-from worldpipe.paths import COMPLETION_RECORD
-from worldpipe.preemption import PREEMPTED_RECORD
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.recorder import RunRecorder, background_start_wanted
 from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
+from worldpipe.trainer.preemption import PREEMPTED_RECORD
 
 log = logging.getLogger("worldpipe.tracking")
 

@@ -21,24 +21,24 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
+from worldpipe.core.provenance import run_identity
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.identity import run_identity
 from worldpipe.measure.startup import mark
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
 from worldpipe.parallel.layout import build_layout
 from worldpipe.parallel.runtime import Runtime, all_reduce_sum, any_rank, gather_objects
 from worldpipe.parallel.wrap import replica_digest
-from worldpipe.preemption import EXIT_PREEMPTED, PreemptionFlag
-from worldpipe.resume import check_resume_identity
 from worldpipe.trainer.optim import build_optimizer, build_scheduler
+from worldpipe.trainer.preemption import EXIT_PREEMPTED, PreemptionFlag
 from worldpipe.trainer.records import TrainingRecords
+from worldpipe.trainer.resume import check_resume_identity
 from worldpipe.trainer.seeding import seed_rank_generators
 
-log = logging.getLogger("worldpipe.train")
+log = logging.getLogger("worldpipe.trainer.main")
 
 
 class Trainer:

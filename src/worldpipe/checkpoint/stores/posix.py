@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from worldpipe.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_dir
 
 from .. import fault, layout
 from ..codec import PendingFile

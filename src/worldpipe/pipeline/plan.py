@@ -3,8 +3,8 @@
 The Snakefile builds its DAG from this at parse time. Each experiment's Hydra config is composed with the
 pipeline's overrides; the experiment's dataset is the one its composed config names (`data.name`), looked up in
 the pipeline config's `datasets:`. A run is identified by the canonical hash of its resolved config (the part a
-resume may not change, `worldpipe.config.config_hash`) together with the hash of its dataset's spec; a dataset by
-the hash of its spec. Both hashes name directories (worldpipe.paths), so an edit anywhere in `conf/`, in the
+resume may not change, `worldpipe.config.identity.config_hash`) together with the hash of its dataset's spec; a dataset by
+the hash of its spec. Both hashes name directories (worldpipe.config.paths), so an edit anywhere in `conf/`, in the
 overrides or in a dataset spec leads to new directories for exactly what it changes.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from worldpipe import paths
-from worldpipe.config import config_hash, is_resume_safe
+from worldpipe.config import paths
+from worldpipe.config.identity import config_hash, is_resume_safe
 
 HELDOUT_SUFFIX = "-heldout"
 
@@ -63,8 +63,8 @@ def run_hash(cfg_hash: str, dataset_spec_hash: str) -> str:
 
 
 def compose(overrides: Sequence[str], conf: Path | None = None) -> DictConfig:
-    """The resolved training config for these overrides, from `conf` (default: worldpipe.paths.conf_dir())."""
-    from worldpipe.preflight import compose_config
+    """The resolved training config for these overrides, from `conf` (default: worldpipe.config.paths.conf_dir())."""
+    from worldpipe.launch.preflight import compose_config
 
     return compose_config(overrides, conf or paths.conf_dir())
 
@@ -113,7 +113,7 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
              conf: Path | None = None) -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit."""
-    from worldpipe.preflight import checked_config
+    from worldpipe.launch.preflight import checked_config
 
     overrides = identity_overrides(config, experiment)
     try:

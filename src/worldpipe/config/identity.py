@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from worldpipe.config_schema import check_ranges
+from worldpipe.config.schema import check_ranges
 
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
@@ -72,7 +72,7 @@ def _require(condition: bool, key: str, message: str) -> None:
 def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     """Check the training config for the given world size; raise ConfigError naming the bad key.
 
-    Types and single-key ranges come from the group schemas (:mod:`worldpipe.config_schema`); the checks that
+    Types and single-key ranges come from the group schemas (:mod:`worldpipe.config.schema`); the checks that
     relate several keys (or the world size) are here, once.
     """
     c = to_container(cfg)

@@ -9,8 +9,8 @@ On a workstation torchrun's rendezvous store listens on 127.0.0.1 only, at a fre
 torchrun per node (one srun task each) with c10d rendezvous at the allocation's first host: the endpoint and
 rendezvous id come from WORLDPIPE_RDZV_ENDPOINT / WORLDPIPE_RDZV_ID (set by workflow/scripts/launch_training.sh).
 
-torchrun and its workers die with this launcher (:mod:`worldpipe.lifeline`); torchrun's stderr is relayed so
-that a failure ends as one line (:mod:`worldpipe.relay`). torchrun runs as :mod:`worldpipe.torchrun`, whose
+torchrun and its workers die with this launcher (:mod:`worldpipe.launch.lifeline`); torchrun's stderr is relayed so
+that a failure ends as one line (:mod:`worldpipe.launch.relay`). torchrun runs as :mod:`worldpipe.launch.torchrun`, whose
 stores of a loopback rendezvous listen on 127.0.0.1 only.
 """
 
@@ -26,15 +26,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from worldpipe.errors import ERROR_LOG, debug_enabled
-from worldpipe.lifeline import die_with_parent, launcher_environment
-from worldpipe.local_run import run_in_process, runs_in_process
+from worldpipe.config.paths import CONF_DIR
+from worldpipe.core.errors import ERROR_LOG, debug_enabled
+from worldpipe.launch.lifeline import die_with_parent, launcher_environment
+from worldpipe.launch.local_run import run_in_process, runs_in_process
+from worldpipe.launch.preflight import check_data, checked_config, compose_config
+from worldpipe.launch.relay import OutputRelay
+from worldpipe.launch.run_lock import RunLock
 from worldpipe.measure.startup import mark
-from worldpipe.paths import CONF_DIR
-from worldpipe.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
-from worldpipe.preflight import check_data, checked_config, compose_config
-from worldpipe.relay import OutputRelay
-from worldpipe.run_lock import RunLock
+from worldpipe.trainer.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 
 __all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
 
@@ -67,12 +67,12 @@ def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str |
 
 def torchrun_argv(nproc: int, nnodes: int, worker_args: list[str], rdzv_endpoint: str | None = None,
                   rdzv_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
-    """torchrun (as :mod:`worldpipe.torchrun`) running :mod:`worldpipe.worker` with ``worker_args``."""
+    """torchrun (as :mod:`worldpipe.launch.torchrun`) running :mod:`worldpipe.launch.worker` with ``worker_args``."""
     endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_loopback_port()}"
-    return [sys.executable, "-m", "worldpipe.torchrun", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
+    return [sys.executable, "-m", "worldpipe.launch.torchrun", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id or _default_rdzv_id(rdzv_endpoint)}",
             f"--rdzv-conf=join_timeout={rdzv_timeout_s}", "--max-restarts=0",
-            "-m", "worldpipe.worker", *worker_args]
+            "-m", "worldpipe.launch.worker", *worker_args]
 
 
 def _default_rdzv_id(rdzv_endpoint: str | None) -> str:
@@ -100,14 +100,14 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     lock = RunLock(run_dir).acquire() if _holds_run_lock() else None
     try:
         # Imported only now: it brings torch (seconds), which the refusals above do not need.
-        from worldpipe.resume import preflight_resume
+        from worldpipe.trainer.resume import preflight_resume
 
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
         mark("config_composed")
         world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
-        if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.local_run)
+        if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.launch.local_run)
             return run_in_process(cfg, overrides)
         cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"),
                                config_dir=config_dir)

@@ -60,8 +60,8 @@ def _usage_types() -> tuple[type, ...]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from worldpipe.config import ConfigError
-    from worldpipe.resume import ResumeRefused
+    from worldpipe.config.identity import ConfigError
+    from worldpipe.trainer.resume import ResumeRefused
 
     return (UsageError, ConfigError, ResumeRefused, HydraException, OmegaConfBaseException)
 

@@ -3,7 +3,7 @@
 An exclusive ``flock`` on ``RUN_DIR/.run.lock``. The kernel releases it when the holding process dies, however
 it dies, so a lock left by a dead process is simply taken over; the file's content (host, pid, start time) only
 serves to name the holder in the refusal. The workers never touch it: the launcher outlives them (see
-:mod:`worldpipe.lifeline`).
+:mod:`worldpipe.launch.lifeline`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from worldpipe.errors import UserError
+from worldpipe.core.errors import UserError
 
 LOCK_NAME = ".run.lock"
 

@@ -17,9 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from worldpipe.rollout.engine import Sampling
+from worldpipe.rollout.http.schemas import ExtendIn, ForkIn, RolloutIn, RolloutOut, SessionOpenIn, SessionOut
 from worldpipe.rollout.service import InputError, RolloutService
 from worldpipe.rollout.sessions import SessionError
-from worldpipe.serve.schemas import ExtendIn, ForkIn, RolloutIn, RolloutOut, SessionOpenIn, SessionOut
 
 # Requests waiting on the batcher each hold a worker thread; the default 40 would cap the queue, not the model.
 WORKER_THREADS = 512

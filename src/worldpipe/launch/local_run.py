@@ -2,7 +2,7 @@
 
 torchrun buys nothing for one process (no process group is joined) but costs a fresh interpreter for itself and
 one for the worker, each importing torch. The launcher has already composed and validated the config, so it
-calls :func:`worldpipe.train.train` directly. ``WORLDPIPE_LAUNCHER=torchrun`` restores the old path (for
+calls :func:`worldpipe.trainer.main.train` directly. ``WORLDPIPE_LAUNCHER=torchrun`` restores the old path (for
 comparison: ``worldpipe bench startup`` measures both).
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from worldpipe.atomic import write_text_atomic
-from worldpipe.preemption import EXIT_PREEMPTED
+from worldpipe.core.atomic import write_text_atomic
+from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 LAUNCHER_ENV = "WORLDPIPE_LAUNCHER"
 
@@ -34,7 +34,7 @@ def run_in_process(cfg: DictConfig, overrides: list[str]) -> int:
     write_text_atomic(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
-    from worldpipe.train import train
+    from worldpipe.trainer.main import train
 
     try:
         train(cfg)

@@ -6,6 +6,6 @@ runs only this import of the installed ``worldpipe`` package. Not meant to be im
 
 from mlflow.models import set_model
 
-from worldpipe.tracking.logged_model import OpenLoopPredictor
+from worldpipe.evaluate.logged_model import OpenLoopPredictor
 
 set_model(OpenLoopPredictor())

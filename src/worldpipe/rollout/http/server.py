@@ -8,11 +8,11 @@ from pathlib import Path
 
 import uvicorn
 
-from worldpipe.atomic import write_text_atomic
+from worldpipe.core.atomic import write_text_atomic
+from worldpipe.rollout.http.app import BodyLimit, create_app
 from worldpipe.rollout.service import RolloutService, ServiceConfig
-from worldpipe.serve.app import BodyLimit, create_app
 
-log = logging.getLogger("worldpipe.serve")
+log = logging.getLogger("worldpipe.rollout.http")
 
 
 class _Server(uvicorn.Server):

@@ -1,4 +1,4 @@
-"""`python -m worldpipe.torchrun ARGS`: torchrun, with its stores listening on loopback only when asked to.
+"""`python -m worldpipe.launch.torchrun ARGS`: torchrun, with its stores listening on loopback only when asked to.
 
 torchrun's TCP stores (the c10d rendezvous store and the store it hands to the workers) bind every interface
 whatever host they are given, and answer anyone without authentication. When the rendezvous endpoint is a

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from worldpipe.identity import PROJECT_ROOT
+from worldpipe.core.provenance import PROJECT_ROOT
 
 # Set by the Snakefile for the jobs it starts, so training composes the same conf/ tree the DAG was built from
 # (a checkout other than the installed one, e.g. a copy under test).

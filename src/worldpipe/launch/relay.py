@@ -1,6 +1,6 @@
 """Relay of torchrun's stderr to the user: everything passes except what would bury the one error line.
 
-Workers print an error as one line (:mod:`worldpipe.errors`); torchrun adds its own report of the failed child
+Workers print an error as one line (:mod:`worldpipe.core.errors`); torchrun adds its own report of the failed child
 (a ``ChildFailedError`` traceback, "closing signal" warnings) and every other rank adds its secondary error
 ("Connection closed by peer"). The relay prints the first primary error line, a secondary one only when no
 rank reported a primary error; after a failure, everything it held back goes to the run's log file. In debug
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import IO
 
-from worldpipe.errors import ERROR_PREFIX, SECONDARY_PREFIX
+from worldpipe.core.errors import ERROR_PREFIX, SECONDARY_PREFIX
 
 # torchrun's own log lines (glog-style prefix, e.g. "W1129 18:50:01.123000 1234 torch/distributed/...").
 _AGENT_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/")

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
+from worldpipe.config.paths import COMPLETION_RECORD
 from worldpipe.data.manifest import load_manifest
-from worldpipe.paths import COMPLETION_RECORD
 from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
 
-log = logging.getLogger("worldpipe.evaluate")
+log = logging.getLogger("worldpipe.evaluate.open_loop")
 EXAMPLE_SEGMENTS = 2  # held-out segments kept as the logged model's input example
 
 
@@ -66,8 +66,8 @@ def checkpoint_state(checkpoints: str, step: int) -> tuple[dict, str]:
 def record_evaluation(result: dict[str, Any], inputs: EvaluationInputs, uri: str | None,
                       register_as: str | None = None, log_model: bool = True) -> str | None:
     """Log an evaluation result (and the evaluated model) to MLflow; the run it went to, None if untracked."""
+    from worldpipe.evaluate.logged_model import ModelRecord, log_world_model
     from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation
-    from worldpipe.tracking.logged_model import ModelRecord, log_world_model
     from worldpipe.tracking.recorder import HTTP_DEFAULTS, resolve_tracking_uri
 
     run_id = result.get("mlflow_run_id") or recorded_run_id(inputs.checkpoints)

@@ -12,14 +12,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from worldpipe.config import validate_config
-from worldpipe.errors import ERROR_LOG, run_worker_main
+from worldpipe.config.identity import validate_config
+from worldpipe.config.paths import CONF_DIR
+from worldpipe.core.errors import ERROR_LOG, run_worker_main
 from worldpipe.measure.startup import mark
 from worldpipe.parallel.runtime import init_runtime, shutdown_runtime, world_size_from_env
-from worldpipe.paths import CONF_DIR
 from worldpipe.trainer import Trainer
 
-log = logging.getLogger("worldpipe.train")
+log = logging.getLogger("worldpipe.trainer.main")
 mark("train_imported")
 
 def train(cfg: DictConfig) -> dict:
@@ -36,7 +36,7 @@ def train(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point (`python -m worldpipe.train key=value ...`, usually under torchrun).
+    """Hydra entry point (`python -m worldpipe.trainer.main key=value ...`, usually under torchrun).
 
     Any error ends as one line on stderr and a non-zero exit; its traceback goes to RUN_DIR/errors.log.
     """

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worldpipe import paths
-from worldpipe.atomic import fsync_dir, write_text_atomic
 from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
-from worldpipe.config import config_hash, flatten, identity_config, to_container
-from worldpipe.preemption import EXIT_PREEMPTED
+from worldpipe.config import paths
+from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
+from worldpipe.core.atomic import fsync_dir, write_text_atomic
+from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 CHECKPOINTS_DIR = "checkpoints"
 
@@ -55,7 +55,7 @@ def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequenc
     The config is composed again from the same overrides the training gets, so a directory named by one hash
     never holds a run of another (e.g. if conf/ changed between Snakemake's parse and this job).
     """
-    from worldpipe.pipeline import compose, run_hash
+    from worldpipe.pipeline.plan import compose, run_hash
 
     run_dir = Path(run_dir)
     cfg = compose(overrides)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worldpipe.atomic import write_atomic
 from worldpipe.checkpoint import CheckpointManager
+from worldpipe.core.atomic import write_atomic
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.models import WorldModel, build_model

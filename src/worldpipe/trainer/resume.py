@@ -7,10 +7,10 @@ import logging
 from omegaconf import DictConfig
 
 from worldpipe.checkpoint import CheckpointManager
-from worldpipe.config import config_diff, identity_config
+from worldpipe.config.identity import config_diff, identity_config
 from worldpipe.data.manifest import load_manifest
 
-log = logging.getLogger("worldpipe.train")
+log = logging.getLogger("worldpipe.trainer.main")
 
 
 class ResumeRefused(RuntimeError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import worldpipe
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 LOCK_FILE = PROJECT_ROOT / "requirements.lock"
 TRACKED_PACKAGES = ("torch", "numpy", "zarr", "gymnasium", "hydra-core", "mlflow", "snakemake")
 
@@ -65,7 +65,7 @@ def host() -> str:
 
 def run_identity(cfg, dataset_hash: str, world_size: int, strategy: str, mlflow_run_id: str | None) -> dict:
     """Everything that says which run a checkpoint belongs to (stored in every checkpoint and in MLflow)."""
-    from worldpipe.config import config_hash, to_container
+    from worldpipe.config.identity import config_hash, to_container
 
     return {
         "config": to_container(cfg),

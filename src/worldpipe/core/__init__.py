@@ -1,0 +1,3 @@
+"""The base layer: atomic durable writes, error base classes, canonical hashing, locations, provenance.
+
+Imports nothing else of worldpipe; every other room may import it."""

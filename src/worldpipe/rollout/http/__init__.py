@@ -1,0 +1,1 @@
+"""worldpipe.rollout.http: the HTTP rollout service (FastAPI app, uvicorn server)."""

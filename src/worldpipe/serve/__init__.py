@@ -1,1 +1,0 @@
-"""worldpipe.serve: the HTTP rollout service (FastAPI app, uvicorn server)."""
