@@ -4,8 +4,9 @@ import subprocess
 
 import pytest
 
-from worldpipe.config.identity import ConfigError, validate_config
+from worldpipe.config.identity import ConfigError
 from worldpipe.launch.launcher import compose_config
+from worldpipe.trainer.validation import validate_config
 
 
 def _cfg(*overrides):

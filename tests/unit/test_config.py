@@ -12,10 +12,10 @@ from worldpipe.config.identity import (
     config_hash,
     flatten,
     identity_config,
-    validate_config,
 )
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.launch.launcher import compose_config, torchrun_command
+from worldpipe.trainer.validation import validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 

@@ -19,7 +19,7 @@ CONF_DIR = os.path.join(workflow.basedir, "conf")
 os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
 
 from worldpipe.config import paths
-from worldpipe.pipeline.plan import PipelineError, launch_overrides, plan, training_settings
+from worldpipe.pipeline.plan import PipelineError, comparison_id, launch_overrides, plan, training_settings
 
 if paths.CONF_DIR != Path(CONF_DIR).resolve():
     raise WorkflowError(f"worldpipe was imported before {paths.CONF_DIR_ENV} was set: it reads {paths.CONF_DIR}")

@@ -58,9 +58,7 @@ rule plot_loss_curve:
 
 
 # Named by the set of runs and evaluations it compares: an edit and its undo return to the same file.
-MODELS_VS_BASELINE_HASH = paths.short(
-    paths.canonical_hash({"runs": sorted((r.experiment, r.run_hash, r.eval_hash) for r in RUNS_PLANNED.values())})
-)
+MODELS_VS_BASELINE_HASH = comparison_id(RUNS_PLANNED)
 
 
 rule plot_models_vs_baseline:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from worldpipe.core.errors import UserError
 
-class CheckpointError(Exception):
+
+class CheckpointError(UserError):
     """Base class of checkpoint errors."""
 
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from worldpipe.core.hashing import canonical_hash
 
 from . import layout
 from .tensorfile import Segment
@@ -73,10 +74,6 @@ class FileRecord:
     sha256: str
 
 
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
 def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identity: Mapping) -> bytes:
     """Encoded MANIFEST.json for a step whose files are ``files``."""
     body = {
@@ -90,7 +87,7 @@ def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identi
         "world_size": len(contents.get(layout.RNG) or []),
         "identity": dict(identity or {}),
     }
-    body["manifest_sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
+    body["manifest_sha256"] = canonical_hash(body)
     return (json.dumps(body, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
 
 
@@ -107,7 +104,7 @@ def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
         return None, [f"{where}: unsupported format_version {body.get('format_version')!r}"]
     claimed = body.pop("manifest_sha256", None)
     try:
-        actual = hashlib.sha256(_canonical(body)).hexdigest()
+        actual = canonical_hash(body)
     except (TypeError, ValueError) as exc:
         return None, [f"{where}: cannot canonicalize ({exc})"]
     if claimed != actual:

@@ -1,18 +1,19 @@
-"""Validation, hashing and diffing of the resolved training config.
+"""What a run is: the identity part of its resolved config (hash, resume-safe keys, diff) and its full identity.
 
-Validation runs before any work starts (no process group, no data read), and every error names the key.
+The identity (config and hash, dataset hash, code and package versions, layout, MLflow run id) is stored in every
+checkpoint and recorded in MLflow; a resume may change only the resume-safe keys.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from worldpipe.config.schema import check_ranges
+from worldpipe.core import provenance
+from worldpipe.core.errors import UsageError
+from worldpipe.core.hashing import canonical_hash
 
 # Keys that may change between an interrupted run and its resume without changing what is computed for the
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
@@ -41,7 +42,7 @@ RESUME_SAFE_KEYS: tuple[str, ...] = (
     "run_dir",
 )
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config value that cannot work; the message names the key."""
 
 
@@ -64,44 +65,6 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _require(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"config key '{key}': {message}")
-
-
-def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
-    """Check the training config for the given world size; raise ConfigError naming the bad key.
-
-    Types and single-key ranges come from the group schemas (:mod:`worldpipe.config.schema`); the checks that
-    relate several keys (or the world size) are here, once.
-    """
-    c = to_container(cfg)
-    for key, problem in check_ranges(c):
-        raise ConfigError(f"config key '{key}': {problem}")
-    from worldpipe.models import check_model_config  # the model's signature is its schema (imports torch)
-
-    for key, problem in check_model_config(c.get("model") or {}):
-        raise ConfigError(f"config key '{key}': {problem}")
-    t, p = c["trainer"], c["parallel"]
-    _require(isinstance(c.get("seed"), int) and not isinstance(c.get("seed"), bool) and c["seed"] >= 0, "seed",
-             f"must be a non-negative integer, got {c.get('seed')!r}")
-    _require(
-        t["batch_size"] >= world_size,
-        "trainer.batch_size",
-        f"global batch {t['batch_size']} is smaller than the world size {world_size}: some ranks would get no windows",
-    )
-    if p["even_batches"]:
-        _require(
-            t["batch_size"] % world_size == 0,
-            "trainer.batch_size",
-            f"global batch {t['batch_size']} is not divisible by the world size {world_size} "
-            "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
-        )
-    from worldpipe.parallel.layout import validate_layout  # the layout's own rules (degrees, model axes)
-
-    validate_layout(c, world_size)
-
-
 def _is_safe(key: str) -> bool:
     return any(key == safe or (safe.endswith(".") and key.startswith(safe)) for safe in RESUME_SAFE_KEYS)
 
@@ -121,8 +84,7 @@ def identity_config(cfg: DictConfig | Mapping) -> dict[str, Any]:
 
 def config_hash(cfg: DictConfig | Mapping) -> str:
     """SHA-256 of the identity part of the config (canonical JSON)."""
-    canonical = json.dumps(identity_config(cfg), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return canonical_hash(identity_config(cfg))
 
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -133,3 +95,18 @@ def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         if before != after:
             lines.append(f"  {key}: {before!r} -> {after!r}")
     return lines
+
+
+def run_identity(cfg, dataset_hash: str, world_size: int, strategy: str, mlflow_run_id: str | None) -> dict:
+    """Everything that says which run a checkpoint belongs to (stored in every checkpoint and in MLflow)."""
+    return {
+        "config": to_container(cfg),
+        "config_hash": config_hash(cfg),
+        "dataset_hash": dataset_hash,
+        "code_version": provenance.code_version(),
+        "versions": provenance.package_versions(),
+        "lock_hash": provenance.lock_hash(),
+        "world_size": world_size,
+        "parallel_layout": {"strategy": strategy, "world_size": world_size},
+        "mlflow_run_id": mlflow_run_id,
+    }

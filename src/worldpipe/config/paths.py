@@ -13,10 +13,7 @@ A changed spec or config is a new directory beside the old one; nothing is overw
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +58,6 @@ STORE_NAME: str = _PATHS["store"]
 MANIFEST_NAME: str = _PATHS["manifest"]
 # Where `worldpipe bench` writes its JSON and plots unless told otherwise (relative to the working directory).
 BENCH_DIR: str = _PATHS["bench"]
-
-
-def canonical_hash(payload: Mapping[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of a mapping (sorted keys, no whitespace)."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def short(full_hash: str) -> str:

@@ -3,7 +3,7 @@
 Each group's YAML files in ``conf/`` start from its schema (``defaults: [schema, _self_]``), so Hydra rejects
 unknown keys and values of the wrong type while composing, naming the key. Ranges live beside the types, as
 field metadata (``ge``/``gt``/``le``/``choices``), and :func:`check_ranges` enforces them; only checks that
-span several keys stay hand-written, in :func:`worldpipe.config.identity.validate_config`.
+span several keys stay hand-written, in :func:`worldpipe.trainer.validation.validate_config`.
 
 The ``model`` group has no schema here: each model's constructor signature is its schema
 (:func:`worldpipe.models.check_model_config`).

@@ -40,7 +40,11 @@ _USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES
 
 
 class UserError(Exception):
-    """Base of errors whose message alone tells the user what to fix (it names the file, key or step)."""
+    """Base of errors whose message alone tells the user what to fix (it names the file, key or step).
+
+    Every room derives its own errors from this class (or :class:`UsageError`), so this base layer can classify
+    them without importing the rooms above it.
+    """
 
     exit_code = EXIT_FAILURE
 
@@ -57,21 +61,11 @@ def debug_enabled() -> bool:
 
 
 def _usage_types() -> tuple[type, ...]:
+    # Imported here, not at the top: this module is imported by every entry point, Hydra only by some.
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from worldpipe.config.identity import ConfigError
-    from worldpipe.trainer.resume import ResumeRefused
-
-    return (UsageError, ConfigError, ResumeRefused, HydraException, OmegaConfBaseException)
-
-
-def _failure_types() -> tuple[type, ...]:
-    from worldpipe.checkpoint import CheckpointError
-    from worldpipe.data.integrity import CorruptShardError
-    from worldpipe.data.manifest import ManifestError
-
-    return (UserError, CheckpointError, CorruptShardError, ManifestError)
+    return (HydraException, OmegaConfBaseException)
 
 
 def is_secondary(err: BaseException) -> bool:
@@ -83,10 +77,10 @@ def is_secondary(err: BaseException) -> bool:
 
 def classify(err: BaseException) -> int | None:
     """Exit status for an error a user can cause or meet; None for a bug."""
+    if isinstance(err, UserError):
+        return err.exit_code
     if isinstance(err, _usage_types()):
         return EXIT_USAGE
-    if isinstance(err, _failure_types()):
-        return EXIT_FAILURE
     if isinstance(err, OSError) and err.errno in _USER_ERRNOS:
         return EXIT_FAILURE
     return None

@@ -1,4 +1,4 @@
-"""What a run is: code version, package versions, machine. Recorded in checkpoints and MLflow."""
+"""Where a run's code came from: code version, package versions, lock file, machine (recorded with every run)."""
 
 from __future__ import annotations
 
@@ -61,20 +61,3 @@ def lock_hash() -> str | None:
 def host() -> str:
     """Hostname of this process."""
     return socket.gethostname()
-
-
-def run_identity(cfg, dataset_hash: str, world_size: int, strategy: str, mlflow_run_id: str | None) -> dict:
-    """Everything that says which run a checkpoint belongs to (stored in every checkpoint and in MLflow)."""
-    from worldpipe.config.identity import config_hash, to_container
-
-    return {
-        "config": to_container(cfg),
-        "config_hash": config_hash(cfg),
-        "dataset_hash": dataset_hash,
-        "code_version": code_version(),
-        "versions": package_versions(),
-        "lock_hash": lock_hash(),
-        "world_size": world_size,
-        "parallel_layout": {"strategy": strategy, "world_size": world_size},
-        "mlflow_run_id": mlflow_run_id,
-    }

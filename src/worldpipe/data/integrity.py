@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.storage import WrapperStore
 
+from worldpipe.core.errors import UserError
+
 if TYPE_CHECKING:
     from zarr.abc.store import ByteRequest
     from zarr.core.buffer import Buffer, BufferPrototype
 
 
-class CorruptShardError(RuntimeError):
+class CorruptShardError(UserError, RuntimeError):
     """A store file's bytes do not match the manifest (or it is missing). ``path`` names the file."""
 
     def __init__(self, path: str, reason: str = "sha256 mismatch", key: str | None = None) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 import fsspec
 
 from worldpipe.core.atomic import fsync_tree, write_atomic
+from worldpipe.core.errors import UserError
+from worldpipe.core.hashing import canonical_hash
 from worldpipe.core.locations import list_files, local_path, open_filesystem
 from worldpipe.data.store import TrajectoryStore, array_layout
 
@@ -16,19 +18,14 @@ MANIFEST_FORMAT = "worldpipe.data.manifest/1"
 _HASH_BLOCK = 1 << 20
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A dataset manifest that is malformed or was modified after sealing; the message names the file."""
-
-
-def canonical_json(obj: Any) -> bytes:
-    """The byte form hashed for ``dataset_hash``: sorted keys, no whitespace, ASCII."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def dataset_hash(manifest: dict) -> str:
     """sha256 of the canonical JSON of the manifest without its ``dataset_hash`` field."""
     body = {k: v for k, v in manifest.items() if k != "dataset_hash"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    return canonical_hash(body)
 
 
 def _file_sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:

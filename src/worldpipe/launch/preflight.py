@@ -1,7 +1,7 @@
 """Preflight: everything about a training run that can be checked before any process starts.
 
 Composing the config (unknown groups or keys), every override's value against the type of the value it
-replaces, the config's own rules (:func:`worldpipe.config.identity.validate_config`), and the data: the store and the
+replaces, the config's own rules (:func:`worldpipe.trainer.validation.validate_config`), and the data: the store and the
 manifest exist and describe the same dataset. Light imports only (no torch): the Snakefile's plan
 (:func:`worldpipe.pipeline.plan.plan`) runs :func:`checked_config` while it is parsed, so a bad value fails before the
 data stages run.
@@ -16,9 +16,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from worldpipe.config.identity import ConfigError, flatten, to_container, validate_config
+from worldpipe.config.identity import ConfigError, flatten, to_container
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import UsageError, UserError
+from worldpipe.trainer.validation import validate_config
 
 
 class DataMismatch(UserError):

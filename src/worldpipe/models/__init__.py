@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from worldpipe.core.errors import UsageError
 from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel, state_nbytes
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UsageError, ValueError):
     """A model config that cannot be instantiated; the message names the key."""
 
 

@@ -19,11 +19,13 @@ from omegaconf import DictConfig
 
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, is_resume_safe
+from worldpipe.core.errors import UsageError
+from worldpipe.core.hashing import canonical_hash
 
 HELDOUT_SUFFIX = "-heldout"
 
 
-class PipelineError(ValueError):
+class PipelineError(UsageError, ValueError):
     """The pipeline config and the conf/ tree do not fit together; the message names the key."""
 
 
@@ -59,7 +61,7 @@ class Run:
 
 def run_hash(cfg_hash: str, dataset_spec_hash: str) -> str:
     """Identity of a run: its config hash and its training data's spec hash, hashed together."""
-    return paths.canonical_hash({"config_hash": cfg_hash, "dataset_spec_hash": dataset_spec_hash})
+    return canonical_hash({"config_hash": cfg_hash, "dataset_spec_hash": dataset_spec_hash})
 
 
 def compose(overrides: Sequence[str], conf: Path | None = None) -> DictConfig:
@@ -84,7 +86,7 @@ def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
                 full = DatasetSpec.from_dict(raw).to_dict()
             except ValueError as err:
                 raise PipelineError(f"datasets: {name}: {err}") from err
-            found[full["name"]] = Dataset(full["name"], full, paths.canonical_hash(full))
+            found[full["name"]] = Dataset(full["name"], full, canonical_hash(full))
     return found
 
 
@@ -130,7 +132,7 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
     dataset, heldout = known[name], known[name + HELDOUT_SUFFIX]
     cfg_hash = config_hash(cfg)
-    evaluation = paths.canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
+    evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
                evaluation)
 
@@ -146,3 +148,8 @@ def launch_overrides(run: Run) -> list[str]:
     """The overrides that make a run: its identity ones, then where it and its data live (fixed by the hashes)."""
     return [*run.overrides, f"run_dir={run.dir}", f"data.store={run.dataset.dir}/{paths.STORE_NAME}",
             f"data.manifest={run.dataset.dir}/{paths.MANIFEST_NAME}"]
+
+
+def comparison_id(runs: Mapping[str, Run]) -> str:
+    """Directory name of a comparison of these runs: an edit and its undo return to the same name."""
+    return paths.short(canonical_hash({"runs": sorted((r.experiment, r.run_hash, r.eval_hash) for r in runs.values())}))

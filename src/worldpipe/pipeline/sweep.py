@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worldpipe.core.errors import UsageError
+
 SEED_KEY = "seed"
 SWEEPS_DIR = "sweeps"  # below the results directory (conf/paths)
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -30,7 +32,7 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_.+-]+$")
 RESERVED_KEYS = ("run_dir", "experiment", "experiment_name", "checkpoint.dir", "tracking.experiment")
 
 
-class SweepError(ValueError):
+class SweepError(UsageError, ValueError):
     """A sweep declaration that cannot be expanded; the message names the key."""
 
 

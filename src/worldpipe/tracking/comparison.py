@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worldpipe.core.errors import UsageError
 from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
 from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 
@@ -29,7 +30,7 @@ IDENTITY_TAGS = ("worldpipe.git_sha", "worldpipe.dataset_hash", "worldpipe.check
                  "worldpipe.eval.heldout_dataset_hash", "worldpipe.world_size")
 
 
-class ComparisonError(ValueError):
+class ComparisonError(UsageError, ValueError):
     """A reference that names no run, or nothing to compare."""
 
 

@@ -13,12 +13,14 @@ import shutil
 import sys
 from pathlib import Path
 
+from worldpipe.core.errors import UsageError
+
 LOCAL_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
 DATABASE_SCHEMES = ("postgresql", "postgresql+psycopg2", "sqlite", "mysql", "mssql")
 
 
-class ServerConfigError(ValueError):
+class ServerConfigError(UsageError, ValueError):
     """A server option that cannot work; the message names the option."""
 
 

@@ -1,5 +1,4 @@
-"""Training: the :class:`Trainer` (named steps) and the plain-function entry :func:`train`."""
+"""Training: the Trainer (`trainer.trainer`, named steps), its Hydra entry (`trainer.main`), resume, preemption.
 
-from worldpipe.trainer.trainer import Trainer
-
-__all__ = ["Trainer"]
+Nothing is imported here, so that the light modules (`validation`, `preemption`) cost no torch import.
+"""

@@ -1,7 +1,7 @@
 """Train a world model: `train(cfg)` is a plain function, `main()` the thin Hydra entry point.
 
 Launched under torchrun (one process per rank) by `worldpipe train` or the Snakemake rule `train_model`; the
-steps themselves live in :class:`worldpipe.trainer.Trainer`.
+steps themselves live in :class:`worldpipe.trainer.trainer.Trainer`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from worldpipe.config.identity import validate_config
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import ERROR_LOG, run_worker_main
 from worldpipe.measure.startup import mark
 from worldpipe.parallel.runtime import init_runtime, shutdown_runtime, world_size_from_env
-from worldpipe.trainer import Trainer
+from worldpipe.trainer.trainer import Trainer
+from worldpipe.trainer.validation import validate_config
 
 log = logging.getLogger("worldpipe.trainer.main")
 mark("train_imported")

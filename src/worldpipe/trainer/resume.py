@@ -8,12 +8,13 @@ from omegaconf import DictConfig
 
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.config.identity import config_diff, identity_config
+from worldpipe.core.errors import UsageError
 from worldpipe.data.manifest import load_manifest
 
 log = logging.getLogger("worldpipe.trainer.main")
 
 
-class ResumeRefused(RuntimeError):
+class ResumeRefused(UsageError, RuntimeError):
     """The checkpoint on disk belongs to a different run (config or dataset changed)."""
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
-from worldpipe.core.provenance import run_identity
+from worldpipe.config.identity import run_identity
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler

@@ -1,0 +1,54 @@
+"""The training config a trainer accepts: group schemas, the model's own signature, the layout's rules.
+
+Runs before any work starts (no process group, no data read): the launcher's preflight calls it before any
+process starts, and every rank again on its own config. Every error names the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from omegaconf import DictConfig
+
+from worldpipe.config.identity import ConfigError, to_container
+from worldpipe.config.schema import check_ranges
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
+    """Check the training config for the given world size; raise ConfigError naming the bad key.
+
+    Types and single-key ranges come from the group schemas (:mod:`worldpipe.config.schema`); the checks that
+    relate several keys (or the world size) are here, once.
+    """
+    c = to_container(cfg)
+    for key, problem in check_ranges(c):
+        raise ConfigError(f"config key '{key}': {problem}")
+    from worldpipe.models import check_model_config  # the model's signature is its schema (imports torch)
+
+    for key, problem in check_model_config(c.get("model") or {}):
+        raise ConfigError(f"config key '{key}': {problem}")
+    t, p = c["trainer"], c["parallel"]
+    _require(isinstance(c.get("seed"), int) and not isinstance(c.get("seed"), bool) and c["seed"] >= 0, "seed",
+             f"must be a non-negative integer, got {c.get('seed')!r}")
+    _require(
+        t["batch_size"] >= world_size,
+        "trainer.batch_size",
+        f"global batch {t['batch_size']} is smaller than the world size {world_size}: some ranks would get no windows",
+    )
+    if p["even_batches"]:
+        _require(
+            t["batch_size"] % world_size == 0,
+            "trainer.batch_size",
+            f"global batch {t['batch_size']} is not divisible by the world size {world_size} "
+            "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
+        )
+    from worldpipe.parallel.layout import validate_layout  # the layout's own rules (degrees, model axes)
+
+    validate_layout(c, world_size)
+
+
