@@ -38,7 +38,7 @@ from worldpipe.measure.startup import TRACE_ENV
 
 BARE_LOOP = """
 import sys, torch
-from worldpipe.launch.launcher import compose_config
+from worldpipe.config.compose import compose_config
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
@@ -102,7 +102,7 @@ def run(cmd: list[str], env: dict, trace: Path) -> np.ndarray:
 
 
 def has_compile_option() -> bool:
-    from worldpipe.launch.launcher import compose_config
+    from worldpipe.config.compose import compose_config
 
     try:
         return "compile" in compose_config([]).trainer

@@ -21,8 +21,7 @@ from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 from worldpipe.checkpoint.rng_audit import rng_fingerprint
 from worldpipe.cli import main as cli_main
-from worldpipe.models.augmented import RNG_TRACE_ENV, RNG_TRACE_FORMAT
-from worldpipe.trainer.seeding import PER_RANK_STREAMS
+from worldpipe.trainer.seeding import PER_RANK_STREAMS, RNG_TRACE_ENV, RNG_TRACE_FORMAT
 
 pytestmark = [pytest.mark.crash, pytest.mark.integration]
 

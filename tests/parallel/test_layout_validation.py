@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
+from worldpipe.config.compose import compose_config
 from worldpipe.config.identity import ConfigError
-from worldpipe.launch.launcher import compose_config
 from worldpipe.trainer.validation import validate_config
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from worldpipe.checkpoint import capture_rng, restore_rng
-from worldpipe.launch.launcher import compose_config
+from worldpipe.config.compose import compose_config
 from worldpipe.models import ModelConfigError, build_model
 from worldpipe.models.augmented import AugmentedModel
 from worldpipe.models.noise import sample_noise

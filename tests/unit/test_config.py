@@ -6,6 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from worldpipe.config.compose import compose_config
 from worldpipe.config.identity import (
     ConfigError,
     config_diff,
@@ -14,7 +15,7 @@ from worldpipe.config.identity import (
     identity_config,
 )
 from worldpipe.config.paths import CONF_DIR
-from worldpipe.launch.launcher import compose_config, torchrun_command
+from worldpipe.launch.launcher import torchrun_command
 from worldpipe.trainer.validation import validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))

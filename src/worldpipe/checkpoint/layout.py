@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from worldpipe.core.locations import read_bytes
+
 STEP_DIR_FORMAT = "step-{step:06d}"
 MANIFEST_NAME = "MANIFEST.json"
 LATEST_NAME = "latest"
@@ -92,3 +94,11 @@ def rng_file(rank: int) -> str:
 def rng_view_file(rank: int) -> str:
     """Relative path of rank ``rank``'s readable RNG JSON view."""
     return RNG_VIEW_FORMAT.format(rank=rank)
+
+
+def read_manifest_bytes(root: str, step: int) -> bytes | None:
+    """Raw MANIFEST.json of a published step under ``root`` (local path or fsspec URL); None if unreadable."""
+    try:
+        return read_bytes(f"{str(root).rstrip('/')}/{step_dir_name(step)}/{MANIFEST_NAME}")
+    except OSError:
+        return None

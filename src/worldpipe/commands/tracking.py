@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from worldpipe.config.paths import COMPLETION_RECORD
+
+log = logging.getLogger("worldpipe.tracking")
 
 
 def register(sub) -> None:
@@ -52,9 +56,29 @@ def _last_open(spool) -> dict:
     return opens[-1] if opens else {}
 
 
+def checkpoint_probe(checkpoint_dir: str | None) -> Callable[[int], bool | None]:
+    """For a dead writer: metrics gated on step S are final iff an intact checkpoint >= S exists."""
+
+    def probe(gate: int) -> bool | None:
+        if not checkpoint_dir:
+            return None
+        try:
+            # Imported on use: the CLI's other commands need no torch (seconds of start-up).
+            from worldpipe.checkpoint import CheckpointManager
+
+            latest = CheckpointManager(checkpoint_dir).latest_intact()
+        except Exception as err:  # noqa: BLE001 - an unreadable store decides nothing
+            log.warning("cannot inspect checkpoints in %s (%s); leaving staged metrics pending", checkpoint_dir, err)
+            return None
+        # No intact checkpoint >= gate: the next resume starts earlier and recomputes these steps.
+        return latest is not None and latest >= gate
+
+    return probe
+
+
 def _sync(args) -> int:
     from worldpipe.core.atomic import write_text_atomic
-    from worldpipe.tracking.delivery import checkpoint_probe, deliver
+    from worldpipe.tracking.delivery import deliver
     from worldpipe.tracking.spool import Spool
 
     spool = Spool(args.run_dir)

@@ -1,13 +1,16 @@
-"""Turn a dataset location (local path or fsspec URL) into a zarr store or an fsspec filesystem."""
+"""Locations: a local path (plain or ``file://``) or an fsspec URL (``s3://``, ``memory://`` ...).
+
+Decided here once: which locations are local, how a local one is made absolute for the records, and how the
+bytes of either kind are read.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import fsspec
-from zarr.abc.store import Store
-from zarr.storage import FsspecStore, LocalStore
 
 
 def local_path(url: str) -> str | None:
@@ -19,19 +22,37 @@ def local_path(url: str) -> str | None:
     return url
 
 
-def open_zarr_store(url: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Store:
-    """A zarr store rooted at ``url``.
+def is_local(location: str) -> bool:
+    """True for a plain path or a ``file://`` URL."""
+    return local_path(str(location)) is not None
 
-    Local paths use zarr's LocalStore, whose writes go through a temp file + rename, so a killed writer
-    never leaves a half-written shard under its final name. Everything else goes through fsspec
-    (``memory://``, ``s3://`` ...); ``storage_options`` are passed to the filesystem (e.g. an S3 endpoint).
-    """
-    path = local_path(url)
+
+def recorded_form(location: str) -> str:
+    """How a location is recorded: a local one as an absolute path, a URL as given."""
+    path = local_path(str(location))
+    return str(Path(path).resolve()) if path is not None else str(location)
+
+
+def resolve_against(location: str, cwd: str | None) -> str:
+    """A recorded relative local path, resolved against the directory it was recorded from."""
+    path = local_path(str(location))
+    if path is None or Path(path).is_absolute() or not cwd:
+        return location
+    return str(Path(cwd) / path)
+
+
+def scheme(location: str) -> str:
+    """The URL scheme of a location ('local' for a plain path or ``file://``)."""
+    return "local" if is_local(location) else str(location).split("://", 1)[0]
+
+
+def read_bytes(location: str) -> bytes:
+    """The bytes of one file at a local path or fsspec URL (raises OSError when it cannot be read)."""
+    path = local_path(str(location))
     if path is not None:
-        if read_only and not os.path.isdir(path):
-            raise FileNotFoundError(f"no trajectory store at {url!r}")
-        return LocalStore(os.path.abspath(path), read_only=read_only)
-    return FsspecStore.from_url(url, storage_options=dict(storage_options or {}), read_only=read_only)
+        return Path(path).read_bytes()
+    with fsspec.open(location, "rb") as handle:
+        return handle.read()
 
 
 def open_filesystem(

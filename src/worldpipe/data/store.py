@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 import zarr
 from tqdm import tqdm
+from zarr.abc.store import Store
 from zarr.codecs import ZstdCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
+from zarr.storage import FsspecStore, LocalStore
 
 import worldpipe
-from worldpipe.core.locations import local_path, open_zarr_store
+from worldpipe.core.locations import local_path
 from worldpipe.data.environments import env_dims
 from worldpipe.data.episodes import simulate_episode
 from worldpipe.data.integrity import CorruptShardError, VerifyingStore
@@ -36,6 +38,21 @@ __all__ = ["CorruptShardError", "TrajectoryStore", "init_store", "write_shards",
 STORE_FORMAT = "worldpipe.trajectories/1"
 _ZSTD_LEVEL = 3
 _STD_FLOOR = 1e-6
+
+
+def open_zarr_store(url: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Store:
+    """A zarr store rooted at ``url``.
+
+    Local paths use zarr's LocalStore, whose writes go through a temp file + rename, so a killed writer
+    never leaves a half-written shard under its final name. Everything else goes through fsspec
+    (``memory://``, ``s3://`` ...); ``storage_options`` are passed to the filesystem (e.g. an S3 endpoint).
+    """
+    path = local_path(url)
+    if path is not None:
+        if read_only and not os.path.isdir(path):
+            raise FileNotFoundError(f"no trajectory store at {url!r}")
+        return LocalStore(os.path.abspath(path), read_only=read_only)
+    return FsspecStore.from_url(url, storage_options=dict(storage_options or {}), read_only=read_only)
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
 from worldpipe.launch.lifeline import die_with_parent, launcher_environment
 from worldpipe.launch.local_run import run_in_process, runs_in_process
-from worldpipe.launch.preflight import check_data, checked_config, compose_config
+from worldpipe.launch.preflight import check_data, checked_config
 from worldpipe.launch.relay import OutputRelay
 from worldpipe.launch.run_lock import RunLock
 from worldpipe.measure.startup import mark
 from worldpipe.trainer.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 
-__all__ = ["compose_config", "launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
+__all__ = ["launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
 
 LOOPBACK = "127.0.0.1"
 # Seconds torchrun's agents wait for every node to join the rendezvous (a short start-up failure instead of

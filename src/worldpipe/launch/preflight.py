@@ -13,79 +13,18 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from worldpipe.config.identity import ConfigError, flatten, to_container
+from worldpipe.config.compose import check_override_syntax, check_value_types, compose_config
+from worldpipe.config.identity import ConfigError, to_container
 from worldpipe.config.paths import CONF_DIR
-from worldpipe.core.errors import UsageError, UserError
+from worldpipe.core.errors import UserError
+from worldpipe.core.locations import local_path
 from worldpipe.trainer.validation import validate_config
 
 
 class DataMismatch(UserError):
     """The data store or manifest is missing, unreadable, or they describe different datasets."""
-
-
-def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> DictConfig:
-    """The resolved training config for these Hydra overrides (raises on unknown groups or keys).
-
-    ``config_dir`` holds the primary ``config.yaml``: conf/ for a new run, a recorded config for a rerun.
-    """
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def check_override_syntax(overrides: Sequence[str]) -> None:
-    """Every override is ``key=value`` (or ``~key`` to delete a key); raises UsageError naming the bad one."""
-    for override in overrides:
-        key = _override_key(override)
-        if override.startswith("~") and "=" not in override:
-            continue
-        if "=" not in override or not key or any(c.isspace() for c in key):
-            raise UsageError(f"override {override!r} is not key=value")
-
-
-def group_selections(overrides: Sequence[str]) -> list[str]:
-    """The overrides that choose a config group (``experiment=smoke``), not a value."""
-    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
-    return [o for o in overrides if "=" in o and _override_key(o) in groups]
-
-
-def _type_problem(reference: object, value: object) -> str | None:
-    if reference is None or value is None or isinstance(reference, str):
-        return None
-    if isinstance(reference, bool):
-        return None if isinstance(value, bool) else "a boolean"
-    if isinstance(reference, int):
-        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
-    if isinstance(reference, float):
-        return None if isinstance(value, int | float) and not isinstance(value, bool) else "a number"
-    if isinstance(reference, list | dict):
-        return None if isinstance(value, type(reference)) else f"a {type(reference).__name__}"
-    return None
-
-
-def check_value_types(cfg: DictConfig | Mapping, overrides: Sequence[str], config_dir: Path = CONF_DIR) -> None:
-    """Each value override must have the type of the value it replaces; raises ConfigError naming the key.
-
-    The reference is composed from the same ``config_dir`` as ``cfg`` (its groups may exist only there)."""
-    values = [o for o in overrides if "=" in o and o not in group_selections(overrides)]
-    if not values:
-        return
-    reference = flatten(to_container(compose_config(group_selections(overrides), config_dir)))
-    composed = flatten(to_container(cfg))
-    for override in values:
-        key = _override_key(override)
-        if key.startswith("hydra.") or key not in reference or key not in composed:
-            continue
-        expected = _type_problem(reference[key], composed[key])
-        if expected is not None:
-            raise ConfigError(f"config key '{key}': must be {expected}, got {composed[key]!r} "
-                              f"(from override {override!r})")
 
 
 def world_size_of(cfg: DictConfig | Mapping) -> int:
@@ -106,12 +45,6 @@ def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> Dic
     return cfg
 
 
-def _local(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url.removeprefix("file://"))
-    return None if "://" in url else Path(url)
-
-
 def check_data(cfg: DictConfig) -> str:
     """The store and manifest exist and belong together; returns the dataset hash. Raises DataMismatch.
 
@@ -121,7 +54,7 @@ def check_data(cfg: DictConfig) -> str:
     from worldpipe.data.manifest import ManifestError, load_manifest
 
     store, manifest_path = str(cfg.data.store), str(cfg.data.manifest)
-    local_store, local_manifest = _local(store), _local(manifest_path)
+    local_store, local_manifest = (None if (p := local_path(u)) is None else Path(p) for u in (store, manifest_path))
     if local_manifest is not None and not local_manifest.is_file():
         raise DataMismatch(f"config key 'data.manifest': no dataset manifest at {manifest_path}")
     if local_store is not None and not (local_store / "zarr.json").is_file():

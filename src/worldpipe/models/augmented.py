@@ -13,29 +13,18 @@ has its own Python/NumPy streams, so a resume is bit-identical only if every ran
 generator state it saved. That makes this model the training configuration that exercises per-rank RNG
 restore (``conf/model/augmented_rssm.yaml``, ``experiment=smoke_augmented``); a resume onto another world size
 draws different augmentation, by design.
-
-Debugging aid: with ``WORLDPIPE_RNG_TRACE=<dir>`` set, every training forward appends one JSON line to
-``<dir>/rank-NNNNN.jsonl`` with the process id and a fingerprint of the global generator states it is about to
-draw from (:func:`worldpipe.checkpoint.rng_audit.rng_fingerprint`), so a test can compare the states a resumed
-rank draws from with the ones that rank saved.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
-
-RNG_TRACE_ENV = "WORLDPIPE_RNG_TRACE"
-RNG_TRACE_FORMAT = "rank-{rank:05d}.jsonl"
 
 
 class AugmentedModel(WorldModel):
@@ -66,7 +55,6 @@ class AugmentedModel(WorldModel):
         self.loss_terms = self.inner.loss_terms
         self.parallel: ParallelSupport = self.inner.parallel
         self.state_grows = self.inner.state_grows
-        self._trace_dir = os.environ.get(RNG_TRACE_ENV) or None
 
     def set_normalization(self, obs_mean: Any, obs_std: Any) -> None:
         """Record the statistics here and in the inner model (which interprets its outputs with them)."""
@@ -87,25 +75,12 @@ class AugmentedModel(WorldModel):
 
     def augment(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Perturb obs [B,T,O] at valid steps with draws from the global NumPy, Python and torch generators."""
-        if self._trace_dir is not None:
-            self._trace()
         gain = np.random.uniform(1.0 - self.gain_jitter, 1.0 + self.gain_jitter, size=self.obs_dim)
         level = self.obs_noise * random.uniform(1.0 - self.level_jitter, 1.0 + self.level_jitter)
         # Drawn on the CPU generator whatever the device, so the stream does not depend on the accelerator.
         jitter = torch.randn(obs.shape, dtype=obs.dtype).to(obs.device)
         gain_t = torch.as_tensor(gain, dtype=obs.dtype, device=obs.device)
         return (obs * gain_t + level * jitter) * mask.unsqueeze(-1)
-
-    def _trace(self) -> None:
-        from worldpipe.checkpoint.rng_audit import rng_fingerprint
-        from worldpipe.checkpoint.state import capture_rng
-
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        path = Path(self._trace_dir) / RNG_TRACE_FORMAT.format(rank=rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"pid": os.getpid(), "rng": rng_fingerprint(capture_rng())}, sort_keys=True)
-        with open(path, "a") as out:
-            out.write(line + "\n")
 
     # ---- rollouts and evaluation: the inner model's, unperturbed ----
     def rollout_noise_shape(self) -> tuple[int, ...] | None:

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from worldpipe.config import paths
+from worldpipe.config.compose import compose_config
 from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
@@ -66,8 +67,6 @@ def run_hash(cfg_hash: str, dataset_spec_hash: str) -> str:
 
 def compose(overrides: Sequence[str], conf: Path | None = None) -> DictConfig:
     """The resolved training config for these overrides, from `conf` (default: worldpipe.config.paths.conf_dir())."""
-    from worldpipe.launch.preflight import compose_config
-
     return compose_config(overrides, conf or paths.conf_dir())
 
 

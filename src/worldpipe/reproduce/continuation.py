@@ -24,7 +24,7 @@ from worldpipe.reproduce.launching import (
 from worldpipe.reproduce.rerun import EXIT_ERROR
 from worldpipe.tracking.history import RecordError, client_for, load_recorded_run, read_artifact
 from worldpipe.tracking.recorder import resolve_tracking_uri
-from worldpipe.tracking.records import CHECKPOINT_ARTIFACT_DIR, read_checkpoint_manifest
+from worldpipe.tracking.records import CHECKPOINT_ARTIFACT_DIR
 
 
 def recorded_steps(client, run_id: str) -> list[int]:
@@ -74,7 +74,7 @@ def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: boo
         digest = json.loads(read_artifact(client, run_id, f"{base}/digest.json"))
         checkpoint_dir = resolve_recorded_path(str(digest["checkpoint_dir"]).rstrip("/"), recorded.tags.get("worldpipe.cwd"))
         source = f"{checkpoint_dir}/{layout.step_dir_name(step)}"
-        found = read_checkpoint_manifest(checkpoint_dir, step)
+        found = layout.read_manifest_bytes(checkpoint_dir, step)
         if found is None:
             raise RerunError(f"checkpoint step {step} is no longer at {source} (retention keeps checkpoint.keep_last "
                              "and keep_every steps); recorded steps are " + str(steps))

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from worldpipe.config import paths
+from worldpipe.core.locations import resolve_against
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 
@@ -15,9 +16,7 @@ log = logging.getLogger("worldpipe.rerun")
 
 def resolve_recorded_path(path: str, cwd: str | None) -> str:
     """A recorded relative path, resolved against the directory the run was started from."""
-    if "://" in path or Path(path).is_absolute() or not cwd:
-        return path
-    return str(Path(cwd) / path)
+    return resolve_against(path, cwd)
 
 
 def _dataset_ok(store: str, manifest_path: str, expected: str) -> bool:

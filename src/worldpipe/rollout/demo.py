@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from worldpipe.checkpoint import CheckpointManager
+from worldpipe.config.compose import compose_config
 from worldpipe.core.provenance import PROJECT_ROOT
 from worldpipe.models import build_model
 
@@ -24,8 +25,6 @@ def model_config(name: str) -> dict:
 
     Composed, not read: a model file may have a defaults list (the augmented RSSM nests ``rssm@inner``).
     """
-    from worldpipe.launch.preflight import compose_config
-
     return OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True)
 
 

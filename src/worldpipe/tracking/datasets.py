@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worldpipe.core.locations import scheme
+
 DIGEST_CHARS = 32  # MLflow's dataset digest column holds 36 characters
 CONTEXT_TAG = "mlflow.data.context"  # the UI shows it beside the dataset name (training, evaluation, ...)
 TRAINING, EVALUATION = "training", "evaluation"
@@ -39,8 +41,7 @@ class DatasetRecord:
 
 def _source(store_url: str) -> tuple[str, str]:
     """(source type, source JSON) in the form MLflow's own dataset sources use."""
-    scheme = store_url.split("://", 1)[0] if "://" in store_url else "local"
-    return ("local" if scheme == "file" else scheme), json.dumps({"uri": store_url})
+    return scheme(store_url), json.dumps({"uri": store_url})
 
 
 def _schema(arrays: Mapping[str, Any]) -> str:

@@ -71,25 +71,6 @@ def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | N
     return None
 
 
-def checkpoint_probe(checkpoint_dir: str | None) -> Callable[[int], bool | None]:
-    """For a dead writer: metrics gated on step S are final iff an intact checkpoint >= S exists."""
-
-    def probe(gate: int) -> bool | None:
-        if not checkpoint_dir:
-            return None
-        try:
-            from worldpipe.checkpoint import CheckpointManager
-
-            latest = CheckpointManager(checkpoint_dir).latest_intact()
-        except Exception as err:  # noqa: BLE001 - an unreadable store decides nothing
-            log.warning("cannot inspect checkpoints in %s (%s); leaving staged metrics pending", checkpoint_dir, err)
-            return None
-        # No intact checkpoint >= gate: the next resume starts earlier and recomputes these steps.
-        return latest is not None and latest >= gate
-
-    return probe
-
-
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -246,7 +227,7 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
     """Replay pending records of ``spool`` to ``uri``; stops at the first failure or undecided metrics.
 
     ``probe`` decides staged metrics whose checkpoint outcome the journal does not say (only for a dead
-    writer: see :func:`checkpoint_probe`).
+    writer: the caller, which may read checkpoints, passes it).
     """
     report = DeliveryReport()
     with spool.locked():

@@ -33,7 +33,6 @@ from typing import Any
 
 import yaml
 
-from worldpipe.checkpoint import layout as checkpoint_layout
 from worldpipe.core import provenance as ident
 from worldpipe.tracking.jsonable import to_jsonable
 
@@ -94,7 +93,8 @@ def installed_packages() -> str:
     return "\n".join(seen[k] for k in sorted(seen)) + "\n"
 
 
-def _json(obj: Any) -> bytes:
+def json_artifact(obj: Any) -> bytes:
+    """The JSON form of an artifact (indented, sorted keys, NumPy/torch values made plain)."""
     return (json.dumps(to_jsonable(obj), indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -104,11 +104,11 @@ def start_artifacts(identity: Mapping[str, Any], manifest: Mapping[str, Any] | N
     run_dir = Path(run_dir)
     files = {
         "config.yaml": yaml.safe_dump(identity["config"], sort_keys=False).encode(),
-        "identity.json": _json(identity),
+        "identity.json": json_artifact(identity),
         "environment/packages.txt": installed_packages().encode(),
     }
     if manifest is not None:
-        files["dataset/manifest.json"] = _json(manifest)
+        files["dataset/manifest.json"] = json_artifact(manifest)
     if ident.LOCK_FILE.exists():
         files["environment/requirements.lock"] = ident.LOCK_FILE.read_bytes()
     hydra_dir = run_dir / "hydra"
@@ -124,42 +124,23 @@ def start_artifacts(identity: Mapping[str, Any], manifest: Mapping[str, Any] | N
         "argv": sys.argv, "cwd": os.getcwd(),
         "snakemake": {"rule": os.environ.get(RULE_ENV), "job": os.environ.get(JOB_ENV)},
     }
-    files[f"segments/start-{start_step:06d}.json"] = _json(segment)
+    files[f"segments/start-{start_step:06d}.json"] = json_artifact(segment)
     return files
 
 
-def read_checkpoint_manifest(checkpoint_dir: str, step: int) -> bytes | None:
-    """Raw MANIFEST.json of a published step (local path or fsspec URL); None if unreadable."""
-    location = f"{str(checkpoint_dir).rstrip('/')}/{checkpoint_layout.step_dir_name(step)}/{checkpoint_layout.MANIFEST_NAME}"
-    try:
-        if "://" in location:
-            import fsspec
+def checkpoint_artifacts(step_dir: str, digest_record: Mapping[str, Any], train_state: Mapping[str, Any],
+                         files: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Artifacts logged beside a published checkpoint, under ``checkpoints/<step_dir>/``.
 
-            with fsspec.open(location, "rb") as handle:
-                return handle.read()
-        return Path(location).read_bytes()
-    except OSError:
-        return None
-
-
-def checkpoint_artifacts(step: int, state: Mapping[str, Any], digest: str | None,
-                         checkpoint_dir: str) -> dict[str, bytes]:
-    """Artifacts logged beside a published checkpoint: manifest, digest, sampler/progress, every rank's RNG."""
-    base = f"{CHECKPOINT_ARTIFACT_DIR}/{checkpoint_layout.step_dir_name(step)}"
-    manifest = read_checkpoint_manifest(checkpoint_dir, step)
-    files = {
-        f"{base}/digest.json": _json({
-            "step": step, "state_digest": digest,
-            "manifest_sha256": hashlib.sha256(manifest).hexdigest() if manifest is not None else None,
-            "checkpoint_dir": str(checkpoint_dir),
-        }),
-        f"{base}/train_state.json": _json({"progress": state.get("progress"), "sampler": state.get("sampler")}),
-    }
-    if manifest is not None:
-        files[f"{base}/{checkpoint_layout.MANIFEST_NAME}"] = manifest
-    for rank, rng in enumerate(state.get("rng") or []):
-        files[f"{base}/{checkpoint_layout.rng_view_file(rank)}"] = _json(rng)
-    return files
+    ``digest_record`` (step, state digest, manifest sha256, location) and ``train_state`` (progress, sampler)
+    become JSON files; ``files`` (the manifest, every rank's RNG view) are logged as given. The caller reads
+    them from the checkpoint: tracking logs what it is handed and reads no checkpoint itself.
+    """
+    base = f"{CHECKPOINT_ARTIFACT_DIR}/{step_dir}"
+    artifacts = {f"{base}/digest.json": json_artifact(digest_record),
+                 f"{base}/train_state.json": json_artifact(train_state)}
+    artifacts.update({f"{base}/{name}": data for name, data in files.items()})
+    return artifacts
 
 
 def checkpoint_tags(step: int, digest: str | None) -> dict[str, str]:

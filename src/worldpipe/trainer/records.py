@@ -15,6 +15,7 @@ and one after it finds them journaled.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import threading
@@ -24,13 +25,21 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from worldpipe.checkpoint import layout as checkpoint_layout
 from worldpipe.config.identity import flatten
 from worldpipe.config.paths import COMPLETION_RECORD
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.locations import recorded_form
 from worldpipe.measure.startup import mark
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.recorder import RunRecorder, background_start_wanted
-from worldpipe.tracking.records import checkpoint_artifacts, checkpoint_tags, run_tags, start_artifacts
+from worldpipe.tracking.records import (
+    checkpoint_artifacts,
+    checkpoint_tags,
+    json_artifact,
+    run_tags,
+    start_artifacts,
+)
 from worldpipe.trainer.preemption import PREEMPTED_RECORD
 
 log = logging.getLogger("worldpipe.tracking")
@@ -58,10 +67,22 @@ class _Helper:
             raise error
 
 
+def published_artifacts(step: int, state: Mapping[str, Any], digest: str | None,
+                        checkpoint_dir: str) -> dict[str, bytes]:
+    """MLflow artifacts of a published checkpoint: its manifest, digest, sampler/progress, every rank's RNG."""
+    manifest = checkpoint_layout.read_manifest_bytes(checkpoint_dir, step)
+    files = {} if manifest is None else {checkpoint_layout.MANIFEST_NAME: manifest}
+    for rank, rng in enumerate(state.get(checkpoint_layout.RNG) or []):
+        files[checkpoint_layout.rng_view_file(rank)] = json_artifact(rng)
+    digest_record = {"step": step, "state_digest": digest, "checkpoint_dir": str(checkpoint_dir),
+                     "manifest_sha256": hashlib.sha256(manifest).hexdigest() if manifest is not None else None}
+    train_state = {"progress": state.get(checkpoint_layout.PROGRESS), "sampler": state.get(checkpoint_layout.SAMPLER)}
+    return checkpoint_artifacts(checkpoint_layout.step_dir_name(step), digest_record, train_state, files)
+
+
 def checkpoint_location(cfg: DictConfig) -> str:
     """The checkpoint directory as recorded: an absolute path, or the URL as given."""
-    location = str(cfg.checkpoint.dir)
-    return location if "://" in location else str(Path(location).resolve())
+    return recorded_form(str(cfg.checkpoint.dir))
 
 
 class TrainingRecords:
@@ -130,7 +151,7 @@ class TrainingRecords:
 
     def published(self, step: int, state: Mapping[str, Any], digest: str) -> tuple:
         """Artifacts and tags of a checkpoint, computed while its state is at hand."""
-        return step, checkpoint_artifacts(step, state, digest, self.location), checkpoint_tags(step, digest)
+        return step, published_artifacts(step, state, digest, self.location), checkpoint_tags(step, digest)
 
     def durable(self, token: tuple) -> None:
         """The checkpoint is durable: release its metrics, record its artifacts and tags."""

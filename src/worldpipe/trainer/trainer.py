@@ -36,7 +36,7 @@ from worldpipe.trainer.optim import build_optimizer, build_scheduler
 from worldpipe.trainer.preemption import EXIT_PREEMPTED, PreemptionFlag
 from worldpipe.trainer.records import TrainingRecords
 from worldpipe.trainer.resume import check_resume_identity
-from worldpipe.trainer.seeding import seed_rank_generators
+from worldpipe.trainer.seeding import RngTrace, seed_rank_generators
 
 log = logging.getLogger("worldpipe.trainer.main")
 
@@ -62,6 +62,7 @@ class Trainer:
         self._setup_model()  # identical init on every rank: same torch seed
         mark("model_built")
         self.noise_generator = torch.Generator()
+        self.rng_trace = RngTrace.from_env(rt.rank)
         self.progress = Progress()
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
         self.identity["parallel_layout"] = {**self.layout.describe, "world_size": rt.world_size}
@@ -125,6 +126,8 @@ class Trainer:
         # Context parallel: this rank's chunk in time (noise is drawn for the whole window first).
         part = self.layout.shard_batch({"obs": obs, "action": action, "reward": reward, "mask": mask,
                                         "noise": None if noise is None else noise.to(device)})
+        if self.rng_trace is not None:
+            self.rng_trace.record()
         sums = self.loss_fn(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])
         # Gradient of the GLOBAL mean over valid steps, whatever the layout's wrapper averages over.
         loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])
