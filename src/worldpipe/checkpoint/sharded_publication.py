@@ -26,12 +26,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from worldpipe.core.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_and_close, fsync_dir, write_all, write_file_durably
 
 from . import fault, layout, shards
 from .codec import PendingFile, encode_state, json_bytes
 from .errors import CheckpointWriteError
-from .files import fsync_and_close, write_all, write_file_durably
 from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments
 from .stores import ObjectStore, PosixStore, Store
 from .tensorfile import encode_with_fallback
@@ -109,7 +108,7 @@ class _PosixStep:
         fsync_dir(self.partial)
         fault.inject("after_manifest")
         final = os.path.join(self.store.root, layout.step_dir_name(self.step))
-        self.store._rename_into_place(self.partial, final, self.step, self.partial.rsplit("-", 1)[-1])
+        self.store.rename_into_place(self.partial, final, self.step, self.partial.rsplit("-", 1)[-1])
         fault.inject("after_rename")
         self.store.write_latest(layout.step_dir_name(self.step))
         fault.inject("after_latest")

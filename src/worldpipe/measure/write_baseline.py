@@ -12,8 +12,7 @@ from pathlib import Path
 
 import torch
 
-from worldpipe.checkpoint.files import fsync_and_close, write_file
-from worldpipe.core.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_and_close, fsync_dir, write_file
 
 
 def tensors_in(obj) -> Iterator[torch.Tensor]:

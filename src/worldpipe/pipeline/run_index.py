@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
-from worldpipe.core.atomic import fsync_dir, write_text_atomic
+from worldpipe.core.atomic import symlink_atomic, write_text_atomic
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -42,11 +41,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def point_latest(run_dir: Path) -> None:
     """Make `<experiment>/latest` a relative symlink to `run_dir`, replacing the old link atomically."""
-    link = run_dir.parent / paths.LATEST_LINK
-    tmp = run_dir.parent / f".{paths.LATEST_LINK}.tmp-{uuid.uuid4().hex}"
-    os.symlink(run_dir.name, tmp)
-    os.replace(tmp, link)
-    fsync_dir(run_dir.parent)
+    symlink_atomic(run_dir.parent / paths.LATEST_LINK, run_dir.name)
 
 
 def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequence[str]) -> dict[str, Any]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 import shutil
 import sys
 from pathlib import Path
 
 from worldpipe.checkpoint import layout
-from worldpipe.core.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_tree, publish_dir
+from worldpipe.core.locations import local_path, open_filesystem
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
 from worldpipe.reproduce.drift import RerunError, check_code
 from worldpipe.reproduce.launching import (
@@ -42,22 +42,15 @@ def _copy_checkpoint(source: str, target_root: Path, step: int) -> None:
     """Copy a published step into a new checkpoint root: partial directory, fsync, rename, fsync."""
     target_root.mkdir(parents=True, exist_ok=True)
     partial = target_root / layout.temp_name(step, "partial", secrets.token_hex(6))
-    if "://" in source:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(source)
+    local = local_path(source)
+    if local is None:
+        fs, path = open_filesystem(source)
         fs.get(path.rstrip("/") + "/", str(partial), recursive=True)
     else:
-        shutil.copytree(source, partial)
-    for path in sorted(partial.rglob("*"), reverse=True):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-        else:
-            fsync_dir(path)
-    fsync_dir(partial)
-    os.rename(partial, target_root / layout.step_dir_name(step))
-    fsync_dir(target_root)
+        shutil.copytree(local, partial)
+    fsync_tree(partial)
+    publish_dir(partial, target_root / layout.step_dir_name(step),
+                target_root / layout.temp_name(step, "replaced", secrets.token_hex(6)))
 
 
 def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: bool = False,

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from worldpipe.core.atomic import fsync_dir, write_text_atomic
+from worldpipe.core.atomic import append_durably, fsync_dir, write_file_durably, write_text_atomic
 
 TRACKING_DIR = "tracking"
 JOURNAL_NAME = "journal.jsonl"
@@ -180,20 +180,12 @@ class Spool:
                 for relpath, data in files.items():
                     target = blob / relpath
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    with open(target, "wb") as handle:
-                        handle.write(data)
-                        handle.flush()
-                        os.fsync(handle.fileno())
+                    write_file_durably(target, [data])
                     fsync_dir(target.parent)
                 fsync_dir(blob.parent)
             record = {"seq": seq, "op": op, "time_ms": int(time.time() * 1000), **fields}
             line = (json.dumps(record, sort_keys=True, allow_nan=True) + "\n").encode()
-            fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            append_durably(self.journal, line)
             if seq == 1:
                 fsync_dir(self.dir)
             return seq

@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from worldpipe.core.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_and_close, fsync_dir, publish_dir, write_file, write_file_durably
 
 from .. import fault, layout
 from ..codec import PendingFile
 from ..errors import CheckpointWriteError
-from ..files import fsync_and_close, fsync_pool, write_file, write_file_durably
+from ..files import fsync_pool
 from ..manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
 from .base import Store
 
@@ -153,7 +153,7 @@ class PosixStore(Store):
             self._write_files(partial, files, step, contents, identity, cursor)
             fault.inject("after_manifest")
             cursor.path = final
-            self._rename_into_place(partial, final, step, nonce)
+            self.rename_into_place(partial, final, step, nonce)
         except BaseException as exc:
             if created:
                 shutil.rmtree(partial, ignore_errors=True)
@@ -219,16 +219,10 @@ class PosixStore(Store):
             if index == 0:
                 fault.inject("mid_files")
 
-    def _rename_into_place(self, partial: str, final: str, step: int, nonce: str) -> None:
-        aside = None
-        if os.path.lexists(final):
-            # Re-saving a step: move the old one out of the way (hidden, removed below or by the next save).
-            aside = os.path.join(self.root, layout.temp_name(step, "replaced", nonce))
-            os.rename(final, aside)
-        os.rename(partial, final)
-        fsync_dir(self.root)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+    def rename_into_place(self, partial: str, final: str, step: int, nonce: str) -> None:
+        """Step 3 of the protocol: the durable partial directory becomes ``step-NNNNNN`` (a re-saved step's old
+        directory is moved aside under a hidden name first, and removed once the new one is durable)."""
+        publish_dir(partial, final, os.path.join(self.root, layout.temp_name(step, "replaced", nonce)))
 
     def write_latest(self, name: str) -> None:
         """Atomically and durably point ``latest`` at ``name``: temp file, fsync, rename, fsync dir."""
