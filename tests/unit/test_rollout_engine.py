@@ -11,7 +11,8 @@ from rollout_models import TinyKV
 from worldpipe.models import build_model, state_nbytes
 from worldpipe.models.rssm import RSSM
 from worldpipe.rollout.demo import model_config
-from worldpipe.rollout.engine import RolloutJob, Sampling, probe_batch_invariance, run_jobs
+from worldpipe.rollout.engine import RolloutJob, Sampling, run_jobs
+from worldpipe.rollout.padding import probe_batch_invariance
 from worldpipe.rollout.registry import ServedModel
 from worldpipe.rollout.streams import StreamId, fresh_stream, step_noise
 

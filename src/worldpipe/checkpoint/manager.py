@@ -18,6 +18,7 @@ from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
+from .resharding import is_sharded, lazy_state
 from .retention import select_deletions
 from .state import snapshot_state, validate_state
 from .stores import Store, open_store
@@ -34,7 +35,6 @@ _verified_lock = threading.Lock()
 @dataclass(frozen=True)
 class CheckpointInfo:
     """One published step as seen by :meth:`CheckpointManager.list`."""
-
     step: int
     path: str
     size_bytes: int
@@ -352,7 +352,6 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
 
     A sharded checkpoint is digested tensor by tensor from its memory-mapped shards, never whole.
     """
-    from .resharding import is_sharded, lazy_state
 
     manager = CheckpointManager(root, storage_options=storage_options)
     if step is None:

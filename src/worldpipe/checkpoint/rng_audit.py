@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from . import layout
+from .errors import CheckpointError
+from .manifest import parse_manifest
 from .state import NUMPY_GLOBAL_STREAM, PYTHON_STREAM, from_portable, to_portable
 
 
@@ -106,9 +108,6 @@ def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | No
 
 def check_rng_files(manager: Any, step: int, per_rank_streams: Sequence[str]) -> list[str]:
     """:func:`audit_rng` of step ``step`` of a :class:`~worldpipe.checkpoint.CheckpointManager`'s store."""
-    from .errors import CheckpointError
-    from .manifest import parse_manifest
-
     raw = manager.store.read_manifest(step)
     if raw is None:
         return [f"{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}: missing"]

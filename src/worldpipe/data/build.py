@@ -6,6 +6,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from worldpipe.data.manifest import seal_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.data.store import init_store, write_shards
 
@@ -49,7 +50,6 @@ def build_dataset(
     records.sort(key=lambda r: r["index"])
     manifest = None
     if manifest_path is not None:
-        from worldpipe.data.manifest import seal_dataset
 
         manifest = seal_dataset(url, manifest_path, storage_options=storage_options)
     return {"shards": records, "manifest": manifest}

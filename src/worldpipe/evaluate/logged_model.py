@@ -21,6 +21,8 @@ from typing import Any
 
 import mlflow.pyfunc
 
+from worldpipe.models import build_model
+from worldpipe.models.open_loop import predict_observations
 from worldpipe.tracking.records import CHECKPOINT_DIGEST_TAG as DIGEST_TAG
 from worldpipe.tracking.records import CHECKPOINT_STEP_TAG as STEP_TAG
 
@@ -31,12 +33,10 @@ WEIGHTS, SPEC = "weights", "spec"
 
 class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper: ``predict({"obs": [N,C,O], "action": [N,T,A]}) -> [N,T-C,O]`` (float32)."""
-
     def load_context(self, context) -> None:
         """Build the model from its spec and load its weights (no code runs from the files themselves)."""
         import torch
 
-        from worldpipe.models import build_model
 
         spec = json.loads(Path(context.artifacts[SPEC]).read_text())
         self.model = build_model(spec["model"], spec["obs_dim"], spec["act_dim"])
@@ -48,7 +48,6 @@ class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
         import numpy as np
         import torch
 
-        from worldpipe.models.open_loop import predict_observations
 
         obs = torch.as_tensor(np.asarray(model_input["obs"], dtype=np.float32))
         action = torch.as_tensor(np.asarray(model_input["action"], dtype=np.float32))
@@ -64,7 +63,6 @@ class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
 @dataclass(frozen=True)
 class ModelRecord:
     """What the logged model is built from (passed in; this module reads no checkpoint)."""
-
     state_dict: Mapping[str, Any]
     model_config: Mapping[str, Any]
     obs_dim: int

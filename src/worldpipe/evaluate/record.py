@@ -18,7 +18,10 @@ import numpy as np
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.config.paths import COMPLETION_RECORD
 from worldpipe.data.manifest import load_manifest
+from worldpipe.evaluate.logged_model import ModelRecord, log_world_model
 from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
+from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation
+from worldpipe.tracking.recorder import HTTP_DEFAULTS, resolve_tracking_uri
 
 log = logging.getLogger("worldpipe.evaluate.open_loop")
 EXAMPLE_SEGMENTS = 2  # held-out segments kept as the logged model's input example
@@ -27,7 +30,6 @@ EXAMPLE_SEGMENTS = 2  # held-out segments kept as the logged model's input examp
 @dataclass(frozen=True)
 class EvaluationInputs:
     """Where an evaluation read from and what it wrote (the CLI's arguments)."""
-
     checkpoints: str
     store: str
     manifest: str
@@ -66,10 +68,6 @@ def checkpoint_state(checkpoints: str, step: int) -> tuple[dict, str]:
 def record_evaluation(result: dict[str, Any], inputs: EvaluationInputs, uri: str | None,
                       register_as: str | None = None, log_model: bool = True) -> str | None:
     """Log an evaluation result (and the evaluated model) to MLflow; the run it went to, None if untracked."""
-    from worldpipe.evaluate.logged_model import ModelRecord, log_world_model
-    from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation
-    from worldpipe.tracking.recorder import HTTP_DEFAULTS, resolve_tracking_uri
-
     run_id = result.get("mlflow_run_id") or recorded_run_id(inputs.checkpoints)
     if not run_id:
         log.warning("the checkpoint records no MLflow run (training ran without tracking); nothing logged")

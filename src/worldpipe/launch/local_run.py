@@ -34,6 +34,7 @@ def run_in_process(cfg: DictConfig, overrides: list[str]) -> int:
     write_text_atomic(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
+    # Imported only now: training brings torch (seconds); a refused launch never pays for it.
     from worldpipe.trainer.main import train
 
     try:

@@ -51,6 +51,7 @@ def check_data(cfg: DictConfig) -> str:
     "Belong together": the manifest was sealed from this store, checked cheaply by the store's root metadata
     (its dataset spec, hashed into the manifest) rather than by reading any shard.
     """
+    # Imported on use: data.manifest brings zarr and fsspec (start-up time at every Snakefile parse).
     from worldpipe.data.manifest import ManifestError, load_manifest
 
     store, manifest_path = str(cfg.data.store), str(cfg.data.manifest)

@@ -12,6 +12,7 @@ from worldpipe.launch.lifeline import bind_worker_to_launcher
 def main() -> None:
     """Bind to the launcher, then run the Hydra training entry point (`worldpipe.trainer.main.main`)."""
     bind_worker_to_launcher()
+    # Imported only after the lifeline is armed: training brings torch (seconds of start-up).
     from worldpipe.trainer.main import main as train_main
 
     train_main()

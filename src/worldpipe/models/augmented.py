@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from worldpipe.models import ModelConfigError, build_model, check_model_config
 from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
 
 
@@ -39,7 +40,6 @@ class AugmentedModel(WorldModel):
 
     def __init__(self, obs_dim: int, act_dim: int, inner: Mapping[str, Any], obs_noise: float = 0.05,
                  gain_jitter: float = 0.05, level_jitter: float = 0.5):
-        from worldpipe.models import ModelConfigError, build_model, check_model_config
 
         super().__init__(obs_dim, act_dim)
         if obs_noise < 0 or gain_jitter < 0 or not 0 <= level_jitter <= 1:

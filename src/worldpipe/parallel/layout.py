@@ -28,7 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from worldpipe.config.identity import ConfigError, to_container
 from worldpipe.parallel.runtime import Runtime
+from worldpipe.parallel.time_partition import TimePartition
+from worldpipe.parallel.wrap import wrap_model
 
 # Batch entries with a time axis (dim 1) that a context-parallel layout cuts; everything else is per window.
 TIME_KEYS = ("obs", "action", "reward", "terminated", "mask", "noise", "pixels")
@@ -55,8 +58,6 @@ def _model_support(model_cfg: Mapping[str, Any]):
 
 def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
     """Refuse a parallel layout that cannot work for this model and world size; the error names the key."""
-    from worldpipe.config.identity import ConfigError, to_container
-
     c = to_container(cfg)
     p, model_cfg = c["parallel"], c.get("model", {})
     tp, cp = _degrees(p)
@@ -99,7 +100,6 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
 @dataclass
 class Layout:
     """This rank's place in the layout and what the trainer does differently because of it."""
-
     runtime: Runtime
     strategy: str
     dp_rank: int
@@ -137,8 +137,6 @@ class Layout:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Apply the layout to a built model (tensor-parallel plan or time partition first, then data parallel)."""
-        from worldpipe.parallel.wrap import wrap_model
-
         rt = self.runtime
         if self.tp_size > 1:
             from torch.distributed.tensor.parallel import parallelize_module
@@ -206,8 +204,6 @@ def _fully_shard(model: nn.Module, mesh: Any) -> nn.Module:
 
 def build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
     """The layout of this rank (a device mesh is built, collectively, when a model axis is used)."""
-    from worldpipe.parallel.time_partition import TimePartition
-
     tp, cp = _degrees(parallel_cfg)
     strategy = str(parallel_cfg["strategy"])
     inner = tp * cp

@@ -22,6 +22,8 @@ from worldpipe.config.compose import compose_config
 from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
+from worldpipe.data.spec import DatasetSpec
+from worldpipe.launch.preflight import checked_config
 
 HELDOUT_SUFFIX = "-heldout"
 
@@ -29,11 +31,9 @@ HELDOUT_SUFFIX = "-heldout"
 class PipelineError(UsageError, ValueError):
     """The pipeline config and the conf/ tree do not fit together; the message names the key."""
 
-
 @dataclasses.dataclass(frozen=True)
 class Dataset:
     """One dataset to generate: its full spec (as `worldpipe data init --spec` takes it) and its hash."""
-
     name: str
     spec: dict[str, Any]
     spec_hash: str
@@ -46,7 +46,6 @@ class Dataset:
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One experiment's run under the current config: where it lives and how to start it."""
-
     experiment: str
     overrides: tuple[str, ...]  # overrides that make its identity: experiment=..., the pipeline's non-safe ones
     config_hash: str
@@ -72,8 +71,6 @@ def compose(overrides: Sequence[str], conf: Path | None = None) -> DictConfig:
 
 def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
     """Every dataset the pipeline config declares, and the held-out sibling of each (`<name>-heldout`)."""
-    from worldpipe.data.spec import DatasetSpec
-
     found: dict[str, Dataset] = {}
     for name, entry in config["datasets"].items():
         spec = {key: value for key, value in entry.items() if key != "heldout"}
@@ -114,8 +111,6 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
              conf: Path | None = None) -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit."""
-    from worldpipe.launch.preflight import checked_config
-
     overrides = identity_overrides(config, experiment)
     try:
         # Validated (types, ranges, layout against world size) with the settings too, so a bad value stops the

@@ -19,6 +19,8 @@ from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
 from worldpipe.core.atomic import symlink_atomic, write_text_atomic
+from worldpipe.pipeline.plan import compose, run_hash
+from worldpipe.tracking.spool import Spool
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -26,7 +28,6 @@ CHECKPOINTS_DIR = "checkpoints"
 
 class RunDirMismatch(ValueError):
     """A run directory whose name is not the hash of the config about to train in it."""
-
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
@@ -50,7 +51,6 @@ def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequenc
     The config is composed again from the same overrides the training gets, so a directory named by one hash
     never holds a run of another (e.g. if conf/ changed between Snakemake's parse and this job).
     """
-    from worldpipe.pipeline.plan import compose, run_hash
 
     run_dir = Path(run_dir)
     cfg = compose(overrides)
@@ -84,7 +84,6 @@ def end(run_dir: str | os.PathLike, exit_code: int) -> None:
 @dataclass
 class RunInfo:
     """One run directory as `worldpipe runs list` shows it."""
-
     path: Path
     record: dict[str, Any]
     status: str
@@ -103,8 +102,6 @@ def checkpoint_step(run_dir: Path) -> int | None:
 
 def run_status(run_dir: Path, record: dict[str, Any]) -> str:
     """finished, running, interrupted (killed or preempted) or failed, with the step it got to."""
-    from worldpipe.tracking.spool import Spool
-
     done = _read_json(run_dir / paths.COMPLETION_RECORD)
     if done is not None:
         return f"finished at step {done.get('final_step')}"
@@ -121,8 +118,6 @@ def run_status(run_dir: Path, record: dict[str, Any]) -> str:
 
 def mlflow_run_id(run_dir: Path) -> str | None:
     """The run's MLflow run id: from its completion record, else from its tracking spool."""
-    from worldpipe.tracking.spool import Spool
-
     done = _read_json(run_dir / paths.COMPLETION_RECORD) or {}
     return done.get("mlflow_run_id") or Spool(run_dir).state().get("run_id")
 

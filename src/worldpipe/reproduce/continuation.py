@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from worldpipe.checkpoint import layout
+from worldpipe.checkpoint import CheckpointManager, layout
 from worldpipe.core.atomic import fsync_tree, publish_dir
 from worldpipe.core.locations import local_path, open_filesystem
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
@@ -83,7 +83,6 @@ def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: boo
             tags["worldpipe.code_drift"] = drift[:5000]
         prepare_run_dir(target, tags, copy_history=(run_id, step))
         _copy_checkpoint(source, target / "checkpoints", step)
-        from worldpipe.checkpoint import CheckpointManager
 
         problems = CheckpointManager(str(target / "checkpoints")).verify(step, full=True)
         if problems:

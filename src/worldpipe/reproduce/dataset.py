@@ -8,6 +8,9 @@ from pathlib import Path
 
 from worldpipe.config import paths
 from worldpipe.core.locations import resolve_against
+from worldpipe.data.build import build_dataset
+from worldpipe.data.manifest import load_manifest, verify_dataset
+from worldpipe.data.spec import DatasetSpec
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 
@@ -20,7 +23,6 @@ def resolve_recorded_path(path: str, cwd: str | None) -> str:
 
 
 def _dataset_ok(store: str, manifest_path: str, expected: str) -> bool:
-    from worldpipe.data.manifest import load_manifest, verify_dataset
 
     try:
         if load_manifest(manifest_path)["dataset_hash"] != expected:
@@ -33,9 +35,6 @@ def _dataset_ok(store: str, manifest_path: str, expected: str) -> bool:
 
 def regenerate_dataset(spec: dict, target: Path) -> tuple[str, str]:
     """Build and seal the dataset of a recorded generation spec in this process (the same code the rules run)."""
-    from worldpipe.data.build import build_dataset
-    from worldpipe.data.spec import DatasetSpec
-
     store, manifest = target / paths.STORE_NAME, target / paths.MANIFEST_NAME
     if store.exists():
         shutil.rmtree(store)
@@ -66,7 +65,6 @@ def locate_dataset(recorded: RecordedRun, data_dir: str | None = None) -> tuple[
                          "holds no generation spec; pass --data-dir with the original dataset")
     log.info("regenerating dataset %s… from its recorded spec into %s", expected[:16], target)
     store, manifest = regenerate_dataset(spec, target)
-    from worldpipe.data.manifest import load_manifest
 
     got = load_manifest(manifest)["dataset_hash"]
     if got != expected:

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from worldpipe.config import paths
+from worldpipe.launch.launcher import launch_training
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 from worldpipe.tracking.spool import Spool
@@ -50,8 +51,6 @@ def training_config(recorded: RecordedRun, run_dir: Path, store: str, manifest: 
 
 def launch(config: dict, run_dir: Path, overrides: list[str] = ()) -> int:
     """Train this config through the launcher (preflight, torchrun, signal forwarding); returns its exit code."""
-    from worldpipe.launch.launcher import launch_training
-
     run_dir.mkdir(parents=True, exist_ok=True)
     config_dir = run_dir / RECORDED_CONFIG_DIR
     config_dir.mkdir(exist_ok=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from worldpipe.rollout.engine import JobResult, RolloutJob, padded, run_jobs
+from worldpipe.rollout.engine import JobResult, RolloutJob, run_jobs
+from worldpipe.rollout.padding import padded
 
 log = logging.getLogger("worldpipe.rollout")
 

@@ -6,7 +6,7 @@ So a row's bits can change with which other requests share its batch. Two rules 
 
 * every model call runs on a batch padded to a multiple of :data:`ROW_MULTIPLE` rows (padding rows repeat
   row 0 and are discarded);
-* a model is batched only if :func:`probe_batch_invariance` found, when it was loaded, that each row's result
+* a model is batched only if :func:`worldpipe.rollout.padding.probe_batch_invariance` found, when it was loaded, that each row's result
   is the same at every position and padded width; otherwise every job runs alone, as row 0 of a batch of one.
 
 ``tests/unit/test_rollout_engine.py`` checks the result against single-job runs over many compositions.
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from worldpipe.models import RolloutState
+from worldpipe.rollout.padding import ROW_MULTIPLE, pad_rows, padded
 from worldpipe.rollout.registry import ServedModel
 from worldpipe.rollout.streams import StreamId, step_noise
 
-ROW_MULTIPLE = 8
 SAMPLING_MODES = ("sample", "mean")
 
 
@@ -78,17 +78,6 @@ class JobResult:
     timing: dict = field(default_factory=dict)
 
 
-def padded(n: int, multiple: int = ROW_MULTIPLE) -> int:
-    """Rows actually computed for ``n`` rows of work."""
-    return max(multiple, -(-n // multiple) * multiple)
-
-
-def _pad_rows(t: torch.Tensor, width: int) -> torch.Tensor:
-    if t.shape[0] == width:
-        return t
-    return torch.cat([t, t[:1].expand(width - t.shape[0], *t.shape[1:])], dim=0)
-
-
 # Every per-job rollout state ever handed out, while something still references it: the leak detector
 # behind /stats (a closed session whose state is still alive somewhere shows up here).
 LIVE_STATE_TENSORS: weakref.WeakSet = weakref.WeakSet()
@@ -118,8 +107,8 @@ def filter_contexts(jobs: list[RolloutJob], pad: bool = True) -> None:
     for group in groups.values():
         model = group[0].served.model
         width = padded(len(group), ROW_MULTIPLE if pad else 1)
-        obs = _pad_rows(torch.stack([j.context_obs for j in group]), width)
-        action = _pad_rows(torch.stack([j.context_action for j in group]), width)
+        obs = pad_rows(torch.stack([j.context_obs for j in group]), width)
+        action = pad_rows(torch.stack([j.context_action for j in group]), width)
         state = model.observe_context((obs - model.obs_mean) / model.obs_std, action)
         for i, job in enumerate(group):
             job.start = _row(state, i)
@@ -136,7 +125,7 @@ def imagine_group(group: list[RolloutJob]) -> list[JobResult]:
     horizons = [j.actions.shape[0] for j in jobs]
     multiple = ROW_MULTIPLE if served.batch_invariant else 1
     width = padded(len(jobs), multiple)
-    state = {k: _pad_rows(torch.cat([j.start[k] for j in jobs]), width) for k in jobs[0].start}
+    state = {k: pad_rows(torch.cat([j.start[k] for j in jobs]), width) for k in jobs[0].start}
     obs_out = [[] for _ in jobs]
     rew_out = [[] for _ in jobs]
     finals: list[RolloutState | None] = [j.start if h == 0 else None for j, h in zip(jobs, horizons, strict=True)]
@@ -146,12 +135,12 @@ def imagine_group(group: list[RolloutJob]) -> list[JobResult]:
         if padded(active, multiple) < width:
             width = padded(active, multiple)
             state = {k: v[:width] for k, v in state.items()}
-        action = _pad_rows(torch.stack([jobs[i].actions[t] for i in range(active)]), width)
+        action = pad_rows(torch.stack([jobs[i].actions[t] for i in range(active)]), width)
         noise = None
         if noisy:
             draws = [step_noise(j.stream, j.first_step + t, noise_shape, generator) * j.sampling.noise_scale
                      for j in jobs[:active]]
-            noise = _pad_rows(torch.stack(draws), width)
+            noise = pad_rows(torch.stack(draws), width)
         obs, reward, state = model.imagine_step(state, action, noise)
         obs = obs * model.obs_std + model.obs_mean
         for i in range(active):
@@ -183,28 +172,3 @@ def run_jobs(jobs: list[RolloutJob]) -> list[JobResult]:
         for i, result in zip(indices, imagine_group([jobs[i] for i in indices]), strict=True):
             results[i] = result
     return results
-
-
-@torch.no_grad()
-def probe_batch_invariance(model, obs_dim: int, act_dim: int, rows: int = 24, steps: int = 3) -> bool:
-    """True when every row of a random rollout has the same bits at every batch position and padded width."""
-    g = torch.Generator().manual_seed(0)
-    obs, action = torch.randn(rows, 3, obs_dim, generator=g), torch.randn(rows, 3 + steps, act_dim, generator=g)
-    shape = model.rollout_noise_shape()
-    noise = None if shape is None else torch.randn(steps, rows, *shape, generator=g)
-
-    def run(order: torch.Tensor, width: int) -> torch.Tensor:
-        idx = _pad_rows(order, width)
-        state, outputs = model.observe_context(obs[idx], action[idx, :3]), []
-        for t in range(steps):
-            out, reward, state = model.imagine_step(state, action[idx, 3 + t], None if noise is None else noise[t][idx])
-            outputs.append(torch.cat([out, reward.unsqueeze(-1)], dim=-1))
-        result = torch.stack(outputs, dim=1)[:len(order)]
-        return result[torch.argsort(order)]
-
-    reference = run(torch.arange(rows), padded(rows))
-    for seed, width in ((1, ROW_MULTIPLE), (2, 2 * ROW_MULTIPLE), (3, padded(rows)), (4, padded(rows) + ROW_MULTIPLE)):
-        order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))[:min(rows, width)]
-        if not torch.equal(run(order, width), reference[order.sort().values]):
-            return False
-    return True

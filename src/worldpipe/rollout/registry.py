@@ -20,6 +20,7 @@ from typing import Any
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.checkpoint.layout import parse_step_dir
 from worldpipe.models import WorldModel, build_model
+from worldpipe.rollout.padding import probe_batch_invariance
 
 log = logging.getLogger("worldpipe.rollout")
 
@@ -92,8 +93,6 @@ def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel
     model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    from worldpipe.rollout.engine import probe_batch_invariance
-
     invariant = probe_batch_invariance(model, obs_dim, act_dim)
     if not invariant:
         log.warning("step %d: a row's result depends on its batch position on this machine; serving unbatched", step)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
@@ -203,7 +204,6 @@ class _Applier:
             self.client.log_batch(self.run_id, metrics=metrics[start:start + METRIC_BATCH])
 
     def _inputs(self, record: dict, _first: bool) -> None:
-        from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 
         log_datasets(self.client, self.run_id, [DatasetRecord(**fields) for fields in record["datasets"]])
 

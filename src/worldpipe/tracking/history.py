@@ -17,6 +17,7 @@ from worldpipe.config.identity import flatten
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
+from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
@@ -27,11 +28,9 @@ NOT_TRAINING_PREFIXES = (SYSTEM_PREFIX, EVAL_PREFIX)
 class RecordError(RuntimeError):
     """The MLflow records of a run are missing or inconsistent."""
 
-
 def client_for(uri: str | None):
     from mlflow.tracking import MlflowClient
 
-    from worldpipe.tracking.recorder import resolve_tracking_uri
 
     return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
 
@@ -96,7 +95,6 @@ def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[s
 @dataclass
 class RecordedRun:
     """Everything `rerun`/`resume` rebuild a run from, read from MLflow alone."""
-
     run_id: str
     run: Any
     config: dict

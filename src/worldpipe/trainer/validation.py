@@ -28,7 +28,9 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     c = to_container(cfg)
     for key, problem in check_ranges(c):
         raise ConfigError(f"config key '{key}': {problem}")
-    from worldpipe.models import check_model_config  # the model's signature is its schema (imports torch)
+    # The model's signature is its schema. Imported here: models bring torch, and the Snakefile's parse and
+    # the launcher's refusals run this check without paying that start-up time.
+    from worldpipe.models import check_model_config
 
     for key, problem in check_model_config(c.get("model") or {}):
         raise ConfigError(f"config key '{key}': {problem}")
@@ -47,7 +49,8 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
             f"global batch {t['batch_size']} is not divisible by the world size {world_size} "
             "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
         )
-    from worldpipe.parallel.layout import validate_layout  # the layout's own rules (degrees, model axes)
+    # The layout's own rules (degrees, model axes); imported here for the same reason (torch start-up).
+    from worldpipe.parallel.layout import validate_layout
 
     validate_layout(c, world_size)
 
