@@ -1,10 +1,9 @@
 # worldpipe: simulate -> shard (zarr + manifest) -> train (torchrun, Hydra) -> evaluate -> report.
 # This file only wires; rules live in workflow/rules/, their code in src/worldpipe/ and workflow/scripts/.
 import os
+from pathlib import Path
 
 from snakemake.utils import min_version, validate
-
-from worldpipe.pipeline.sweep import sweep_targets
 
 min_version("9.0")
 
@@ -41,4 +40,4 @@ rule all:
             )
         ],
         [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
-        sweep_targets(config.get("sweep"), RESULTS),
+        sweep_targets(config.get("sweep"), Path(CONF_DIR)),

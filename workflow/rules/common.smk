@@ -19,6 +19,7 @@ CONF_DIR = os.path.join(workflow.basedir, "conf")
 os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
 
 from worldpipe.config import paths
+from worldpipe.pipeline.sweep import sweep_targets
 from worldpipe.pipeline.plan import PipelineError, comparison_id, launch_overrides, plan, training_settings
 
 if paths.CONF_DIR != Path(CONF_DIR).resolve():

@@ -7,16 +7,16 @@ rule evaluate_model:
         done=rules.train_model.output.done,
         manifest=heldout_manifest,
     output:
-        metrics=f"{RUNS}/{{experiment}}/{{run_hash}}/eval/{{eval_hash}}/metrics.json",
+        metrics=f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.EVAL_DIR}/{{eval_hash}}/metrics.json",
         plot=report(
-            f"{RUNS}/{{experiment}}/{{run_hash}}/eval/{{eval_hash}}/error_vs_horizon.png",
+            f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.EVAL_DIR}/{{eval_hash}}/error_vs_horizon.png",
             caption="../report/error_vs_horizon.rst",
             category="Evaluation",
             subcategory="{experiment}",
         ),
     params:
         store=lambda wildcards: dataset_file(rules.init_store.output.store, run_of(wildcards).heldout),
-        checkpoints=lambda wildcards, input: os.path.join(os.path.dirname(input.done), "checkpoints"),
+        checkpoints=lambda wildcards, input: paths.checkpoints_dir(os.path.dirname(input.done)),
         context=config["evaluate"]["context"],
         horizon=config["evaluate"]["horizon"],
     conda:

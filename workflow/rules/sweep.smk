@@ -10,7 +10,7 @@ from worldpipe.pipeline.sweep import expand_sweep, sweep_dir
 
 SWEEP = config.get("sweep") or {}
 SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}
-SWEEP_DIR = sweep_dir(SWEEP, RESULTS)
+SWEEP_DIR = sweep_dir(SWEEP, Path(CONF_DIR))
 SWEEP_NAME = SWEEP.get("name", "none")
 try:
     SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
@@ -86,15 +86,15 @@ rule train_sweep_point:
 
 rule evaluate_sweep_point:
     input:
-        done=f"{SWEEP_DIR}/{{point}}/train_done.json",
+        done=f"{SWEEP_DIR}/{{point}}/{paths.COMPLETION_RECORD}",
         parent=f"{SWEEP_DIR}/parent.json",
         manifest=SWEEP_DATA.get("heldout_manifest", []),
     output:
-        metrics=f"{SWEEP_DIR}/{{point}}/eval/metrics.json",
-        plot=f"{SWEEP_DIR}/{{point}}/eval/error_vs_horizon.png",
+        metrics=f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/metrics.json",
+        plot=f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/error_vs_horizon.png",
     params:
         store=SWEEP_DATA.get("heldout_store"),
-        checkpoints=lambda wildcards, input: os.path.join(os.path.dirname(input.done), "checkpoints"),
+        checkpoints=lambda wildcards, input: paths.checkpoints_dir(os.path.dirname(input.done)),
         values=lambda wildcards: json.dumps(SWEEP_POINTS[wildcards.point].as_dict(), sort_keys=True),
         context=config["evaluate"]["context"],
         horizon=config["evaluate"]["horizon"],
@@ -118,7 +118,7 @@ rule evaluate_sweep_point:
 rule compare_sweep:
     input:
         parent=f"{SWEEP_DIR}/parent.json",
-        metrics=expand(f"{SWEEP_DIR}/{{point}}/eval/metrics.json", point=list(SWEEP_POINTS)),
+        metrics=expand(f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/metrics.json", point=list(SWEEP_POINTS)),
     output:
         table=f"{SWEEP_DIR}/compare.txt",
         plot=report(f"{SWEEP_DIR}/compare.png", caption="../report/sweep_compare.rst", category="Sweep"),

@@ -23,8 +23,11 @@ def register(sub) -> None:
 
 
 def _root(run_dir: str) -> str:
-    path = Path(run_dir)
-    return str(path / "checkpoints") if (path / "checkpoints").is_dir() else run_dir
+    """A run directory's checkpoint store, or the path itself when it is a store already."""
+    from worldpipe.config.paths import checkpoints_dir
+
+    store = checkpoints_dir(run_dir)
+    return store if Path(store).is_dir() else run_dir
 
 
 def _list(args) -> int:

@@ -58,6 +58,9 @@ STORE_NAME: str = _PATHS["store"]
 MANIFEST_NAME: str = _PATHS["manifest"]
 # Where `worldpipe bench` writes its JSON and plots unless told otherwise (relative to the working directory).
 BENCH_DIR: str = _PATHS["bench"]
+# Inside a run directory: the checkpoint store and the evaluations.
+CHECKPOINTS_DIR: str = _PATHS["checkpoints"]
+EVAL_DIR: str = _PATHS["eval"]
 
 
 def short(full_hash: str) -> str:
@@ -83,3 +86,19 @@ def run_dir(experiment: str, run_hash: str, root: Path | None = None) -> str:
 def default_tracking_uri(root: Path | None = None) -> str:
     """MLflow tracking URI used when none is configured: the SQLite file under the results directory."""
     return f"sqlite:///{Path(layout(root)['tracking_db']).resolve()}"
+
+
+def checkpoints_dir(run_dir: str | os.PathLike) -> str:
+    """The checkpoint store of a run directory (what ``checkpoint.dir`` defaults to)."""
+    return f"{os.fspath(run_dir).rstrip('/')}/{CHECKPOINTS_DIR}"
+
+
+def eval_dir(run_dir: str | os.PathLike, eval_hash: str | None = None) -> str:
+    """A run's evaluation directory: ``<run_dir>/eval[/<eval-hash>]`` (a sweep point has a single one)."""
+    base = f"{os.fspath(run_dir).rstrip('/')}/{EVAL_DIR}"
+    return f"{base}/{short(eval_hash)}" if eval_hash else base
+
+
+def sweep_dir(name: str, root: Path | None = None) -> str:
+    """Directory of a sweep: ``<sweeps>/<name>`` (one run directory per point below it)."""
+    return f"{layout(root)['sweeps']}/{name}"

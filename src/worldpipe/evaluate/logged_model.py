@@ -21,8 +21,8 @@ from typing import Any
 
 import mlflow.pyfunc
 
-from worldpipe.models import build_model
 from worldpipe.models.open_loop import predict_observations
+from worldpipe.models.restore import DIMS_KEY, model_dims_record, restore_model
 from worldpipe.tracking.records import CHECKPOINT_DIGEST_TAG as DIGEST_TAG
 from worldpipe.tracking.records import CHECKPOINT_STEP_TAG as STEP_TAG
 
@@ -37,17 +37,15 @@ class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
         """Build the model from its spec and load its weights (no code runs from the files themselves)."""
         import torch
 
-
         spec = json.loads(Path(context.artifacts[SPEC]).read_text())
-        self.model = build_model(spec["model"], spec["obs_dim"], spec["act_dim"])
-        self.model.load_state_dict(torch.load(context.artifacts[WEIGHTS], weights_only=True))
-        self.model.eval()
+        weights = torch.load(context.artifacts[WEIGHTS], weights_only=True)
+        dims = model_dims_record(spec["obs_dim"], spec["act_dim"])
+        self.model = restore_model(spec["model"], weights, {DIMS_KEY: dims})
 
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would validate by them
         """Open-loop prediction of the steps after the context, in raw observation units."""
         import numpy as np
         import torch
-
 
         obs = torch.as_tensor(np.asarray(model_input["obs"], dtype=np.float32))
         action = torch.as_tensor(np.asarray(model_input["action"], dtype=np.float32))

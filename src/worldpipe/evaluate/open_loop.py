@@ -17,21 +17,20 @@ from worldpipe.checkpoint import CheckpointManager
 from worldpipe.core.atomic import write_atomic
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.models import WorldModel, build_model
+from worldpipe.models import WorldModel
 from worldpipe.models.open_loop import predict_observations
+from worldpipe.models.restore import restore_model
 
 
-def load_model(checkpoint_dir: str, obs_dim: int, act_dim: int, step: int | None = None) -> tuple[WorldModel, dict]:
+def load_model(checkpoint_dir: str, step: int | None = None) -> tuple[WorldModel, dict]:
     """The model of a checkpoint (newest intact by default) and its identity record."""
     manager = CheckpointManager(checkpoint_dir)
     chosen = step if step is not None else manager.latest_intact()
     if chosen is None:
         raise FileNotFoundError(f"no intact checkpoint in {checkpoint_dir}")
     state = manager.load(chosen)
-    model = build_model(state["identity"]["config"]["model"], obs_dim, act_dim)
-    model.load_state_dict(state["model"])
-    model.eval()
-    return model, {"step": chosen, **state["identity"]}
+    identity = state["identity"]
+    return restore_model(identity["config"]["model"], state["model"], identity), {"step": chosen, **identity}
 
 
 def heldout_segments(episodes: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +53,7 @@ def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: i
     """
     manifest = load_manifest(manifest_path)
     store = TrajectoryStore.open(store_url, manifest=manifest)
-    model, identity = load_model(checkpoint_dir, store.obs_dim, store.act_dim)
+    model, identity = load_model(checkpoint_dir)
     obs, action = heldout_segments(store.read_episodes(0, store.num_episodes), context + horizon)
     obs_t, action_t = torch.from_numpy(obs), torch.from_numpy(action)  # [N,C+H,O], [N,C+H,A]
     predicted = predict_observations(model, obs_t, action_t, context)  # [N,H,O]

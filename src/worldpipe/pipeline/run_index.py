@@ -23,8 +23,6 @@ from worldpipe.pipeline.plan import compose, run_hash
 from worldpipe.tracking.spool import Spool
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
-CHECKPOINTS_DIR = "checkpoints"
-
 
 class RunDirMismatch(ValueError):
     """A run directory whose name is not the hash of the config about to train in it."""
@@ -93,7 +91,7 @@ class RunInfo:
 
 def checkpoint_step(run_dir: Path) -> int | None:
     """Step of the newest published checkpoint in the run's local checkpoint directory, if any."""
-    pointer = run_dir / CHECKPOINTS_DIR / LATEST_NAME
+    pointer = Path(paths.checkpoints_dir(run_dir)) / LATEST_NAME
     try:
         return parse_step_dir(pointer.read_text().strip())
     except OSError:

@@ -20,12 +20,13 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from worldpipe.config import paths
 from worldpipe.core.errors import UsageError
 
 SEED_KEY = "seed"
-SWEEPS_DIR = "sweeps"  # below the results directory (conf/paths)
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PLAIN = re.compile(r"^[A-Za-z0-9_.+-]+$")
 # Keys a point must not set: where the run lives and records are decided by the sweep itself.
@@ -60,14 +61,14 @@ class SweepPoint:
         return sweep_name + "-" + "_".join(f"{key.rsplit('.', 1)[-1]}{format_value(v)}" for key, v in self.values)
 
 
-def sweep_dir(sweep: Mapping[str, Any], results: str) -> str:
-    """Directory of a sweep under the results directory (one run directory per point below it)."""
-    return f"{results}/{SWEEPS_DIR}/{sweep.get('name', 'none')}"
+def sweep_dir(sweep: Mapping[str, Any], root: Path | None = None) -> str:
+    """Directory of a sweep (one run directory per point below it); ``root``: the conf/ tree to read paths from."""
+    return paths.sweep_dir(str(sweep.get("name", "none")), root)
 
 
-def sweep_targets(sweep: Mapping[str, Any] | None, results: str) -> list[str]:
+def sweep_targets(sweep: Mapping[str, Any] | None, root: Path | None = None) -> list[str]:
     """What the pipeline's `all` asks of a sweep: its comparison, which needs every point evaluated."""
-    return [f"{sweep_dir(sweep, results)}/compare.txt", f"{sweep_dir(sweep, results)}/compare.png"] if sweep else []
+    return [f"{sweep_dir(sweep, root)}/compare.txt", f"{sweep_dir(sweep, root)}/compare.png"] if sweep else []
 
 
 def format_value(value: Any) -> str:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from worldpipe.checkpoint import CheckpointManager, layout
+from worldpipe.config import paths
 from worldpipe.core.atomic import fsync_tree, publish_dir
 from worldpipe.core.locations import local_path, open_filesystem
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
@@ -82,9 +83,8 @@ def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: boo
         if drift:
             tags["worldpipe.code_drift"] = drift[:5000]
         prepare_run_dir(target, tags, copy_history=(run_id, step))
-        _copy_checkpoint(source, target / "checkpoints", step)
-
-        problems = CheckpointManager(str(target / "checkpoints")).verify(step, full=True)
+        _copy_checkpoint(source, Path(paths.checkpoints_dir(target)), step)
+        problems = CheckpointManager(paths.checkpoints_dir(target)).verify(step, full=True)
         if problems:
             raise RerunError(f"copied checkpoint step {step} does not verify: {problems}")
         name = f"{recorded.run.info.run_name or 'run'} (resumed from {run_id[:8]} at step {step})"

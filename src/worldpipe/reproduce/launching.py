@@ -39,7 +39,7 @@ def training_config(recorded: RecordedRun, run_dir: Path, store: str, manifest: 
     """The recorded config with only resume-safe keys changed: where to write, read and record."""
     config = json.loads(json.dumps(recorded.config))
     config["run_dir"] = str(run_dir)
-    config["checkpoint"]["dir"] = str(run_dir / "checkpoints")
+    config["checkpoint"]["dir"] = paths.checkpoints_dir(run_dir)
     config["data"]["store"], config["data"]["manifest"] = store, manifest
     config["tracking"]["enabled"], config["tracking"]["uri"] = True, uri
     if run_name:

@@ -15,11 +15,11 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.checkpoint.layout import parse_step_dir
-from worldpipe.models import WorldModel, build_model
+from worldpipe.models import WorldModel
+from worldpipe.models.restore import restore_model
 from worldpipe.rollout.padding import probe_batch_invariance
 
 log = logging.getLogger("worldpipe.rollout")
@@ -56,29 +56,6 @@ def split_checkpoint_path(path: str | Path) -> tuple[Path, int | None]:
     return (path.parent, step) if step is not None else (path, None)
 
 
-def model_dims(identity: dict, model_state: dict, model_cfg: Any) -> tuple[int, int]:
-    """(obs_dim, act_dim) of a checkpoint's model.
-
-    Recorded dims (``identity["dims"]``) win. Otherwise obs_dim is the length of the ``obs_mean`` buffer every
-    WorldModel has, and act_dim is solved from the parameter shapes: built with act_dim 1 and 2, some
-    parameter's shape changes linearly with it.
-    """
-    dims = identity.get("dims") or {}
-    if "obs_dim" in dims and "act_dim" in dims:
-        return int(dims["obs_dim"]), int(dims["act_dim"])
-    obs_dim = int(model_state["obs_mean"].shape[0])
-    one = build_model(model_cfg, obs_dim, 1).state_dict()
-    two = build_model(model_cfg, obs_dim, 2).state_dict()
-    for name, tensor in model_state.items():
-        a, b = one.get(name), two.get(name)
-        if a is None or b is None or a.shape == b.shape:
-            continue
-        for axis, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)):
-            if x != y:
-                return obs_dim, 1 + (int(tensor.shape[axis]) - x) // (y - x)
-    raise ValueError("checkpoint identity has no 'dims' and no parameter depends on the action size")
-
-
 def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel:
     """Load and verify (sha256 of every file) checkpoint ``step`` under ``root`` as a servable model."""
     state = CheckpointManager(root, verify="sha256").load(step)
@@ -87,10 +64,8 @@ def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel
         model_cfg = identity["config"]["model"]
     except (KeyError, TypeError):
         raise ValueError(f"{root}/step-{step:06d}/identity.json: no config.model (how to build the model)") from None
-    obs_dim, act_dim = model_dims(identity, state["model"], model_cfg)
-    model = build_model(model_cfg, obs_dim, act_dim)
-    model.load_state_dict(state["model"])
-    model.to(device).eval()
+    model = restore_model(model_cfg, state["model"], identity).to(device)
+    obs_dim, act_dim = model.obs_dim, model.act_dim
     for p in model.parameters():
         p.requires_grad_(False)
     invariant = probe_batch_invariance(model, obs_dim, act_dim)

@@ -29,6 +29,7 @@ from worldpipe.data.store import TrajectoryStore
 from worldpipe.measure.startup import mark
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
+from worldpipe.models.restore import DIMS_KEY, model_dims_record
 from worldpipe.parallel.layout import build_layout
 from worldpipe.parallel.runtime import Runtime, all_reduce_sum, any_rank, gather_objects
 from worldpipe.parallel.wrap import replica_digest
@@ -66,6 +67,8 @@ class Trainer:
         self.progress = Progress()
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
         self.identity["parallel_layout"] = {**self.layout.describe, "world_size": rt.world_size}
+        # What the model was built for, so a checkpoint alone rebuilds it (identity: not part of the digest).
+        self.identity[DIMS_KEY] = model_dims_record(self.store.obs_dim, self.store.act_dim)
         self.records = TrainingRecords(cfg, rt.is_main)
         components = TrainingComponents(
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader,
