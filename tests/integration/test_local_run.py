@@ -62,3 +62,25 @@ def test_in_process_run_preempts_with_75_and_resumes_to_the_same_bits(tmp_path, 
     traced(run_dir, smoke_dataset, env_with_venv, None, *steps)
     digests = [json.loads((tmp_path / n / "train_done.json").read_text())["digest"] for n in ("reference", "run")]
     assert digests[0] == digests[1]
+
+
+def test_checkpoint_alone_rebuilds_its_model_from_recorded_dims(tmp_path, smoke_dataset, env_with_venv):
+    """The trainer records the model's dimensions; the one loader rebuilds the model from the checkpoint alone
+    (no dataset, no second build to infer the action size) and its predictions equal the trained model's."""
+    from worldpipe.checkpoint import CheckpointManager
+    from worldpipe.models import restore
+
+    run_dir = tmp_path / "run"
+    traced(run_dir, smoke_dataset, env_with_venv, None, "trainer.steps=2", "checkpoint.every=2")
+    state = CheckpointManager(str(run_dir / "checkpoints")).load(2)
+    identity = state["identity"]
+    assert identity[restore.DIMS_KEY] == {"obs_dim": 3, "act_dim": 1}  # Pendulum: cos, sin, velocity; torque
+    built = []
+    original = restore.build_model
+    restore.build_model = lambda *args: built.append(args) or original(*args)
+    try:
+        model = restore.restore_model(identity["config"]["model"], state["model"], identity)
+    finally:
+        restore.build_model = original
+    assert len(built) == 1 and built[0][1:] == (3, 1)
+    assert all((model.state_dict()[k] == v).all() for k, v in state["model"].items())
