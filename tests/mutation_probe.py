@@ -70,6 +70,24 @@ MUTANTS = (
            "return slice(start, start + base + (1 if rank < extra else 0))",
            "return slice(start, start + base + 1)",
            ("tests/unit/test_data_sampler.py",)),
+    Mutant("loss_local_count", "every rank's loss is normalised by the valid steps of the whole global batch",
+           'loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])',
+           'loss = sums["total"] * self.layout.loss_scale(int(batch["mask"].sum()))',
+           ("tests/parallel/test_dist_parallel.py::"
+            "test_trainer_step_on_unequal_slices_follows_the_global_mean_gradient",)),
+    Mutant("model_key_resume_safe", "only resume-safe keys may change on resume: model keys are the run's identity",
+           '    "run_dir",\n)', '    "run_dir",\n    "model.hidden",\n)',
+           ("tests/unit/test_config_identity.py",)),
+    Mutant("preemption_skips_checkpoint", "SIGTERM/SIGUSR1 checkpoint the step the run stops at, then exit 75",
+           "final = self.progress.step == self.cfg.trainer.steps or preempted",
+           "final = self.progress.step == self.cfg.trainer.steps",
+           ("tests/crash/test_preemption_quick.py",)),
+    Mutant("eval_key_ignores_horizon", "an evaluation is identified by digest, held-out data, context and horizon",
+           'self.result["context"],\n                 self.result["horizon"])', 'self.result["context"])',
+           ("tests/integration/test_tracking_comparison.py::test_each_part_of_the_key_makes_another_evaluation",)),
+    Mutant("fault_die_exits_cleanly", "an injected kill is a SIGKILL, not an exit (the crash tests prove it landed)",
+           "os.kill(os.getpid(), signal.SIGKILL)\n", "os._exit(1)\n",
+           ("tests/crash/test_rng_resume.py::test_each_rank_resumes_with_the_rng_state_it_saved",)),
 )
 
 
