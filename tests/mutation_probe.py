@@ -88,6 +88,18 @@ MUTANTS = (
     Mutant("fault_die_exits_cleanly", "an injected kill is a SIGKILL, not an exit (the crash tests prove it landed)",
            "os.kill(os.getpid(), signal.SIGKILL)\n", "os._exit(1)\n",
            ("tests/crash/test_rng_resume.py::test_each_rank_resumes_with_the_rng_state_it_saved",)),
+    Mutant("dir_fsync_skipped", "publication is durable: the directory is fsynced after a rename",
+           "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n    try:\n        os.fsync(fd)",
+           "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n    try:\n        pass",
+           ("tests/unit/test_checkpoint_syscalls.py",)),
+    Mutant("causal_mask_dropped", "the transformer attends causally (no step sees its future)",
+           "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+           "F.scaled_dot_product_attention(q, k, v, is_causal=False)",
+           ("tests/parallel/test_sequence_models.py",)),
+    Mutant("cache_key_ignores_sampling", "a cached rollout draw is reused only for the same sampling config",
+           "return (self.model_version, self.initial_state, prefix, self.sampling, self.stream)",
+           "return (self.model_version, self.initial_state, prefix, self.stream)",
+           ("tests/unit/test_rollout_cache.py",)),
 )
 
 
