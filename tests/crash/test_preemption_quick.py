@@ -44,7 +44,9 @@ def wait_for_a_step(trace: Path, proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+# SIGUSR1 (SLURM's warning signal) in the default tier, with the resume; SIGTERM takes the same path.
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGUSR1],
+                         ids=["SIGTERM", "SIGUSR1"])
 def test_signal_mid_run_checkpoints_the_stop_step_and_exits_75(sig, tmp_path, smoke_dataset, env_with_venv):
     run_dir, trace = tmp_path / "run", tmp_path / "trace.jsonl"
     proc = subprocess.Popen(train_cmd(run_dir, smoke_dataset), env={**env_with_venv, TRACE_ENV: str(trace)},
