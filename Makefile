@@ -24,10 +24,11 @@ pipeline: install
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(SNAKE_ARGS)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(SNAKE_ARGS) --report results/report.html
 
+# --no-skips: a tier that cannot run here (no SLURM cluster, no strace, ...) fails the target instead of skipping.
 test: install system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow" --durations=40
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow" --no-skips --durations=40
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks workflow

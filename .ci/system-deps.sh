@@ -12,7 +12,7 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || needed+=(postgresql)
 { command -v munged && command -v munge; } >/dev/null || needed+=(munge)
 if [ ${#needed[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
-    echo "system-deps: missing ${needed[*]} and not root; the tests that need them will skip" >&2
+    echo "system-deps: missing ${needed[*]} and not root; the tests that need them skip (and make test fails: it runs pytest --no-skips)" >&2
     exit 0
 fi
 apt-get update -qq

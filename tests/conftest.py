@@ -12,6 +12,22 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--no-skips", action="store_true",
+                     help="a test that would skip fails instead: every tier selected must really run (make test)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under --no-skips a skip (a cluster, server or tool that could not be brought up) is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.config.getoption("--no-skips") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under --no-skips (this tier must run here): {reason}"
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -1,9 +1,14 @@
-"""Kill a training run with SIGKILL at a random point, and prove the kill landed.
+"""Kill a training run with SIGKILL at a random point or at a named phase, and prove the kill landed.
 
 A random delay can miss: the run may finish before it, or die before any checkpoint exists. Then the test
 would silently become a plain rerun. :func:`kill_at_random_point` checks that the launcher died of SIGKILL,
 that a checkpoint was published and that the run was unfinished, and otherwise starts over with a shorter
 delay; it fails the test if no attempt lands.
+
+A fault (``WORLDPIPE_CKPT_FAULT=<phase>@<step>:die``) can miss too: a rank that *exits* at the phase (an error,
+a changed fault action) also leaves a non-zero status and a half-written step. :func:`assert_died_of_sigkill`
+proves the process that hit the fault was killed by SIGKILL: the training process itself (one process: the
+launcher trains in-process) or, under torchrun, the failed rank torchrun reports.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +30,9 @@ import pytest
 from processes import pids_with_arg, wait_gone
 from worldpipe.checkpoint import CheckpointManager
 
+# torchrun's report of the first rank that failed (it goes to RUN_DIR/errors.log with the rest of torchrun's
+# own output once `worldpipe train` fails, or to stderr when torchrun is run directly).
+TORCHRUN_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 ATTEMPTS = 4
 STARTUP_GUARD_S = 180  # only stops a run that never publishes from hanging the suite
 
@@ -94,3 +103,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):  # the group ended between poll and kill
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def assert_died_of_sigkill(proc: subprocess.CompletedProcess, run_dir: Path | None = None,
+                           rank: int | None = None) -> None:
+    """The run ``proc`` ran died of SIGKILL: its own status is -9 (a single process), or torchrun reports a rank
+    (``rank``, if given) that failed with exit code -9, in ``run_dir/errors.log`` or on stderr."""
+    if proc.returncode == -signal.SIGKILL:
+        return
+    log = run_dir / "errors.log" if run_dir is not None else None
+    text = (log.read_text(errors="replace") if log is not None and log.exists() else "") + (proc.stderr or "")
+    failure = TORCHRUN_FAILURE.search(text)
+    assert proc.returncode != 0 and failure is not None, \
+        f"exit status {proc.returncode} and no torchrun report of a failed rank:\n{text[-2000:]}"
+    assert int(failure.group(1)) == -signal.SIGKILL, f"the rank did not die of SIGKILL: {failure.group(0)}"
+    assert rank is None or int(failure.group(2)) == rank, f"another rank failed first: {failure.group(0)}"

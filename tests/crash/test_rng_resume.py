@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kill_support import kill_at_random_point
+from kill_support import assert_died_of_sigkill, kill_at_random_point
 
 from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
@@ -55,14 +55,24 @@ def saved_fingerprints(run_dir: Path, step: int) -> list[dict]:
     return [{k: rng_fingerprint(r)[k] for k in TRACED_STREAMS} for r in rng]
 
 
+def assert_killed_mid_files(root: Path, step: int, previous: int) -> None:
+    """The kill landed at ``mid_files`` of ``step``: its hidden partial directory holds a file, and the newest
+    intact step (the one `latest` names) is the previous one."""
+    partial = [p for p in root.iterdir() if p.name.startswith(f".step-{step:06d}.partial-")]
+    assert len(partial) == 1 and any(p.is_file() for p in partial[0].rglob("*")), sorted(p.name for p in root.iterdir())
+    assert CheckpointManager(root).latest_intact() == previous
+    assert (root / "latest").read_text().strip() == f"step-{previous:06d}"
+
+
 def test_each_rank_resumes_with_the_rng_state_it_saved(tmp_path, smoke_dataset, env_with_venv, capsys):
     """Killed inside the save of step 4 (step 2 is the newest intact), resumed: at step 3 every rank draws
     from the state it saved at step 2 and from the very state the killed process drew from."""
     run_dir, trace = tmp_path / "run", tmp_path / "trace"
     cmd = train_cmd(run_dir, smoke_dataset, 4, 2)
     killed = run(cmd, env_with_venv, WORLDPIPE_CKPT_FAULT="mid_files@4:die", **{RNG_TRACE_ENV: str(trace)})
-    assert killed.returncode != 0 and not (run_dir / "train_done.json").exists()
-    assert CheckpointManager(run_dir / "checkpoints").latest_intact() == 2
+    assert_died_of_sigkill(killed, run_dir, rank=0)  # killed, not an exit: rank 0 writes the (unsharded) files
+    assert not (run_dir / "train_done.json").exists()
+    assert_killed_mid_files(run_dir / "checkpoints", step=4, previous=2)
     resumed = run(cmd, env_with_venv, **{RNG_TRACE_ENV: str(trace)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout + resumed.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from kill_support import kill_at_random_point
+from kill_support import assert_died_of_sigkill, kill_at_random_point
 
 from datasets import SMOKE_SPEC, build_dataset
 from processes import pids_with_arg, wait_gone
@@ -107,16 +107,25 @@ def test_kill9_at_random_points_resumes_bit_exact(seed, mode, tmp_path, smoke_da
     assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
 
 
-@pytest.mark.parametrize("phase", ["mid_files", "after_files", "after_manifest", "after_rename", "after_latest",
-                                   "before_retention"])
+# phase -> (step 20 published, step `latest` names) when a kill at that phase of step 20's save lands
+KILLED_AT = {"mid_files": (False, 10), "after_files": (False, 10), "after_manifest": (False, 10),
+             "after_rename": (True, 10), "after_latest": (True, 20), "before_retention": (True, 20)}
+
+
+@pytest.mark.parametrize("phase", sorted(KILLED_AT))
 def test_kill9_inside_publication_resumes_bit_exact(phase, tmp_path, smoke_dataset, env_with_venv, reference):
     run_dir = tmp_path / "run"
     proc = run_train(run_dir, smoke_dataset, env_with_venv, fault=f"{phase}@20:die")
-    assert proc.returncode != 0
+    assert_died_of_sigkill(proc, run_dir, rank=0)  # rank 0 writes the (unsharded) checkpoint
     assert "step-000010" in published_steps(run_dir), "the previous checkpoint must survive"
     assert_no_partial_reported(run_dir)
-    latest = CheckpointManager(run_dir / "checkpoints").latest_intact()
-    assert latest in (10, 20)
+    # Where the kill landed, as the store shows it: before the rename only a hidden partial step 20 exists,
+    # after it step 20 is published, and `latest` names it from after_latest on.
+    published, named = KILLED_AT[phase]
+    assert ("step-000020" in published_steps(run_dir)) == published, published_steps(run_dir)
+    assert any(".step-000020.partial-" in n for n in published_steps(run_dir)) == (not published)
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{named:06d}"
+    assert CheckpointManager(run_dir / "checkpoints").latest_intact() == (20 if published else 10)
     assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
 
 
@@ -171,7 +180,8 @@ def test_world_size_change_keeps_sample_order(first, second, tmp_path, smoke_dat
     run_dir = tmp_path / "run"
     proc = run_train(run_dir, smoke_dataset, env_with_venv, f"parallel.nproc_per_node={first}",
                      fault="after_latest@20:die")
-    assert proc.returncode != 0 and CheckpointManager(run_dir / "checkpoints").latest_intact() == 20
+    assert_died_of_sigkill(proc, run_dir, rank=0)  # one rank: the launcher itself dies (-9)
+    assert CheckpointManager(run_dir / "checkpoints").latest_intact() == 20
     resumed = run_train(run_dir, smoke_dataset, env_with_venv, f"parallel.nproc_per_node={second}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"written by {first} ranks, now {second}" in resumed.stdout + resumed.stderr
@@ -188,9 +198,16 @@ def test_world_size_change_keeps_sample_order(first, second, tmp_path, smoke_dat
     print(f"world size {first}->{second}: max relative parameter difference {worst:.3e}")
 
 
+def killed_after_step_20(run_dir: Path, dataset, env) -> None:
+    """A run SIGKILLed right after step 20 was published (`latest` names it): what the refusals resume from."""
+    proc = run_train(run_dir, dataset, env, fault="after_latest@20:die")
+    assert_died_of_sigkill(proc, run_dir, rank=0)
+    assert CheckpointManager(run_dir / "checkpoints").latest_intact() == 20
+
+
 def test_changed_config_is_refused_with_a_diff(tmp_path, smoke_dataset, env_with_venv):
     run_dir = tmp_path / "run"
-    assert run_train(run_dir, smoke_dataset, env_with_venv, fault="after_latest@20:die").returncode != 0
+    killed_after_step_20(run_dir, smoke_dataset, env_with_venv)
     refused = run_train(run_dir, smoke_dataset, env_with_venv, "trainer.lr=0.01")
     assert refused.returncode == 2
     assert "trainer.lr: 0.001 -> 0.01" in refused.stderr
@@ -203,7 +220,7 @@ def test_changed_config_is_refused_with_a_diff(tmp_path, smoke_dataset, env_with
 
 def test_changed_dataset_is_refused(tmp_path, smoke_dataset, env_with_venv):
     run_dir = tmp_path / "run"
-    assert run_train(run_dir, smoke_dataset, env_with_venv, fault="after_latest@20:die").returncode != 0
+    killed_after_step_20(run_dir, smoke_dataset, env_with_venv)
     other = build_dataset(tmp_path / "other", env_with_venv, {**SMOKE_SPEC, "seed": 7})
     refused = run_train(run_dir, other, env_with_venv)
     assert refused.returncode == 2

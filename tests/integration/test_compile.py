@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -24,7 +25,9 @@ def test_compiled_run_resumes_bit_identically_with_itself(tmp_path, smoke_datase
     whole = compiled_run(tmp_path / "whole", smoke_dataset, env_with_venv)
     assert whole.returncode == 0, whole.stderr[-3000:]
     killed = compiled_run(tmp_path / "killed", smoke_dataset, env_with_venv, fault="after_latest@3:die")
-    assert killed.returncode != 0 and (tmp_path / "killed" / "checkpoints" / "step-000003").is_dir()
+    # One process, trained in the launcher: the launcher itself dies of the SIGKILL, after step 3 is `latest`.
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert (tmp_path / "killed" / "checkpoints" / "latest").read_text().strip() == "step-000003"
     resumed = compiled_run(tmp_path / "killed", smoke_dataset, env_with_venv)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     digests = [json.loads((tmp_path / n / "train_done.json").read_text())["digest"] for n in ("whole", "killed")]

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from kill_support import assert_died_of_sigkill
 
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 
@@ -14,7 +15,8 @@ def test_fsdp2_resume_is_bit_exact_and_matches_ddp(tmp_path, smoke_dataset, env_
     straight, interrupted, ddp = tmp_path / "straight", tmp_path / "interrupted", tmp_path / "ddp"
     assert run_train(straight, smoke_dataset, env_with_venv, "parallel=fsdp2").returncode == 0
     died = run_train(interrupted, smoke_dataset, env_with_venv, "parallel=fsdp2", fault="after_latest@20:die")
-    assert died.returncode != 0
+    assert_died_of_sigkill(died, interrupted)  # every rank dies at after_latest of step 20
+    assert CheckpointManager(interrupted / "checkpoints").latest_intact() == 20
     resumed = run_train(interrupted, smoke_dataset, env_with_venv, "parallel=fsdp2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert checkpoint_digest(interrupted / "checkpoints") == checkpoint_digest(straight / "checkpoints")

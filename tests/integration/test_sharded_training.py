@@ -11,6 +11,7 @@ import json
 import shutil
 
 import pytest
+from kill_support import assert_died_of_sigkill
 from test_train_recovery import run_train
 
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
@@ -52,7 +53,8 @@ def test_tensor_parallel_run_resumes_bit_exact_and_onto_fsdp2(tmp_path, smoke_da
     proc = run_train(straight, smoke_dataset, env_with_venv, *tp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     died = run_train(interrupted, smoke_dataset, env_with_venv, *tp, fault="after_latest@20:die")
-    assert died.returncode != 0
+    assert_died_of_sigkill(died, interrupted)  # every rank dies at after_latest of step 20
+    assert (interrupted / "checkpoints" / "latest").read_text().strip() == "step-000020"
     assert (interrupted / "checkpoints" / "step-000020" / INDEX_FILE).is_file()
     (fsdp / "checkpoints").mkdir(parents=True)
     shutil.copytree(interrupted / "checkpoints" / "step-000020", fsdp / "checkpoints" / "step-000020")

@@ -80,3 +80,31 @@ def test_the_same_evaluation_twice_logs_once_and_another_key_goes_to_a_child(swe
     assert other.child and other.run_id != run.info.run_id
     assert client.get_run(other.run_id).data.tags["mlflow.parentRunId"] == run.info.run_id
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/model_mse")] == [1, 2, 3]
+
+
+def _result(heldout: str = "h" * 64, context: int = 4, horizon: int = 3) -> dict:
+    return {"heldout_dataset_hash": heldout, "context": context, "horizon": horizon,
+            "model_mse": [1.0] * horizon, "baseline_mse": [2.0] * horizon, "ratio": [0.5] * horizon}
+
+
+# Each part of an evaluation's key, changed alone: (checkpoint digest, held-out data, context, horizon).
+KEY_PARTS = {
+    "checkpoint_digest": lambda run_id: EvaluationRecord(run_id, "f" * 64, 40, _result()),
+    "heldout_dataset_hash": lambda run_id: EvaluationRecord(run_id, "d" * 64, 40, _result(heldout="g" * 64)),
+    "context": lambda run_id: EvaluationRecord(run_id, "d" * 64, 40, _result(context=8)),
+    "horizon": lambda run_id: EvaluationRecord(run_id, "d" * 64, 40, _result(horizon=5)),
+}
+
+
+@pytest.mark.parametrize("part", sorted(KEY_PARTS))
+def test_each_part_of_the_key_makes_another_evaluation(sweep, part):
+    """An evaluation that differs in one part of its key is logged (to a child run), never skipped as done."""
+    client, parent = sweep
+    run_id = client.create_run(client.get_run(parent).info.experiment_id, run_name=f"by-{part}").info.run_id
+    first = log_evaluation(client.tracking_uri, EvaluationRecord(run_id, "d" * 64, 40, _result()))
+    assert first.logged and not first.child
+    same = EvaluationRecord(run_id, "d" * 64, 40, {**_result(), "model_mse": [9.0, 9.0, 9.0]})
+    assert not log_evaluation(client.tracking_uri, same).logged  # values are not part of the key
+    other = log_evaluation(client.tracking_uri, KEY_PARTS[part](run_id))
+    assert other.logged and other.child, f"an evaluation with another {part} was taken for the first one"
+    assert client.get_run(other.run_id).data.tags["worldpipe.eval.of"] == run_id

@@ -169,6 +169,48 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
     }
 
 
+def check_trainer_step(store: str, manifest: str, run_dir: str) -> dict:
+    """``Trainer.train_step`` on this rank's slice of an odd global batch (3 and 2 windows: unequal valid
+    counts) against the definition computed on one process: the gradient of the loss summed over the whole
+    global batch's valid steps, divided by their number. Clipping is off (a huge ``grad_clip``) so the
+    gradients the step leaves behind are the ones compared.
+    """
+    from worldpipe.data.loader import WindowLoader
+    from worldpipe.data.sampler import GlobalWindowSampler
+    from worldpipe.launch.preflight import compose_config
+    from worldpipe.models import build_model
+    from worldpipe.models.noise import sample_noise
+    from worldpipe.parallel.runtime import init_runtime
+    from worldpipe.trainer import Trainer
+
+    cfg = compose_config(["experiment=smoke", f"run_dir={run_dir}", f"data.store={store}",
+                          f"data.manifest={manifest}", "tracking.enabled=false", "trainer.batch_size=5",
+                          "parallel.even_batches=false", "trainer.grad_clip=1e9", "data.prefetch=0"])
+    trainer = Trainer(cfg, init_runtime("gloo"))
+    trainer.setup()
+    store_ = trainer.store
+    reference = build_model(cfg.model, store_.obs_dim, store_.act_dim)
+    reference.load_state_dict(trainer.core.state_dict())  # the trainer's initial parameters and statistics
+    sampler = GlobalWindowSampler(store_.lengths, cfg.data.window, cfg.data.stride, cfg.trainer.batch_size, cfg.seed)
+    whole = WindowLoader(store_, sampler, 0, 1, obs_stats=trainer.obs_stats, prefetch=0).next_batch()
+
+    batch = trainer.loader.next_batch()
+    _, grad_norm = trainer.train_step(batch)
+    grads = {name: p.grad.detach().clone() for name, p in trainer.core.named_parameters()}
+
+    noise = sample_noise(cfg.seed, whole["sample_index"], reference.noise_shape(whole["obs"].shape[1]),
+                         torch.Generator())
+    ref_sums = reference(whole["obs"], whole["action"], whole["reward"], whole["mask"], noise)
+    (ref_sums["total"] / whole["global_valid"]).backward()
+    ref_grads = {name: p.grad for name, p in reference.named_parameters()}
+    ref_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in ref_grads.values()])))
+    return {"grad_diff": _diffs(grads, ref_grads), "grad_scale": max(float(g.abs().max()) for g in ref_grads.values()),
+            "grad_norm": float(grad_norm), "ref_grad_norm": ref_norm, "rows": int(batch["obs"].shape[0]),
+            "local_valid": int(batch["mask"].sum()), "global_valid": batch["global_valid"],
+            "whole_valid": whole["global_valid"], "sample_index": batch["sample_index"].tolist(),
+            "whole_sample_index": whole["sample_index"].tolist()}
+
+
 def check_shard_index(tp: int, cp: int, seed: int) -> dict:
     """Split a 4-rank tensor-parallel transformer's model and optimizer state (dp×tp, or cp×tp) into pieces as
     a sharded save does, and count how often each element of each logical tensor is covered (rank 0 checks
@@ -234,6 +276,11 @@ def main(argv: list[str]) -> None:
     if check == "layout":
         model_name, strategy, tp, cp, batch, window, micro = args
         result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro))
+        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        return
+    if check == "trainer_step":
+        result = check_trainer_step(*args)
         Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
         return

@@ -104,3 +104,19 @@ def test_shard_index_of_a_tensor_parallel_model_covers_every_element_once(tmp_pa
     counts = [r["pieces_per_rank"] for r in results]
     assert all(c == counts[0] for c in counts)
     assert counts[0][0] > counts[0][1] and counts[0][2] > counts[0][3], counts[0]
+
+
+def test_trainer_step_on_unequal_slices_follows_the_global_mean_gradient(tmp_path, env_with_venv, smoke_dataset):
+    """The trainer's own step (not a re-implementation of its loss line) on 2 ranks holding 3 and 2 windows:
+    each rank's loss must be scaled by the valid count of the whole global batch, so that the averaged
+    gradient equals the single-process gradient of the global mean (a local count would weight ranks wrongly)."""
+    store, manifest = smoke_dataset
+    results = run_ranks(tmp_path, env_with_venv, 2, "trainer_step", str(store), str(manifest), str(tmp_path / "run"))
+    assert sorted(r["rows"] for r in results) == [2, 3]
+    assert results[0]["local_valid"] != results[1]["local_valid"]
+    assert sum(r["local_valid"] for r in results) == results[0]["global_valid"] == results[0]["whole_valid"]
+    assert sorted(i for r in results for i in r["sample_index"]) == sorted(results[0]["whole_sample_index"])
+    for r in results:
+        assert r["grad_scale"] > 1e-3  # the gradients compared are not all zero
+        assert r["grad_diff"] <= 1e-5 * max(1.0, r["grad_scale"]), r
+        assert abs(r["grad_norm"] - r["ref_grad_norm"]) <= 1e-5 * r["ref_grad_norm"], r

@@ -2,6 +2,8 @@
 
 Each test module gets its own cluster; a module may name its nodes with `SLURM_NODES = ("wp1", "wp2")` (one
 slurmd per name, all on this host). Only one cluster exists at a time: its config is /etc/slurm/slurm.conf.
+A cluster left running by an interrupted run is reaped when the next one starts (localslurm.reap_leftovers);
+under `--no-skips` (make test) a cluster that cannot start fails the tests instead of skipping them.
 """
 
 from __future__ import annotations

@@ -8,11 +8,21 @@ The config is written to /etc/slurm/slurm.conf because that is the only place a 
 the executor plugin's job-step wrapper strips every SLURM_* variable (SLURM_CONF included). An existing
 file is moved aside and restored at stop(). Every daemon started here is stopped by its PID.
 
+A cluster outlives nothing that owns it. Its daemons run in sessions of their own (a signal to the test run's
+process group does not reach them) but die with the process that started them (``PR_SET_PDEATHSIG``), so a
+test run killed by SIGKILL takes its cluster with it. Every daemon is also recorded, as it starts, in
+:data:`STATE_FILE` (PID, start time, the moved-aside config); :meth:`LocalSlurmCluster.start` first reaps what
+a previous run left there (and the daemons named by the PID files of a leftover config of ours), so a cluster
+left behind never makes the next run skip. A controller that answers for a config that is not ours is never
+touched: the cluster is then unavailable.
+
 Also a small command line for working by hand:  python tests/slurm/localslurm.py up|down|status [--nodes N]
+(`up` starts daemons that are not bound to the command, and the next test run reaps them.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +34,15 @@ import tempfile
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # by hand: the shared test helpers live one directory up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from processes import is_alive, wait_gone  # noqa: E402
+from worldpipe.launch.lifeline import die_with_parent  # noqa: E402
+
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
+CONF_MARKER = "# worldpipe test cluster (tests/slurm/localslurm.py); removed when the tests end"
+# What a running test cluster holds: its daemons (pid, start time) and the config it moved aside.
+STATE_FILE = Path("/run/worldpipe-test-slurm.json")
 MUNGE_SOCKET_DIR = Path("/run/munge")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 PACKAGES = ("slurm-wlm", "munge")
@@ -89,8 +107,10 @@ class LocalSlurmCluster:
     """slurmctld + one slurmd per node name on 127.0.0.1; start() / stop(), or use as a context manager."""
 
     def __init__(self, workdir: Path, nodes: tuple[str, ...] = ("wp1",), cpus: int | None = None,
-                 real_memory_mb: int = 4096, kill_wait: int = 30, partition: str = "debug") -> None:
+                 real_memory_mb: int = 4096, kill_wait: int = 30, partition: str = "debug",
+                 bound: bool = True) -> None:
         self.workdir = Path(workdir)
+        self.bound = bound  # daemons die with the process that started them
         self.nodes = nodes
         self.cpus = cpus or os.cpu_count() or 1
         self.real_memory_mb = real_memory_mb
@@ -108,7 +128,7 @@ class LocalSlurmCluster:
         host = socket.gethostname()
         ctld_port, slurmd_ports = free_port(), [free_port() for _ in self.nodes]
         lines = [
-            "# worldpipe test cluster (tests/slurm/localslurm.py); removed when the tests end",
+            CONF_MARKER,
             "ClusterName=worldpipe",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
@@ -173,15 +193,26 @@ class LocalSlurmCluster:
     def _spawn(self, name: str, cmd: list[str], **kwargs) -> None:
         log = open(self.workdir / f"{name}.out", "ab")  # noqa: SIM115 - kept open by the daemon
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, **kwargs)
+                                start_new_session=True, preexec_fn=die_with_parent if self.bound else None,
+                                **kwargs)  # noqa: PLW1509 - the fixture starts no threads
         log.close()
         self._procs[name] = proc
         self.pids[name] = proc.pid
+        self._record_state()
+
+    def _record_state(self) -> None:
+        daemons = {name: {"pid": pid, "start": start_time(pid)} for name, pid in self.pids.items()}
+        state = {"workdir": str(self.workdir), "conf_backup": str(self._conf_backup or ""), "daemons": daemons}
+        tmp = STATE_FILE.with_name(f".{STATE_FILE.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(STATE_FILE)
 
     def start(self, timeout: float = 60.0) -> LocalSlurmCluster:
         if os.geteuid() != 0:
             raise ClusterUnavailable("a local SLURM cluster needs root (slurmd runs jobs as their user)")
         ensure_packages()
+        for line in reap_leftovers():
+            print(f"localslurm: {line}", file=sys.stderr)
         if SLURM_CONF.exists() and controller_answers():
             # A cluster (a real one, or another test cluster) answers for this config: never take it over.
             raise ClusterUnavailable(f"a SLURM controller already answers for {SLURM_CONF}; not replacing it")
@@ -198,6 +229,7 @@ class LocalSlurmCluster:
                 self._spawn("munged", [binary("munged"), "--foreground"], user="munge", group="munge")
                 self._wait(munge_works, timeout, "munged to answer `munge -n`")
             self._install_conf()
+            self._record_state()  # the moved-aside config, before any daemon needs it
             self._spawn("slurmctld", [binary("slurmctld"), "-D", "-i"])
             self._wait(controller_answers, timeout,
                        "slurmctld to answer `scontrol ping`")
@@ -267,12 +299,83 @@ class LocalSlurmCluster:
                 proc.wait(timeout=10)
         self._procs.clear()
         self._restore_conf()
+        STATE_FILE.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalSlurmCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ---- leftovers of an interrupted run ----
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a recorded PID from a reused one)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _ours(conf: Path) -> bool:
+    try:
+        return conf.read_text().startswith(CONF_MARKER)
+    except OSError:
+        return False
+
+
+def _pid_file_daemons(conf: Path) -> list[int]:
+    """PIDs in the PID files a config of ours names (slurmctld, one slurmd per node): a run before STATE_FILE."""
+    keys = dict(line.split("=", 1) for line in conf.read_text().splitlines() if "=" in line and " " not in line)
+    nodes = [line.split()[0].split("=", 1)[1] for line in conf.read_text().splitlines() if line.startswith("NodeName=")]
+    files = [keys.get("SlurmctldPidFile", "")] + [keys.get("SlurmdPidFile", "").replace("%n", n) for n in nodes]
+    pids = []
+    for name in filter(None, files):
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(Path(name).read_text().split()[0]))
+    return pids
+
+
+def _stop_pids(pids: set[int]) -> set[int]:
+    """SIGTERM (to the process group each daemon leads), SIGKILL after 20 s; returns what did not die."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in {p for p in pids if is_alive(p)}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+        if not wait_gone(pids, timeout=20):
+            return set()
+    return {p for p in pids if is_alive(p)}
+
+
+def reap_leftovers() -> list[str]:
+    """Stop the daemons a previous test cluster left running and put /etc/slurm/slurm.conf back as it was.
+
+    Only what is ours: the PIDs recorded in STATE_FILE (with their start times) and, when the installed config
+    carries our marker, the PIDs in the PID files it names. Returns a line per thing done (empty: nothing left).
+    """
+    done, pids = [], set()
+    state = json.loads(STATE_FILE.read_text()) if STATE_FILE.exists() else {}
+    for name, daemon in state.get("daemons", {}).items():
+        if is_alive(daemon["pid"]) and start_time(daemon["pid"]) == daemon["start"]:
+            pids.add(daemon["pid"])
+            done.append(f"stopping {name} (pid {daemon['pid']}) left by an interrupted run")
+    if _ours(SLURM_CONF):
+        for pid in set(_pid_file_daemons(SLURM_CONF)) - pids:
+            if is_alive(pid):
+                pids.add(pid)
+                done.append(f"stopping pid {pid} named by the PID files of a leftover {SLURM_CONF}")
+    survivors = _stop_pids(pids)
+    if survivors:
+        raise RuntimeError(f"daemons of a previous test cluster survived SIGKILL: {sorted(survivors)}")
+    if _ours(SLURM_CONF):
+        SLURM_CONF.unlink()
+        done.append(f"removed the leftover test config {SLURM_CONF}")
+    backup = Path(state["conf_backup"]) if state.get("conf_backup") else None
+    if backup is not None and backup.exists() and not SLURM_CONF.exists():
+        backup.rename(SLURM_CONF)
+        done.append(f"restored {SLURM_CONF} from {backup}")
+    STATE_FILE.unlink(missing_ok=True)
+    return done
 
 
 # ---- jobs ----
@@ -324,7 +427,7 @@ def wait_job_end(job_id: str, timeout: float = 120) -> str:
                     f"job {job_id} to end")
 
 
-# ---- by hand: daemons outlive the command; their PIDs are kept in <workdir>/cluster.json ----
+# ---- by hand: daemons outlive the command (not bound to it); STATE_FILE records them ----
 def _main(argv: list[str]) -> int:
     import argparse
 
@@ -334,43 +437,22 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--kill-wait", type=int, default=30)
     args = parser.parse_args(argv)
-    record = args.workdir / "cluster.json"
     if args.action == "up":
-        if record.exists():
-            parser.error(f"{record} exists: run `down` first")
+        if STATE_FILE.exists():
+            parser.error(f"{STATE_FILE} exists: run `down` first")
         cluster = LocalSlurmCluster(args.workdir, nodes=tuple(f"wp{i + 1}" for i in range(args.nodes)),
-                                    kill_wait=args.kill_wait)
+                                    kill_wait=args.kill_wait, bound=False)
         t0 = time.monotonic()
         cluster.start()
-        record.write_text(json.dumps({"pids": cluster.pids, "backup": str(cluster._conf_backup or "")}))
         print(f"up in {time.monotonic() - t0:.1f} s: {cluster.pids}; {cluster.node_states()}")
     elif args.action == "status":
-        print(record.read_text() if record.exists() else "down")
+        print(STATE_FILE.read_text() if STATE_FILE.exists() else "down")
         print(run(["sinfo"], check=False).stdout)
     else:
-        if not record.exists():
-            print("down")
-            return 0
-        state = json.loads(record.read_text())
-        run(["scancel", "--full", "--partition", "debug"], check=False, timeout=15)
-        for name in sorted(state["pids"], key=lambda n: (n == "munged", n == "slurmctld")):
-            pid = state["pids"][name]
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            for _ in range(40):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.5)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        SLURM_CONF.unlink(missing_ok=True)
-        if state["backup"] and Path(state["backup"]).exists():
-            Path(state["backup"]).rename(SLURM_CONF)
-        record.unlink()
+        if STATE_FILE.exists() and controller_answers():
+            run(["scancel", "--full", "--partition", "debug"], check=False, timeout=15)
+        for line in reap_leftovers():
+            print(line)
         shutil.rmtree(args.workdir, ignore_errors=True)  # slurmctld would recover old jobs from its state
         print("down")
     return 0
