@@ -7,7 +7,10 @@ State: ``--mb`` MB of fp32 tensors in total, a third in a model-like dict (layer
 in Adam-like optimizer state (exp_avg, exp_avg_sq per parameter). Contenders, each writing fresh files into
 its own fresh directory, interleaved round by round (median of ``--repeat`` rounds, after one warm-up round):
 
-* ``raw``            the same tensor bytes written to one file per part with large writes + fsync (the limit)
+* ``raw``            the same tensor bytes written to one file per part with large buffered writes + fsync
+* ``direct_1``, ``direct_N``  the device's limit: as many bytes written with O_DIRECT (no page cache) by one
+                     writer and by N writer threads (N = max(2, --ranks)), fsync; the faster of the two is
+                     the limit every writer is also reported against (``fraction_of_device_limit``)
 * ``ours_sync``      CheckpointManager.save (manifest with sha256, fsyncs, atomic rename, latest)
 * ``torch_save``     torch.save per part + fsync (no manifest, no hashing)
 * ``dcp``            torch.distributed.checkpoint.save, single process (fsyncs by default)
@@ -17,6 +20,11 @@ its own fresh directory, interleaved round by round (median of ``--repeat`` roun
                      the next training step: time in ``save(..., optimizer=)`` plus the wait in
                      ``before_optimizer_step()`` after a simulated forward/backward (real matmuls calibrated
                      to ``--step-s`` seconds on an idle loop); how much slower that step ran is recorded too
+* ``ours_async_added``  the whole cost of an async save to the training timeline: from ``save`` until the
+                     publication is complete, simulated steps run back to back (each waiting for the copy as
+                     the optimizer would); added time = that wall time - the same number of idle steps
+                     (measured just before, in the same round). Stall plus the slowdown of every overlapped
+                     step: the headline ``async_added_over_sync`` (target <= 0.3 of a synchronous save)
 * sharded rows (``--ranks N`` > 0): ``benchmarks/bench_checkpoint_sharded.py`` under torchrun, N gloo ranks
   each holding 1/N of the same state: our sharded save vs N ranks' raw write+fsync of the same bytes vs DCP's
   ``save``, and the sharded async stall
@@ -45,11 +53,13 @@ import torch
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import fsync_dir, write_text_atomic
-from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_raw
+from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_direct, write_raw
 
 MB = 1 << 20
 # The issue's target for the training stall of an async save, drawn on the plot (not asserted anywhere).
 TARGET_STALL_OVER_SYNC = 0.03
+# The whole cost of an async save (stall + slowdown of the steps it overlaps), as a fraction of a sync save.
+TARGET_ADDED_OVER_SYNC = 0.3
 
 
 def make_state(total_mb: int, seed: int = 0) -> dict:
@@ -108,6 +118,25 @@ def optimizer_over(state: dict) -> torch.optim.Optimizer:
     return optimizer
 
 
+def added_time(manager, step: int, state: dict, optimizer, simulated: SimulatedStep) -> tuple[float, int, float]:
+    """(time added to the timeline, steps overlapped, idle step) of one async save, steps run until it is published.
+
+    The idle step is measured right before (two steps, their mean), so load drift hits both sides alike.
+    """
+    idle = (simulated.run() + simulated.run()) / 2
+    t0 = time.perf_counter()
+    manager.save(step, state, optimizer=optimizer)
+    steps = 0
+    while True:
+        simulated.run()
+        manager.before_optimizer_step()  # what optimizer.step()'s pre-hook does
+        steps += 1
+        if not manager.publishing():
+            break
+    manager.wait()  # raises a failed publication
+    return time.perf_counter() - t0 - steps * idle, steps, idle
+
+
 def overlapped_stall(manager, step: int, state: dict, optimizer, simulated: SimulatedStep) -> tuple[float, float]:
     """(stall, step time) of an async save whose copy overlaps one simulated forward/backward."""
     t0 = time.perf_counter()
@@ -131,6 +160,8 @@ class Bench:
         self.overlap_manager: CheckpointManager | None = None
         self.simulated: SimulatedStep | None = None
         self.step_times: list[float] = []
+        self.added: list[tuple[int, float]] = []  # (steps overlapped, idle step) per whole-cost measurement
+        self.direct_writers = 2
         self.load_root = base / "load"
 
     def fresh(self, name: str) -> Path:
@@ -147,6 +178,30 @@ class Bench:
         dt = time.perf_counter() - t0
         shutil.rmtree(d)
         return dt
+
+    def direct(self, writers: int) -> float:
+        d = self.fresh(f"direct{writers}")
+        t0 = time.perf_counter()
+        write_direct(d, state_bytes(self.state), writers)
+        dt = time.perf_counter() - t0
+        shutil.rmtree(d)
+        return dt
+
+    def direct_1(self) -> float:
+        return self.direct(1)
+
+    def direct_N(self) -> float:  # noqa: N802 - N writers, as the report names it
+        return self.direct(self.direct_writers)
+
+    def ours_async_added(self) -> float:
+        if getattr(self, "added_manager", None) is None:
+            self.added_manager = CheckpointManager(self.base / "added", async_save=True, keep_last=2)
+            self.added_optimizer, self.added_step = optimizer_over(self.state), 0
+        self.added_step += 1
+        added, steps, idle = added_time(self.added_manager, self.added_step, self.state, self.added_optimizer,
+                                        self.simulated)
+        self.added.append((steps, idle))
+        return added
 
     def ours_sync(self) -> float:
         d = self.fresh("ours")
@@ -228,8 +283,10 @@ class Bench:
         return time.perf_counter() - t0
 
 
-WRITERS = ("raw", "ours_sync", "torch_save", "dcp", "ours_async", "ours_async_overlap")
-STALLS = ("ours_async", "ours_async_overlap")
+WRITERS = ("raw", "direct_1", "direct_N", "ours_sync", "torch_save", "dcp", "ours_async", "ours_async_overlap",
+           "ours_async_added")
+STALLS = ("ours_async", "ours_async_overlap", "ours_async_added")
+LIMITS = ("direct_1", "direct_N")
 LOADERS = ("load_sha256", "load_size", "torch_load")
 
 
@@ -238,6 +295,7 @@ def _measure(bench: Bench, repeat: int) -> dict[str, list[float]]:
     for name in WRITERS:  # warm-up round: imports, thread pools, first-touch allocations
         getattr(bench, name)()
     bench.step_times.clear()
+    bench.added.clear()
     for round_index in range(repeat):
         # Interleaved, and rotated every round so no contender always runs first after an idle gap
         # (this VM pays page faults writing fresh files after idling).
@@ -250,7 +308,7 @@ def _measure(bench: Bench, repeat: int) -> dict[str, list[float]]:
     for _ in range(repeat):
         for name in LOADERS:
             times[name].append(getattr(bench, name)())
-    for manager in (bench.async_manager, bench.overlap_manager):
+    for manager in (bench.async_manager, bench.overlap_manager, getattr(bench, "added_manager", None)):
         if manager is not None:
             manager.close()
     return times
@@ -282,6 +340,14 @@ def run_sharded(args: argparse.Namespace, base: Path) -> dict | None:
     return json.loads(out.read_text())
 
 
+def device_limit(med: dict, nbytes: int, writers: int) -> dict:
+    """The device's write limit of this run: O_DIRECT with one and with N writers, the faster of the two."""
+    best = min(LIMITS, key=lambda name: med[name])
+    return {"writers": {"direct_1": 1, "direct_N": writers}, "median_s": {n: med[n] for n in LIMITS},
+            "MBps": {n: nbytes / MB / med[n] for n in LIMITS}, "limit": best, "limit_s": med[best],
+            "limit_MBps": nbytes / MB / med[best]}
+
+
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; return (and write to ``args.out``) the results."""
     load_before = os.getloadavg()
@@ -295,6 +361,7 @@ def run(args: argparse.Namespace) -> dict:
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=base_parent))
     bench = Bench(base, state)
     bench.simulated = SimulatedStep(args.step_s)
+    bench.direct_writers = max(2, args.ranks)
     try:
         idle_step = statistics.median(bench.simulated.run() for _ in range(3))
         times = _measure(bench, args.repeat)
@@ -313,6 +380,13 @@ def run(args: argparse.Namespace) -> dict:
         "async_stall_over_sync": med["ours_async"] / med["ours_sync"],
         "async_overlap_stall_over_sync": med["ours_async_overlap"] / med["ours_sync"],
         "simulated_step_s": {"idle": idle_step, "during_overlapped_copy": statistics.median(bench.step_times)},
+        "async_added_over_sync": med["ours_async_added"] / med["ours_sync"],
+        "async_added": {"median_s": med["ours_async_added"], "steps_overlapped": [a[0] for a in bench.added],
+                        "idle_step_s": [a[1] for a in bench.added]},
+        "target_added_over_sync": TARGET_ADDED_OVER_SYNC,
+        "device_limit": device_limit(med, nbytes, bench.direct_writers),
+        "fraction_of_device_limit": {name: min(med[n] for n in LIMITS) / med[name]
+                                     for name in ("raw", "ours_sync", "torch_save", "dcp")},
         "async_first_save_stall_s": first_async,
         "async_first_stall_over_sync": first_async / med["ours_sync"],
         "load_ratio_vs_torch_load": {name: med["torch_load"] / med[name] for name in ("load_sha256", "load_size")},
@@ -332,7 +406,8 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _draw_bars(ax, rows: list[tuple[str, float, str, bool]], sync_s: float, title: str) -> None:
+def _draw_bars(ax, rows: list[tuple[str, float, str, bool]], sync_s: float, title: str,
+               limit_s: float | None = None) -> None:
     """Horizontal bars (seconds, log scale) labelled with their ratio; stalls in a second colour."""
     names = [r[0] for r in rows]
     seconds = [r[1] for r in rows]
@@ -342,6 +417,10 @@ def _draw_bars(ax, rows: list[tuple[str, float, str, bool]], sync_s: float, titl
         ax.text(value, y, f" {label}", va="center", fontsize=8)
     ax.axvline(TARGET_STALL_OVER_SYNC * sync_s, color="k", ls="--", lw=1,
                label=f"target stall: {TARGET_STALL_OVER_SYNC}x sync save")
+    if limit_s is not None:
+        ax.axvline(limit_s, color="tab:green", ls=":", lw=1.5, label="device limit (O_DIRECT, best of 1 and N writers)")
+        ax.axvline(TARGET_ADDED_OVER_SYNC * sync_s, color="tab:red", ls="--", lw=1,
+                   label=f"target added time: {TARGET_ADDED_OVER_SYNC}x sync save")
     ax.set_xscale("log")
     ax.set_xlim(min(seconds + [TARGET_STALL_OVER_SYNC * sync_s]) / 2, max(seconds) * 8)
     ax.invert_yaxis()
@@ -357,16 +436,21 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     med, ratio, bw = result["median_s"], result["ratio_vs_raw"], result["bandwidth_MBps"]
+    limit, frac = result["device_limit"], result["fraction_of_device_limit"]
     steps = result["simulated_step_s"]  # the overlapped copy shares the CPU with the step: its cost moves there
-    single = [("raw write+fsync", med["raw"], f"baseline, {bw['raw']:.0f} MB/s", False)]
-    single += [(name, med[name], f"{ratio[name]:.2f}x raw, {bw[name]:.0f} MB/s", False)
+    single = [(f"O_DIRECT, {limit['writers'][n]} writer(s)", med[n], f"{bw[n]:.0f} MB/s", False) for n in LIMITS]
+    single += [("raw write+fsync", med["raw"], f"baseline, {bw['raw']:.0f} MB/s, {frac['raw']:.2f} of limit", False)]
+    single += [(name, med[name], f"{ratio[name]:.2f}x raw, {bw[name]:.0f} MB/s, {frac[name]:.2f} of limit", False)
                for name in ("ours_sync", "torch_save", "dcp")]
     single += [("async stall", med["ours_async"], f"{result['async_stall_over_sync']:.2g}x sync", True),
                ("async stall, overlapped", med["ours_async_overlap"],
                 f"{result['async_overlap_stall_over_sync']:.2g}x sync; step "
-                f"{steps['during_overlapped_copy'] / steps['idle']:.1f}x idle", True)]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    _draw_bars(axes[0], single, med["ours_sync"], f"One process, {result['state_mb']:.0f} MB of state")
+                f"{steps['during_overlapped_copy'] / steps['idle']:.1f}x idle", True),
+               ("async: whole added time", max(med["ours_async_added"], 1e-6),
+                f"{result['async_added_over_sync']:.2g}x sync (stall + slower steps)", True)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    _draw_bars(axes[0], single, med["ours_sync"], f"One process, {result['state_mb']:.0f} MB of state",
+               limit_s=limit["limit_s"])
     sharded = result.get("sharded")
     if sharded:
         sm, sr, sbw = sharded["median_s"], sharded["ratio_vs_raw"], sharded["aggregate_MBps"]
@@ -402,6 +486,13 @@ def _print(result: dict) -> None:
     print(f"  async stall {med['ours_async']:.3f} s = {result['async_stall_over_sync']:.2g}x sync save "
           f"(first save, cold buffers: {result['async_first_save_stall_s']:.3f} s)")
     steps = result["simulated_step_s"]
+    added = result["async_added"]
+    print(f"  async save, whole added time (stall + slowdown of {added['steps_overlapped']} overlapped steps): "
+          f"{med['ours_async_added']:.4f} s = {result['async_added_over_sync']:.3f}x sync save "
+          f"(target <= {TARGET_ADDED_OVER_SYNC})")
+    limit = result["device_limit"]
+    print(f"  device limit: O_DIRECT {limit['limit_MBps']:.0f} MB/s ({limit['limit']}); fraction of it: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in result["fraction_of_device_limit"].items()))
     print(f"  async stall, copy overlapping the next step: {med['ours_async_overlap']:.4f} s = "
           f"{result['async_overlap_stall_over_sync']:.4f}x sync save (simulated step {steps['idle']:.3f} s idle, "
           f"{steps['during_overlapped_copy']:.3f} s while copying)")

@@ -13,6 +13,17 @@ rounds whose contender order rotates (:mod:`worldpipe.measure.rounds`). Contende
 * ``trainer, compiled``     — ``trainer.compile=true`` (torch.compile of the loss), tracking off (when the
   trainer has that option).
 
+Whole-run views, in the same run:
+
+* ``run_level_checkpoint_overhead``: the run with checkpoints at the default cadence
+  (``checkpoint.every=250``, conf/checkpoint) against the same run without them, time per step over the run
+  (saves included) - 1. Target <= 0.035 (CheckFreq's bar).
+* ``wall_split`` per trainer contender: where the training loop's wall time went (the trainer's own part
+  clock, all steps): ``compute`` (forward, backward, optimizer; under DDP this includes the gradient
+  all-reduce it overlaps), ``waiting_io`` (the next batch, checkpoint saves, tracking records),
+  ``waiting_ranks`` (the per-step collective that agrees on preemption: time waiting for the slowest rank),
+  ``other``; and ``cpu_over_wall``, the process's CPU time (all threads) over the loop's wall time.
+
     worldpipe bench loop [--steps 500] [--experiment smoke] [--out results/bench/loop.json]
 """
 
@@ -25,6 +36,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -86,19 +98,46 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def step_times(trace: Path) -> np.ndarray:
-    """Seconds between consecutive step ends, steps 2..N-1 (first step and final checkpoint excluded)."""
-    ends = np.array([json.loads(line)["t"] for line in trace.read_text().splitlines()
-                     if json.loads(line)["event"] == "step_end"])
-    return np.diff(ends)[:-1]
+TARGET_RUN_LEVEL_OVERHEAD = 0.035
+WITH_CHECKPOINTS, WITHOUT_CHECKPOINTS = "trainer + tracking + checkpoints", "trainer + tracking"
 
 
-def run(cmd: list[str], env: dict, trace: Path) -> np.ndarray:
+@dataclass
+class Sample:
+    """One run of a contender: seconds per step (steps 2..N-1) and the trainer's part clock (None: bare loop)."""
+
+    times: np.ndarray
+    parts: dict | None
+
+
+def read_trace(trace: Path) -> Sample:
+    """Seconds between consecutive step ends, steps 2..N-1 (first step and final checkpoint excluded), and the
+    trainer's ``loop_parts`` summary when it wrote one."""
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    ends = np.array([e["t"] for e in events if e["event"] == "step_end"])
+    parts = next((e for e in events if e["event"] == "loop_parts"), None)
+    return Sample(np.diff(ends)[:-1], parts)
+
+
+def run(cmd: list[str], env: dict, trace: Path) -> Sample:
     trace.unlink(missing_ok=True)
     proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return step_times(trace)
+    return read_trace(trace)
+
+
+def wall_split(parts: list[dict]) -> dict:
+    """Fractions of the loop's wall time by kind of work, summed over rounds (see the module docstring)."""
+    wall = sum(p["wall_s"] for p in parts)
+    total = {}
+    for p in parts:
+        for name, seconds in p["parts_s"].items():
+            total[name] = total.get(name, 0.0) + seconds
+    kinds = {"compute": ("compute",), "waiting_io": ("data", "checkpoint", "tracking"), "waiting_ranks": ("ranks",),
+             "other": ("other",)}
+    split = {kind: sum(total.get(n, 0.0) for n in names) / wall for kind, names in kinds.items()}
+    return {**split, "parts_s": total, "wall_s": wall, "cpu_over_wall": sum(p["cpu_s"] for p in parts) / wall}
 
 
 def has_compile_option() -> bool:
@@ -144,24 +183,37 @@ def main(argv=None) -> int:
 
         mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db").search_experiments()  # store created outside timings
 
-        def measure(name: str, cmd: list[str], round_: int) -> np.ndarray:
-            times = run(cmd, env, work / "trace.jsonl")
-            print(f"round {round_}: {name:34s} mean {1e3 * times.mean():7.2f} ms/step")
-            return times
+        def measure(name: str, cmd: list[str], round_: int) -> Sample:
+            sample = run(cmd, env, work / "trace.jsonl")
+            print(f"round {round_}: {name:34s} mean {1e3 * sample.times.mean():7.2f} ms/step")
+            return sample
 
         # Fresh run directories every round (no resume); the order rotates (worldpipe.measure.rounds).
         samples = run_rounds(args.rounds, lambda round_: contenders(work, args, round_), measure)
         for name, rounds in samples.items():
-            means = [1e3 * float(t.mean()) for t in rounds]
+            means = [1e3 * float(s.times.mean()) for s in rounds]
             report["contenders"][name] = {"mean_ms": median_of_means(means), "round_means_ms": means,
-                                          "median_ms": 1e3 * float(np.median(np.concatenate(rounds))),
-                                          "steps_timed": int(sum(len(t) for t in rounds))}
+                                          "median_ms": 1e3 * float(np.median(np.concatenate([s.times for s in rounds]))),
+                                          "steps_timed": int(sum(len(s.times) for s in rounds))}
+            if all(s.parts for s in rounds):
+                report["contenders"][name]["wall_split"] = wall_split([s.parts for s in rounds])
     base = report["contenders"]["bare loop"]
     for name, c in report["contenders"].items():
         c["ratio_vs_bare_mean"] = c["mean_ms"] / base["mean_ms"]
         c["marginal_overhead_ms"] = c["mean_ms"] - base["mean_ms"]
         print(f"{name:34s} {c['ratio_vs_bare_mean']:5.2f}x bare loop ({c['marginal_overhead_ms']:+.2f} ms/step)")
     report["loop_ratio"] = report["contenders"]["trainer"]["ratio_vs_bare_mean"]
+    with_ckpt, without = (report["contenders"][n]["mean_ms"] for n in (WITH_CHECKPOINTS, WITHOUT_CHECKPOINTS))
+    report["run_level_checkpoint_overhead"] = with_ckpt / without - 1
+    report["checkpoint_every"] = 250
+    report["target_run_level_overhead"] = TARGET_RUN_LEVEL_OVERHEAD
+    print(f"run-level checkpoint overhead (every 250 steps): {100 * report['run_level_checkpoint_overhead']:+.2f}% "
+          f"(target <= {100 * TARGET_RUN_LEVEL_OVERHEAD:.1f}%)")
+    for name, c in report["contenders"].items():
+        if "wall_split" in c:
+            w = c["wall_split"]
+            print(f"{name:34s} wall: compute {w['compute']:.1%}, waiting on I/O {w['waiting_io']:.1%}, "
+                  f"waiting on ranks {w['waiting_ranks']:.1%}, other {w['other']:.1%}; CPU/wall {w['cpu_over_wall']:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(report, indent=2))
@@ -171,18 +223,33 @@ def main(argv=None) -> int:
 
 
 def plot(report: dict, path: Path) -> None:
+    """Time per step against the bare loop, and where each trainer contender's wall time went."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(report["contenders"])
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, (ax, split_ax) = plt.subplots(1, 2, figsize=(14, 4))
     ax.barh(names, [report["contenders"][n]["mean_ms"] for n in names], color="tab:blue", label="mean")
     ax.scatter([report["contenders"][n]["median_ms"] for n in names], names, color="k", zorder=3, label="median")
     ax.set_xlabel("ms per step (steps 2..N-1)")
-    ax.set_title(f"Training loop vs bare torch loop ({report['experiment']}, {report['steps']} steps)")
+    ax.set_title(f"Training loop vs bare torch loop ({report['experiment']}, {report['steps']} steps)\n"
+                 f"checkpoints every {report['checkpoint_every']} steps: "
+                 f"{100 * report['run_level_checkpoint_overhead']:+.1f}% run-level "
+                 f"(target <= {100 * report['target_run_level_overhead']:.1f}%)", fontsize=9)
     ax.legend()
+    split = [n for n in names if "wall_split" in report["contenders"][n]]
+    left = np.zeros(len(split))
+    for kind, colour in (("compute", "tab:blue"), ("waiting_io", "tab:orange"), ("waiting_ranks", "tab:red"),
+                         ("other", "tab:gray")):
+        widths = np.array([report["contenders"][n]["wall_split"][kind] for n in split])
+        split_ax.barh(split, widths, left=left, color=colour, label=kind.replace("_", " "))
+        left += widths
+    split_ax.set_xlabel("fraction of the training loop's wall time (CPU/wall in the labels)")
+    split_ax.set_yticks(range(len(split)), [f"{n} ({report['contenders'][n]['wall_split']['cpu_over_wall']:.2f})"
+                                            for n in split], fontsize=8)
+    split_ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, dpi=90, format="png")

@@ -13,8 +13,9 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-CHECKPOINT_WRITERS = {"raw", "ours_sync", "torch_save", "dcp", "ours_async", "ours_async_overlap"}
-CHECKPOINT_STALLS = {"ours_async", "ours_async_overlap"}
+CHECKPOINT_WRITERS = {"raw", "direct_1", "direct_N", "ours_sync", "torch_save", "dcp", "ours_async",
+                      "ours_async_overlap", "ours_async_added"}
+CHECKPOINT_STALLS = {"ours_async", "ours_async_overlap", "ours_async_added"}
 CHECKPOINT_LOADERS = {"load_sha256", "load_size", "torch_load"}
 LOADER_FIELDS = {"build_s", "loader_first_batch_s", "loader_vs_demand", "loader_vs_mmap", "loader_windows_per_s",
                  "mmap_windows_per_s", "store_bytes", "training_loop_overhead"}
@@ -38,7 +39,10 @@ def test_bench_checkpoint_writes_its_json(tmp_path, env_with_venv):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["repeat"] == 2 and 0.5 < result["state_mb"] < 2
-    _positive_numbers(result["median_s"], CHECKPOINT_WRITERS | CHECKPOINT_LOADERS)
+    # The whole added time is a difference of two timelines: it can come out <= 0 on a quiet machine.
+    _positive_numbers({k: v for k, v in result["median_s"].items() if k != "ours_async_added"},
+                      (CHECKPOINT_WRITERS | CHECKPOINT_LOADERS) - {"ours_async_added"})
+    assert isinstance(result["median_s"]["ours_async_added"], float)
     assert {k: len(v) for k, v in result["all_s"].items()} == dict.fromkeys(CHECKPOINT_WRITERS | CHECKPOINT_LOADERS, 2)
     _positive_numbers(result["bandwidth_MBps"], CHECKPOINT_WRITERS - CHECKPOINT_STALLS)
     _positive_numbers(result["ratio_vs_raw"], {"ours_sync", "torch_save", "dcp"})
@@ -51,7 +55,15 @@ def test_bench_checkpoint_writes_its_json(tmp_path, env_with_venv):
     assert result["ratio_vs_raw"]["ours_sync"] == pytest.approx(med["raw"] / med["ours_sync"])
     assert result["async_stall_over_sync"] == pytest.approx(med["ours_async"] / med["ours_sync"])
     assert result["async_overlap_stall_over_sync"] == pytest.approx(med["ours_async_overlap"] / med["ours_sync"])
-    assert "x raw" in proc.stdout and "async stall" in proc.stdout
+    # Whole cost of an async save: one entry per measured round, at least one overlapped step each.
+    assert result["async_added_over_sync"] == pytest.approx(med["ours_async_added"] / med["ours_sync"])
+    assert len(result["async_added"]["steps_overlapped"]) == 2 and min(result["async_added"]["steps_overlapped"]) >= 1
+    # The device limit (O_DIRECT, one and N writers) and every writer as a fraction of it.
+    limit = result["device_limit"]
+    assert limit["limit_s"] == min(med["direct_1"], med["direct_N"]) and limit["writers"]["direct_1"] == 1
+    for name, fraction in result["fraction_of_device_limit"].items():
+        assert fraction == pytest.approx(limit["limit_s"] / med[name])
+    assert "x raw" in proc.stdout and "async stall" in proc.stdout and "whole added time" in proc.stdout
     assert list(work.iterdir()) == []  # its checkpoints are cleaned up
     # The plot beside the JSON, both published by rename: no temporary file is left beside them.
     assert sorted(p.name for p in out.parent.iterdir()) == ["checkpoint.json", "checkpoint.png"]
@@ -88,3 +100,22 @@ def test_a_bad_option_is_one_line_naming_the_command(tmp_path, env_with_venv, na
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith(f"worldpipe bench {name}: error:"), proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
+
+
+def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_with_venv):
+    out = tmp_path / "bench" / "step.json"
+    proc = bench(env_with_venv, tmp_path, "step", "--experiment", "smoke", "--rounds", "2", "--steps", "2",
+                 "--mm-sizes", "64,128", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["contenders"]) == {"per-step RSSM", "model"} and result["batch"] == 8 and result["window"] == 16
+    assert len(result["peak_round_gflops"]) == 2 and result["peak_gflops"] > 0
+    for c in result["contenders"].values():
+        assert c["flops"] > 0 and len(c["round_step_ms"]) == 2
+        # The fraction is computed from the numbers beside it, against the same run's peak.
+        assert c["fraction_of_peak"] == pytest.approx(c["flops"] / (c["step_ms"] / 1e3) / 1e9 / result["peak_gflops"])
+    # Same model, same FLOPs (up to the split first layers): the baseline differs only in how it loops.
+    per_step, model = result["contenders"]["per-step RSSM"], result["contenders"]["model"]
+    assert model["flops"] == pytest.approx(per_step["flops"], rel=0.02)
+    assert result["fraction_of_peak"] == model["fraction_of_peak"] and isinstance(result["meets_target"], bool)
+    assert result["machine"]["load_average_before"] and out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"

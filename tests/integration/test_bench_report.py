@@ -31,10 +31,10 @@ PLOTS = {
     "comm_ring_bytes.png": "counted at the send calls",
     "comm_bubble.png": "(P-1)/(M+P-1)",
     "comm_memory.png": "ZeRO per-parameter formulas",
-    "checkpoint.png": "The dashed line is the target stall",
+    "checkpoint.png": "the device's limit, measured in the same rounds",
     "rollout.png": "the star is the knee",
     "startup.png": "a bare script plus 2 s",
-    "loop.png": "bare hand-written torch loop",
+    "loop.png": "where each trainer run's loop wall time went",
 }
 
 
@@ -51,6 +51,8 @@ def _ratio_fields(bench: dict) -> None:
         assert checkpoint[key] > 0
     assert set(checkpoint["sharded"]["ratio_vs_raw"]) == {"ours_sharded", "dcp"}
     assert checkpoint["sharded"]["ranks"] == 2 and checkpoint["sharded"]["async_stall_over_sync"] > 0
+    assert "async_added_over_sync" in checkpoint and checkpoint["device_limit"]["limit_s"] > 0
+    assert set(checkpoint["fraction_of_device_limit"]) == {"raw", "ours_sync", "torch_save", "dcp"}
     rollout = bench["rollout"]["summary"]
     assert {f"knee_throughput_ratio_vs_no_batching[{name}]" for name in bench["rollout"]["settings"]} <= set(rollout)
     assert bench["startup"]["torchrun_to_in_process_ratio"] > 0
@@ -58,6 +60,10 @@ def _ratio_fields(bench: dict) -> None:
     _startup_shows_sync_and_background_run_start(bench["startup"])
     assert bench["loop"]["loop_ratio"] > 0 and bench["loop"]["steps"] == TINY["loop"]["steps"]
     assert "trainer, compiled" not in bench["loop"]["contenders"]  # no_compile: true reached the CLI
+    assert "run_level_checkpoint_overhead" in bench["loop"]
+    split = bench["loop"]["contenders"]["trainer + tracking + checkpoints"]["wall_split"]
+    # The parts of the trainer's clock cover its loop: the kinds add up to the whole wall time.
+    assert sum(split[k] for k in ("compute", "waiting_io", "waiting_ranks", "other")) == pytest.approx(1.0)
 
 
 STARTUP_CONTENDERS = {"bare script", "torchrun", "in-process", "in-process, sync run start", "in-process, resume",

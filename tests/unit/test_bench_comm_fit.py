@@ -36,3 +36,32 @@ def test_timings_that_fall_with_size_give_no_negative_bandwidth(bench_comm):
     assert fit["alpha_s"] >= 0 and fit["beta_s_per_byte"] >= 0
     assert fit["bandwidth_GBps"] is None
     assert "not resolved" in bench_comm.describe_fit(fit)
+
+
+def test_two_regimes_fit_a_latency_bound_and_a_bandwidth_bound_line(bench_comm):
+    # Small messages on one alpha-beta line, large ones on another (cache-bound vs memory-bound copies): one
+    # line over all sizes misses the large ones badly; the two-regime fit recovers both lines and the split.
+    n = 2
+    sizes = [1024 * 4**k for k in range(9)]  # 1 KB .. 64 MB, as the benchmark measures
+
+    def seconds(g):
+        alpha, beta = (30e-6, 1 / 8e9) if g < (1 << 20) else (400e-6, 1 / 1.5e9)
+        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * beta * g
+
+    rows = _rows(seconds, sizes)
+    one_line = bench_comm.fit_ring_model(rows, n)
+    fit = bench_comm.fit_two_regimes(rows, n)
+    assert one_line["max_abs_fit_error"] > 0.3  # what the single line did
+    assert fit["regimes"] == 2 and fit["split_bytes"] == 1 << 20
+    assert fit["small"]["alpha_s"] == pytest.approx(30e-6, rel=1e-6)
+    assert fit["large"]["bandwidth_GBps"] == pytest.approx(1.5, rel=1e-6)
+    assert fit["max_abs_fit_error_ge_1MB"] < 1e-6
+    assert [r["regime"] for r in rows] == ["small"] * 5 + ["large"] * 4
+    assert all(abs(r["fit_error"]) < 1e-6 for r in rows)
+
+
+def test_few_sizes_fall_back_to_one_regime(bench_comm):
+    rows = _rows(lambda g: 1e-4 + g * 1e-9, sizes=(1024, 4096, 16384))
+    fit = bench_comm.fit_two_regimes(rows, 2)
+    assert fit["regimes"] == 1 and fit["split_bytes"] is None and fit["max_abs_fit_error_ge_1MB"] is None
+    assert {r["regime"] for r in rows} == {"small"}

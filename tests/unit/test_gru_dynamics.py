@@ -87,3 +87,23 @@ def test_learns_a_linear_system_better_than_repeating():
     model_err = (pred[:, 0] - obs[:, 4]).pow(2).mean()
     repeat_err = (obs[:, 3] - obs[:, 4]).pow(2).mean()
     assert model_err < 0.5 * repeat_err
+
+
+def test_sequence_gru_matches_stepping_the_cell_with_gradients():
+    # The training forward runs torch's sequence GRU on the cell's weights; stepping the cell by hand (what the
+    # rollouts do) must give the same loss and gradients (float64: only rounding may differ).
+    torch.manual_seed(0)
+    model = build_model(CFG, 3, 1).double()
+    obs, action, reward, mask = (x.double() for x in _batch(b=4, t=9))
+    mask[0, 5:] = 0
+    model(obs, action, reward, mask, None)["total"].backward()
+    fused = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    h, total = obs.new_zeros(4, 8), 0.0
+    for t in range(8):
+        h, next_obs, r = model._advance(h, obs[:, t], action[:, t])
+        err = 0.5 * (next_obs - obs[:, t + 1]).pow(2).sum(-1) + 0.5 * (r - reward[:, t]).pow(2)
+        total = total + (err * mask[:, t + 1]).sum()
+    total.backward()
+    for name, grad in fused.items():
+        torch.testing.assert_close(grad, dict(model.named_parameters())[name].grad, rtol=1e-9, atol=1e-12, msg=name)

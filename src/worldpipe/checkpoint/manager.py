@@ -118,6 +118,10 @@ class CheckpointManager:
         if copy is not None:
             copy.wait()
 
+    def publishing(self) -> bool:
+        """True while an async save is still being published (never blocks; a benchmark polls it per step)."""
+        return self._inflight is not None and not self._inflight.done()
+
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
         self._collect()

@@ -10,7 +10,8 @@ from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.provenance import PROJECT_ROOT
 
 BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py",
-              "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py"}
+              "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py",
+              "step": "bench_step.py"}
 
 
 def register(sub) -> None:

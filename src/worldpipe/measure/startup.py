@@ -23,13 +23,13 @@ def _process_start() -> float | None:
         return None
 
 
-def mark(event: str) -> None:
-    """Append ``event`` with the current time to the trace file, if tracing is enabled."""
+def mark(event: str, **fields) -> None:
+    """Append ``event`` with the current time (and any JSON ``fields``) to the trace file, if tracing is enabled."""
     path = os.environ.get(TRACE_ENV)
     if not path:
         return
     line = json.dumps({"event": event, "t": time.time(), "pid": os.getpid(), "rank": os.environ.get("RANK"),
-                       "process_start": _process_start()})
+                       "process_start": _process_start(), **fields})
     # One short O_APPEND write per line: lines of concurrent processes never interleave.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -49,3 +49,28 @@ class Timeline:
             running = [(s, name) for name, s, e in self.spans if s <= lo and e >= hi]
             out[max(running)[1] if running else "idle"] += hi - lo
         return dict(out)
+
+
+class PartClock:
+    """Seconds per named part of a loop: each :meth:`lap` charges the time since the previous lap to a part.
+
+    Cheap enough to run always (one ``perf_counter`` per lap); the laps of a loop body cover it end to end, so
+    the parts sum to the loop's wall time. :meth:`summary` adds the process's CPU time over the same span (all
+    threads): wall time well above CPU time is time spent waiting.
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self.start = self.last = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def lap(self, part: str) -> None:
+        """Charge the time since the previous lap (or the start) to ``part``."""
+        now = time.perf_counter()
+        self.totals[part] += now - self.last
+        self.last = now
+
+    def summary(self) -> dict[str, float | dict[str, float]]:
+        """Wall and process CPU seconds since the start, and the seconds per part."""
+        return {"wall_s": self.last - self.start, "cpu_s": time.process_time() - self.cpu_start,
+                "parts_s": dict(self.totals)}

@@ -41,3 +41,42 @@ def write_raw(directory: str | os.PathLike, files: Mapping[str, Sequence[torch.T
         fd = write_file(str(Path(directory) / name), [memoryview(t.numpy()).cast("B") for t in tensors])
         fsync_and_close(fd)
     fsync_dir(directory)
+
+
+DIRECT_CHUNK = 8 << 20  # bytes per O_DIRECT write: large and a multiple of any logical block size
+
+
+def write_direct(directory: str | os.PathLike, nbytes: int, writers: int = 1) -> None:
+    """The device's limit: ``nbytes`` written with O_DIRECT by ``writers`` threads, one file each, then fsync.
+
+    O_DIRECT bypasses the page cache, so this measures what the device (not memory) accepts; the bytes come
+    from one page-aligned buffer (O_DIRECT needs aligned memory, offsets and sizes), each file rounded up to
+    whole pages. Raises OSError where the file system refuses O_DIRECT (e.g. tmpfs).
+    """
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    per_file = -(-max(1, nbytes) // writers)
+    chunk = min(DIRECT_CHUNK, -(-per_file // mmap.PAGESIZE) * mmap.PAGESIZE)
+    buffer = mmap.mmap(-1, chunk)  # anonymous mappings are page-aligned
+    buffer.write(os.urandom(chunk))
+    view = memoryview(buffer)
+    chunks_per_file = -(-per_file // chunk)
+
+    def one(index: int) -> None:
+        path = Path(directory) / f"direct-{index}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+        try:
+            for _ in range(chunks_per_file):
+                os.write(fd, view)  # releases the GIL: the writers run in parallel
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    try:
+        with ThreadPoolExecutor(writers) as pool:
+            list(pool.map(one, range(writers)))
+        fsync_dir(directory)
+    finally:
+        view.release()
+        buffer.close()

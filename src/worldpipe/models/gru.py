@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
 
@@ -42,26 +43,42 @@ class GRUDynamics(WorldModel):
         h = self.cell(self.encoder(torch.cat([obs, action], dim=-1)), h)
         return h, obs + self.decoder(h), self.reward_head(h).squeeze(-1)
 
+    def _states(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """h_1..h_{T-1} [B,T-1,D] from teacher-forced inputs (o_t, a_t), t < T-1, and h_0 = 0.
+
+        Only the GRU steps through time: the encoder runs once over all steps, then torch's sequence GRU (its
+        loop in C++, the input projection batched over all steps) with the cell's own weights. Under
+        torch.compile, or with parameters sharded outside their module's forward (FSDP2), the cell steps in Python.
+        """
+        inputs = self.encoder(torch.cat([obs[:, :-1], action[:, :-1]], dim=-1))  # [B,T-1,E]
+        h = obs.new_zeros(obs.shape[0], self.deter)
+        if inputs.shape[1] == 0:
+            return inputs.new_zeros(obs.shape[0], 0, self.deter)
+        cell = self.cell
+        if torch.compiler.is_compiling() or any(isinstance(p, DTensor) for p in cell.parameters()):
+            states = []
+            for t in range(inputs.shape[1]):
+                h = cell(inputs[:, t], h)
+                states.append(h)
+            return torch.stack(states, dim=1)
+        weights = (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+        states, _ = torch.gru(inputs, h.unsqueeze(0), weights, True, 1, 0.0, self.training, False, True)
+        return states
+
     def forward(self, obs, action, reward, mask, noise=None) -> dict[str, torch.Tensor]:
         """Per-term loss sums over valid transitions (teacher forcing). obs [B,T,O], action [B,T,A], reward/mask [B,T]."""
-        h = obs.new_zeros(obs.shape[0], self.deter)
-        obs_pred, reward_pred = [], []
-        for t in range(obs.shape[1] - 1):
-            h, next_obs, r = self._advance(h, obs[:, t], action[:, t])
-            obs_pred.append(next_obs)
-            reward_pred.append(r)
+        h = self._states(obs, action)  # [B,T-1,D]: the state after transition t -> t+1
         valid = mask[:, 1:]  # a transition t -> t+1 counts when step t+1 is a real step
-        recon = 0.5 * (torch.stack(obs_pred, dim=1) - obs[:, 1:]).pow(2).sum(-1)  # [B,T-1]
-        reward_err = 0.5 * (torch.stack(reward_pred, dim=1) - reward[:, :-1]).pow(2)  # [B,T-1]
+        recon = 0.5 * (obs[:, :-1] + self.decoder(h) - obs[:, 1:]).pow(2).sum(-1)  # [B,T-1]
+        reward_err = 0.5 * (self.reward_head(h).squeeze(-1) - reward[:, :-1]).pow(2)  # [B,T-1]
         sums = {"recon": (recon * valid).sum(), "reward": (reward_err * valid).sum()}
         sums["total"] = sums["recon"] + self.reward_scale * sums["reward"]
         return sums
 
     def observe_context(self, obs: torch.Tensor, action: torch.Tensor) -> RolloutState:
         """Read the history; the state holds h and the last observation (the next step's input)."""
-        h = obs.new_zeros(obs.shape[0], self.deter)
-        for t in range(obs.shape[1] - 1):
-            h, _, _ = self._advance(h, obs[:, t], action[:, t])
+        states = self._states(obs, action)
+        h = states[:, -1] if states.shape[1] else obs.new_zeros(obs.shape[0], self.deter)
         return {"h": h, "obs": obs[:, -1]}
 
     def imagine_step(self, state: RolloutState, action: torch.Tensor,

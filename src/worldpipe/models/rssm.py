@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
+from worldpipe.models.rssm_filter import CoreWeights, filter_core
 
 
 @dataclass(frozen=True)
@@ -98,19 +100,48 @@ class RSSM(WorldModel):
         """Filter a window with the posterior.
 
         obs [B,T,O], action [B,T,A], noise [B,T,S] standard normal. Returns h, z [B,T,D|S] and the prior and
-        posterior Gaussians (mean, std) [B,T,S].
+        posterior Gaussians (mean, std) [B,T,S]. Only the recurrence (:meth:`_filter`) steps through time; the
+        encoder before it and the prior head after it run once over all B*T steps.
         """
-        steps = obs.shape[1]
         embed = self.encoder(obs)  # [B,T,E]
-        h, z = self.initial_state(obs)
-        out: dict[str, list[torch.Tensor]] = {k: [] for k in ("h", "z", "prior_mean", "prior_std", "post_mean", "post_std")}
-        for t in range(steps):
+        states = self._filter(embed, action, noise)
+        states["prior_mean"], states["prior_std"] = self._gaussian(self.prior_head(states["h"]))
+        return states
+
+    def _filter(self, embed: torch.Tensor, action: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The sequential core: h_t = GRU(h_{t-1}, [z_{t-1}, a_{t-1}]), z_t ~ q(z_t | h_t, e_t); [B,T,...] each.
+
+        Eagerly, one autograd function steps through time forward and backward
+        (:mod:`worldpipe.models.rssm_filter`). Under ``torch.compile``, or when the layers' parameters live
+        sharded outside their own forward (FSDP2), the same recurrence runs layer by layer through the modules.
+        """
+        if torch.compiler.is_compiling() or any(isinstance(p, DTensor) for p in self.cell.parameters()):
+            return self._filter_by_modules(embed, action, noise)
+        stoch, deter = self.cfg.stoch, self.cfg.deter
+        cell_in, post = self.cell_input[0], self.posterior_head
+        # The first layers of the cell input ([z, a]) and of the posterior head ([h, e]) are split by input
+        # block: the action and embedding blocks do not depend on the state, so they are applied to all steps
+        # at once (time-major, so a step's slice is contiguous); the core adds the state's block per step.
+        act_part = F.linear(action.transpose(0, 1)[:-1], cell_in.weight[:, stoch:], cell_in.bias)  # [T-1,B,H]
+        embed_part = F.linear(embed.transpose(0, 1), post[0].weight[:, deter:], post[0].bias)  # [T,B,H]
+        weights = CoreWeights(cell_in.weight[:, :stoch], self.cell.weight_ih, self.cell.bias_ih, self.cell.weight_hh,
+                              self.cell.bias_hh, post[0].weight[:, :deter], post[2].weight, post[2].bias,
+                              post[4].weight, post[4].bias)
+        states = filter_core(act_part, embed_part, noise.transpose(0, 1).contiguous(), weights, self.cfg.min_std)
+        return {key: value.transpose(0, 1) for key, value in zip(("h", "z", "post_mean", "post_std"), states,
+                                                                  strict=True)}
+
+    def _filter_by_modules(self, embed: torch.Tensor, action: torch.Tensor,
+                           noise: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`_filter` one module call at a time (recorded by autograd op by op)."""
+        h, z = self.initial_state(embed)
+        out: dict[str, list[torch.Tensor]] = {k: [] for k in ("h", "z", "post_mean", "post_std")}
+        for t in range(embed.shape[1]):
             if t > 0:
                 h = self.transition(h, z, action[:, t - 1])
-            prior_mean, prior_std = self._gaussian(self.prior_head(h))
-            post_mean, post_std = self._gaussian(self.posterior_head(torch.cat([h, embed[:, t]], dim=-1)))
-            z = post_mean + post_std * noise[:, t]
-            for key, value in zip(out, (h, z, prior_mean, prior_std, post_mean, post_std), strict=True):
+            mean, std = self._gaussian(self.posterior_head(torch.cat([h, embed[:, t]], dim=-1)))
+            z = mean + std * noise[:, t]
+            for key, value in zip(out, (h, z, mean, std), strict=True):
                 out[key].append(value)
         return {key: torch.stack(values, dim=1) for key, values in out.items()}
 

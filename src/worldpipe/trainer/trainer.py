@@ -27,6 +27,7 @@ from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.measure.startup import mark
+from worldpipe.measure.timers import PartClock
 from worldpipe.models import build_model
 from worldpipe.models.noise import sample_noise
 from worldpipe.models.restore import DIMS_KEY, model_dims_record
@@ -181,11 +182,14 @@ class Trainer:
                    mininterval=0.5 if sys.stderr.isatty() else 15.0)  # a log file gets a line every 15 s
         digest, preempted = None, False
         timing = {"window_start": time.perf_counter()}
+        clock = PartClock()  # where the wall time goes (worldpipe bench loop reads it from the trace)
         while self.progress.step < t_cfg.steps:
             timing["step_start"] = time.perf_counter()
             batch = self.loader.next_batch()
             timing["data_wait"] = time.perf_counter() - timing["step_start"]
+            clock.lap("data")
             sums, grad_norm = self.train_step(batch)
+            clock.lap("compute")
             if timing.setdefault("first", True):
                 mark("first_step_done")
                 timing["first"] = False
@@ -193,11 +197,16 @@ class Trainer:
             if self.progress.step % t_cfg.log_every == 0 or self.progress.step == t_cfg.steps:
                 bar.set_postfix(loss=f"{self.log_step(sums, grad_norm, batch, timing):.3f}", refresh=False)
             bar.update(1)
+            clock.lap("tracking")
             preempted = any_rank(self.rt, self.preemption.raised)
+            clock.lap("ranks")
             digest = self.maybe_checkpoint(preempted) or digest
+            clock.lap("checkpoint")
             mark("step_end")  # no-op unless WORLDPIPE_STARTUP_TRACE is set (worldpipe bench loop reads it)
+            clock.lap("other")
             if preempted:
                 break
+        mark("loop_parts", **clock.summary())
         bar.close()
         self.loader.close()
         self.checkpointer.close()

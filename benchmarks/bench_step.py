@@ -1,0 +1,237 @@
+"""Model step vs the machine: one eager forward+backward of an experiment's model against the matmul peak.
+
+Everything in one process and one run, on ``--threads`` intra-op threads (default 1, what a rank gets):
+
+* ``peak``: the fp32 ``torch.mm`` rate of square matrices (the best of ``--mm-sizes``), the ceiling any
+  dense model step can approach on this machine;
+* ``model``: the experiment's model as it is (``worldpipe.models``), one training step = forward, backward of
+  the loss over a random batch of the config's shape (B = trainer.batch_size, T = data.window), zeroed grads;
+* ``per-step RSSM`` (baseline, RSSM experiments only): the same weights with the filter written the way it used
+  to be, every layer inside the Python loop over time (kept here only, as the before of the batched filter).
+
+FLOPs of one step come from ``torch.utils.flop_counter.FlopCounterMode`` (matmuls; element-wise work is not
+counted), so ``fraction of peak = FLOPs / step time / peak``. Contenders run in rounds whose order rotates
+(:mod:`worldpipe.measure.rounds`); each is the median over rounds of its per-round mean. Target: the model's
+step at >= 0.4 of the same run's peak.
+
+    worldpipe bench step [--experiment pendulum_rssm] [--rounds 5] [--steps 20] [--out results/bench/step.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import write_text_atomic
+from worldpipe.measure.rounds import median_of_means, run_rounds
+from worldpipe.models import build_model
+from worldpipe.models.rssm import RSSM
+
+TARGET_FRACTION_OF_PEAK = 0.4
+BASELINE = "per-step RSSM"
+
+
+class PerStepRSSM(RSSM):
+    """The RSSM with every layer inside the loop over time: the filter before it was batched (baseline only)."""
+
+    def observe(self, obs, action, noise):
+        embed = self.encoder(obs)
+        h, z = self.initial_state(obs)
+        out = {k: [] for k in ("h", "z", "prior_mean", "prior_std", "post_mean", "post_std")}
+        for t in range(obs.shape[1]):
+            if t > 0:
+                h = self.transition(h, z, action[:, t - 1])
+            prior_mean, prior_std = self._gaussian(self.prior_head(h))
+            post_mean, post_std = self._gaussian(self.posterior_head(torch.cat([h, embed[:, t]], dim=-1)))
+            z = post_mean + post_std * noise[:, t]
+            for key, value in zip(out, (h, z, prior_mean, prior_std, post_mean, post_std), strict=True):
+                out[key].append(value)
+        return {key: torch.stack(values, dim=1) for key, values in out.items()}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="worldpipe bench step", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=f"{BENCH_DIR}/step.json")
+    p.add_argument("--experiment", default="pendulum_rssm")
+    p.add_argument("--env", default="Pendulum-v1", help="environment of the experiment's data (observation sizes)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (one rank's share: 1)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of every contender (median of round means)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per contender per round (after 3 warm-up)")
+    p.add_argument("--mm-sizes", default="256,512,1024", help="square matmul sizes; the best rate is the peak")
+    return p.parse_args(argv)
+
+
+def experiment_shapes(experiment: str, env_id: str) -> tuple[dict, int, int, int, int]:
+    """(model config, B, T, O, A) of an experiment's composed config and its environment."""
+    from omegaconf import OmegaConf
+
+    from worldpipe.data.environments import env_dims
+    from worldpipe.launch.launcher import compose_config
+
+    cfg = compose_config([f"experiment={experiment}"])
+    dims = env_dims(env_id)
+    return (OmegaConf.to_container(cfg.model, resolve=True), int(cfg.trainer.batch_size), int(cfg.data.window),
+            dims.obs_dim, dims.act_dim)
+
+
+def make_step(model: torch.nn.Module, batch: dict):
+    """One eager training step (forward, backward of the summed loss, grads dropped) as a closure."""
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        sums = model(batch["obs"], batch["action"], batch["reward"], batch["mask"], batch["noise"])
+        sums["total"].backward()
+    return step
+
+
+def step_flops(step) -> int:
+    """FLOPs of one call of ``step`` (FlopCounterMode: matmul-class operators, forward and backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def timed(fn, calls: int, warmup: int = 3) -> list[float]:
+    """Seconds of each of ``calls`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def mm_peak(sizes: list[int]) -> dict[str, float]:
+    """GFLOP/s of fp32 ``torch.mm`` per square size (best of a few calls each)."""
+    rates = {}
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        best = min(timed(lambda a=a, b=b: torch.mm(a, b), calls=max(3, int(2e9 / n**3)), warmup=2))
+        rates[str(n)] = 2 * n**3 / best / 1e9
+    return rates
+
+
+def contenders(args) -> tuple[dict, dict]:
+    """Step closures by name (the baseline first when there is one) and what the report says about the model."""
+    model_cfg, batch_size, window, obs_dim, act_dim = experiment_shapes(args.experiment, args.env)
+    torch.manual_seed(0)
+    model = build_model(model_cfg, obs_dim, act_dim)
+    g = torch.Generator().manual_seed(0)
+    noise_shape = model.noise_shape(window)
+    batch = {"obs": torch.randn(batch_size, window, obs_dim, generator=g),
+             "action": torch.randn(batch_size, window, act_dim, generator=g),
+             "reward": torch.randn(batch_size, window, generator=g), "mask": torch.ones(batch_size, window),
+             "noise": None if noise_shape is None else torch.randn(batch_size, *noise_shape, generator=g)}
+    steps = {}
+    if type(model) is RSSM:
+        baseline = PerStepRSSM(obs_dim, act_dim, **{k: v for k, v in model_cfg.items() if k != "_target_"})
+        baseline.load_state_dict(model.state_dict())
+        steps[BASELINE] = make_step(baseline, batch)
+    steps["model"] = make_step(model, batch)
+    about = {"model": model_cfg["_target_"], "batch": batch_size, "window": window,
+             "parameters": sum(p.numel() for p in model.parameters())}
+    return steps, about
+
+
+def measure_rounds(args, steps: dict) -> dict[str, list]:
+    """Per contender, one sample per round: mean seconds per step, or the matmul rates of that round."""
+    sizes = [int(n) for n in args.mm_sizes.split(",")]
+    specs = {"peak": None, **steps}
+
+    def measure(name, step, round_):
+        if name == "peak":
+            rates = mm_peak(sizes)
+            print(f"round {round_}: peak {max(rates.values()):7.1f} GFLOP/s  {rates}")
+            return rates
+        times = timed(step, args.steps)
+        print(f"round {round_}: {name:14s} {1e3 * sum(times) / len(times):7.2f} ms/step")
+        return sum(times) / len(times)
+
+    return run_rounds(args.rounds, lambda round_: specs, measure)
+
+
+def summarize(samples: dict, flops: dict, about: dict, args, load_before) -> dict:
+    """The report: per contender its step time, FLOPs, GFLOP/s and fraction of the same run's peak."""
+    peak_rounds = [max(r.values()) for r in samples.pop("peak")]
+    peak = median_of_means(peak_rounds)
+    report = {"benchmark": "step", "experiment": args.experiment, **about, "threads": args.threads,
+              "rounds": args.rounds, "steps_per_round": args.steps,
+              "machine": {"cpus": os.cpu_count(), "load_average_before": list(load_before),
+                          "load_average_after": list(os.getloadavg()), "python": platform.python_version(),
+                          "torch": torch.__version__},
+              "peak_gflops": peak, "peak_round_gflops": peak_rounds, "contenders": {}}
+    for name, rounds in samples.items():
+        step_s = median_of_means(rounds)
+        gflops = flops[name] / step_s / 1e9
+        report["contenders"][name] = {"step_ms": 1e3 * step_s, "round_step_ms": [1e3 * r for r in rounds],
+                                      "flops": flops[name], "gflops": gflops, "fraction_of_peak": gflops / peak}
+    model = report["contenders"]["model"]
+    report["fraction_of_peak"] = model["fraction_of_peak"]
+    report["target_fraction_of_peak"] = TARGET_FRACTION_OF_PEAK
+    report["meets_target"] = model["fraction_of_peak"] >= TARGET_FRACTION_OF_PEAK
+    if BASELINE in report["contenders"]:
+        report["speedup_vs_per_step"] = report["contenders"][BASELINE]["step_ms"] / model["step_ms"]
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    steps, about = contenders(args)
+    flops = {name: step_flops(step) for name, step in steps.items()}
+    samples = measure_rounds(args, steps)
+    report = summarize(samples, flops, about, args, load_before)
+    for name, c in report["contenders"].items():
+        print(f"{name:14s} {c['step_ms']:7.2f} ms/step  {c['flops'] / 1e6:7.1f} MFLOP  {c['gflops']:6.1f} GFLOP/s"
+              f"  {c['fraction_of_peak']:.3f} of peak")
+    print(f"peak {report['peak_gflops']:.1f} GFLOP/s (fp32 mm, {args.threads} thread(s)); model step at "
+          f"{report['fraction_of_peak']:.3f} of peak (target >= {TARGET_FRACTION_OF_PEAK})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report["plot"] = str(out.with_suffix(".png"))
+    plot(report, out.with_suffix(".png"))
+    write_text_atomic(out, json.dumps(report, indent=2))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def plot(report: dict, path: Path) -> None:
+    """Fraction of peak per contender, with the target line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["contenders"])
+    fig, ax = plt.subplots(figsize=(8, 3))
+    fractions = [report["contenders"][n]["fraction_of_peak"] for n in names]
+    ax.barh(names, fractions, color="tab:blue")
+    for i, n in enumerate(names):
+        ax.text(fractions[i], i, f" {report['contenders'][n]['step_ms']:.1f} ms", va="center")
+    ax.axvline(report["target_fraction_of_peak"], color="tab:red", ls="--", label="target")
+    ax.set_xlabel(f"fraction of fp32 mm peak ({report['peak_gflops']:.0f} GFLOP/s, {report['threads']} thread)")
+    ax.set_title(f"{report['experiment']}: eager forward+backward, B={report['batch']} T={report['window']}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
