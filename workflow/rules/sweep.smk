@@ -75,13 +75,10 @@ rule train_sweep_point:
     benchmark:
         f"{RULE_BENCHMARKS}/train_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
     shell:
-        """
-        eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # resume-safe settings, shell-quoted in common.smk
-        WORLDPIPE_RULE=train_sweep_point WORLDPIPE_JOB={wildcards.point:q} \
-            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} experiment_name={params.run_name:q} \
-            run_dir={params.run_dir:q} data.store={input.store} data.manifest={input.manifest} \
-            tracking.experiment={params.mlflow_experiment:q} "${{settings[@]}}" > {log} 2>&1
-        """
+        "worldpipe train --snakemake-rule train_sweep_point --snakemake-job {wildcards.point:q} {params.overrides}"
+        " experiment_name={params.run_name:q} run_dir={params.run_dir:q} data.store={input.store}"
+        " data.manifest={input.manifest} tracking.experiment={params.mlflow_experiment:q} {resources.resume_safe_overrides}"
+        " > {log} 2>&1"
 
 
 rule evaluate_sweep_point:
