@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -36,22 +34,11 @@ from worldpipe.launch.local_run import run_in_process, runs_in_process
 from worldpipe.launch.preflight import check_data, checked_config, world_size_of
 from worldpipe.launch.relay import OutputRelay
 from worldpipe.launch.run_lock import RunLock
+from worldpipe.launch.torchrun import RDZV_TIMEOUT_S, torchrun_argv
 from worldpipe.measure.startup import mark
 from worldpipe.trainer.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 
-__all__ = ["launch_training", "prepared_config", "start_training", "torchrun_argv", "torchrun_command"]
-
-LOOPBACK = "127.0.0.1"
-# Seconds torchrun's agents wait for every node to join the rendezvous (a short start-up failure instead of
-# ten minutes of waiting); `parallel.rdzv_timeout_s` overrides it.
-RDZV_TIMEOUT_S = 120
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the rendezvous store binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+__all__ = ["launch_training", "prepared_config", "start_training", "torchrun_command"]
 
 
 def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
@@ -63,24 +50,9 @@ def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str |
     """
     primary = [] if Path(config_dir) == CONF_DIR else [f"--config-path={Path(config_dir).resolve()}",
                                                         "--config-name=config"]
-    return torchrun_argv(int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes),
-                         [*primary, *overrides, f"hydra.run.dir={cfg.run_dir}"], rdzv_endpoint, rdzv_id,
+    worker = ["-m", "worldpipe.launch.worker", *primary, *overrides, f"hydra.run.dir={cfg.run_dir}"]
+    return torchrun_argv(int(cfg.parallel.nproc_per_node), worker, int(cfg.parallel.nnodes), rdzv_endpoint, rdzv_id,
                          int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S))
-
-
-def torchrun_argv(nproc: int, nnodes: int, worker_args: list[str], rdzv_endpoint: str | None = None,
-                  rdzv_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
-    """torchrun (as :mod:`worldpipe.launch.torchrun`) running :mod:`worldpipe.launch.worker` with ``worker_args``."""
-    endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_loopback_port()}"
-    return [sys.executable, "-m", "worldpipe.launch.torchrun", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id or _default_rdzv_id(rdzv_endpoint)}",
-            f"--rdzv-conf=join_timeout={rdzv_timeout_s}", "--max-restarts=0",
-            "-m", "worldpipe.launch.worker", *worker_args]
-
-
-def _default_rdzv_id(rdzv_endpoint: str | None) -> str:
-    # Nodes joining one explicit endpoint must agree on the id; a private loopback store needs no agreement.
-    return "worldpipe" if rdzv_endpoint else uuid.uuid4().hex
 
 
 def _holds_run_lock() -> bool:
