@@ -13,7 +13,9 @@ SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP els
 SWEEP_DIR = sweep_dir(SWEEP, RESULTS)
 SWEEP_NAME = SWEEP.get("name", "none")
 try:
-    SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
+    # The plan's run when the sweep's experiment is also one of `experiments` (composed once, not twice).
+    SWEEP_BASE = (RUNS_PLANNED.get(SWEEP["experiment"]) or plan_run(config, SWEEP["experiment"], DATASETS,
+                  Path(CONF_DIR))) if SWEEP else None
 except PipelineError as err:
     raise WorkflowError(f"pipeline config: sweep: {err}") from None
 SWEEP_DATA = (

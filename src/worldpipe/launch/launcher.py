@@ -10,6 +10,9 @@ there) training becomes a job step of its own, one `worldpipe train` per node me
 allocation's first node (:mod:`worldpipe.launch.slurm`); each node's `worldpipe train` gets the endpoint and
 rendezvous id as options.
 
+The config is composed and validated once per start, here, and recorded in RUN_DIR/hydra/config.yaml; the
+workers load that record (:mod:`worldpipe.launch.worker`), they do not compose it again.
+
 torchrun and its workers die with this launcher (:mod:`worldpipe.launch.lifeline`); torchrun's stderr is relayed so
 that a failure ends as one line (:mod:`worldpipe.launch.relay`). torchrun runs as :mod:`worldpipe.launch.torchrun`, whose
 stores of a loopback rendezvous listen on 127.0.0.1 only.
@@ -30,7 +33,7 @@ from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
 from worldpipe.launch import slurm
 from worldpipe.launch.lifeline import die_with_parent, launcher_environment
-from worldpipe.launch.local_run import run_in_process, runs_in_process
+from worldpipe.launch.local_run import record_config, run_in_process, runs_in_process
 from worldpipe.launch.preflight import check_data, checked_config, world_size_of
 from worldpipe.launch.relay import OutputRelay
 from worldpipe.launch.run_lock import RunLock
@@ -41,16 +44,14 @@ from worldpipe.trainer.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 __all__ = ["launch_training", "prepared_config", "start_training", "torchrun_command"]
 
 
-def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
-                     rdzv_id: str | None = None, config_dir: Path = CONF_DIR) -> list[str]:
+def torchrun_command(cfg: DictConfig, recorded: Path, rdzv_endpoint: str | None = None,
+                     rdzv_id: str | None = None) -> list[str]:
     """The torchrun command line for this config: c10d rendezvous, on 127.0.0.1 unless an endpoint is given.
 
-    Overrides stay separate argv entries (never a shell string). ``config_dir`` holds Hydra's primary config:
-    conf/ for a new run, a recorded config for a rerun.
+    Every worker loads ``recorded`` (:func:`worldpipe.launch.local_run.record_config` of ``cfg``): the config
+    is composed and validated once, by this launcher.
     """
-    primary = [] if Path(config_dir) == CONF_DIR else [f"--config-path={Path(config_dir).resolve()}",
-                                                        "--config-name=config"]
-    worker = ["-m", "worldpipe.launch.worker", *primary, *overrides, f"hydra.run.dir={cfg.run_dir}"]
+    worker = ["-m", "worldpipe.launch.worker", f"--config={Path(recorded).resolve()}"]
     return torchrun_argv(int(cfg.parallel.nproc_per_node), worker, int(cfg.parallel.nnodes), rdzv_endpoint, rdzv_id,
                          int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S))
 
@@ -83,12 +84,12 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+        recorded = record_config(cfg, overrides)  # under the lock: no other launcher's workers read it
         mark("config_composed")
         world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
         if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.launch.local_run)
-            return run_in_process(cfg, overrides)
-        cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=rdzv_id, config_dir=config_dir)
-        return _run_torchrun(cmd, run_dir)
+            return run_in_process(cfg)
+        return _run_torchrun(torchrun_command(cfg, recorded, rdzv_endpoint, rdzv_id), run_dir)
     finally:
         if lock is not None:
             lock.release()
