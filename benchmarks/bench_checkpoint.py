@@ -53,6 +53,7 @@ import torch
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import fsync_dir, write_text_atomic
+from worldpipe.launch.torchrun import torchrun_argv
 from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_direct, write_raw
 
 MB = 1 << 20
@@ -328,10 +329,9 @@ def run_sharded(args: argparse.Namespace, base: Path) -> dict | None:
     if args.ranks < 1:
         return None
     out = base / "sharded.json"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--standalone", f"--nproc-per-node={args.ranks}",
-           str(Path(__file__).with_name("bench_checkpoint_sharded.py")), "--mb", str(args.mb), "--repeat",
-           str(args.repeat), "--dir", str(base / "sharded"), "--out", str(out), "--step-s", str(args.step_s)]
+    cmd = torchrun_argv(args.ranks, [str(Path(__file__).with_name("bench_checkpoint_sharded.py")), "--mb",
+                                     str(args.mb), "--repeat", str(args.repeat), "--dir", str(base / "sharded"),
+                                     "--out", str(out), "--step-s", str(args.step_s)])
     proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=args.sharded_timeout_s)
     if proc.returncode != 0:

@@ -1,6 +1,5 @@
-"""Sharded-save rows of `worldpipe bench checkpoint`; a torchrun script (bench_checkpoint.py launches it).
-
-    torchrun --nproc-per-node N benchmarks/bench_checkpoint_sharded.py --mb 256 --repeat 3 --dir DIR --out OUT
+"""Sharded-save rows of `worldpipe bench checkpoint`; a torchrun script (bench_checkpoint.py launches it with
+``worldpipe.launch.torchrun.torchrun_argv``), arguments ``--mb 256 --repeat 3 --dir DIR --out OUT``.
 
 Every rank holds 1/N of a ``--mb`` MB state (the same model-like and Adam-like mix as bench_checkpoint.py) as
 DTensors sharded on dim 0 over a 1-D mesh. Contenders, interleaved round by round, each into fresh

@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch.distributed as dist
 
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.launch.torchrun import torchrun_argv
 
 KB = 1 << 10
 
@@ -473,8 +473,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               __file__, "--worker", str(raw_path), "--max-mb", str(args.max_mb), "--repeat", str(args.repeat)]
+        cmd = torchrun_argv(args.nproc, [__file__, "--worker", str(raw_path), "--max-mb", str(args.max_mb),
+                                         "--repeat", str(args.repeat)])
         subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
         result = summarize(json.loads(raw_path.read_text()))
     result["plots"] = plot(result, out.parent)

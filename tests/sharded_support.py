@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+from worldpipe.launch.torchrun import torchrun_argv
 
 WORKER = Path(__file__).parent / "integration" / "sharded_worker.py"
 TIMEOUT_S = 240
@@ -17,7 +18,6 @@ def torchrun(env: dict, nproc: int, *args, fault: str | None = None,
     run_env.pop("WORLDPIPE_CKPT_FAULT", None)
     if fault:
         run_env["WORLDPIPE_CKPT_FAULT"] = fault
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), *map(str, args)]
+    cmd = torchrun_argv(nproc, [str(WORKER), *map(str, args)])
     # torchrun waits for its ranks and stops the others when one dies; the timeout bounds a hang.
     return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -39,16 +39,16 @@ def wait_for(predicate, timeout: float = 180.0) -> None:
 
 
 def workers_of(run_dir: Path) -> set[int]:
-    return pids_with_arg("worldpipe.launch.worker") & pids_with_arg(f"run_dir={run_dir}")
+    return pids_with_arg("worldpipe.launch.worker") & pids_with_arg(str(run_dir))
 
 
 def kill_launcher_group(proc: subprocess.Popen, run_dir: Path) -> set[int]:
     """SIGKILL the launcher's process group only; returns every process of the run seen around the kill."""
-    tree = pids_with_arg(f"run_dir={run_dir}")
+    tree = pids_with_arg(str(run_dir))
     assert proc.pid in tree
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL  # the kill landed on the launcher itself
-    return tree | pids_with_arg(f"run_dir={run_dir}")
+    return tree | pids_with_arg(str(run_dir))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -63,7 +63,7 @@ def test_killing_the_launcher_group_leaves_no_worker_and_publishes_nothing(seed,
     at_kill = snapshot_dir(checkpoints), (checkpoints / "latest").read_bytes() if (checkpoints / "latest").exists() else None
     survivors = wait_gone(tree, timeout=30)
     assert not survivors, f"still running after the launcher's group was killed: {survivors}"
-    assert not pids_with_arg(f"run_dir={run_dir}")
+    assert not pids_with_arg(str(run_dir))
     after = snapshot_dir(checkpoints), (checkpoints / "latest").read_bytes() if (checkpoints / "latest").exists() else None
     assert after == at_kill, "a checkpoint was published after the kill"
 
@@ -73,7 +73,7 @@ def test_one_run_per_directory_and_rendezvous_on_loopback(tmp_path, smoke_datase
     first = start(run_dir, smoke_dataset, env_with_venv)
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "latest").exists())
-        tree = pids_with_arg(f"run_dir={run_dir}")
+        tree = pids_with_arg(str(run_dir))
         listening = listening_addresses(tree)
         assert listening, "the rendezvous store should be listening"
         assert all(address.startswith("127.0.0.1:") for address in listening), listening
@@ -83,7 +83,7 @@ def test_one_run_per_directory_and_rendezvous_on_loopback(tmp_path, smoke_datase
         lines = [line for line in second.stderr.splitlines() if line.strip()]
         assert second.returncode != 0 and len(lines) == 1, second.stderr
         assert f"pid {first.pid} on host {socket.gethostname()}" in lines[0]
-        assert pids_with_arg(f"run_dir={run_dir}") <= tree | {first.pid}  # the second run started nothing
+        assert pids_with_arg(str(run_dir)) <= tree | {first.pid}  # the second run started nothing
         assert first.poll() is None
     finally:
         if first.poll() is None:
@@ -118,7 +118,7 @@ def test_a_workers_error_is_one_line(tmp_path, smoke_dataset, env_with_venv):
         assert noise not in proc.stderr, proc.stderr[-3000:]
     log = (run_dir / "errors.log").read_text()
     assert "Traceback (most recent call last)" in log and "CorruptShardError" in log
-    assert not pids_with_arg(f"run_dir={run_dir}")
+    assert not pids_with_arg(str(run_dir))
     assert not (run_dir / "checkpoints" / "latest").exists()  # stopped before its first checkpoint
 
 

@@ -90,12 +90,12 @@ def _wait_for_first_checkpoint(run_dir: Path, proc: subprocess.Popen) -> bool:
 def kill_every_process(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGKILL the launcher's process group and every process of the run (torchrun starts each worker in a
     session of its own, so the group alone does not reach the ranks), then wait until all are gone."""
-    processes = pids_with_arg(f"run_dir={run_dir}")
+    processes = pids_with_arg(str(run_dir))
     _kill_group(proc)
     for pid in processes - {proc.pid}:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    survivors = wait_gone(processes | pids_with_arg(f"run_dir={run_dir}"), timeout=30)
+    survivors = wait_gone(processes | pids_with_arg(str(run_dir)), timeout=30)
     assert not survivors, f"processes of {run_dir} survived SIGKILL: {survivors}"
 
 

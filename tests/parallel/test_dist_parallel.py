@@ -8,10 +8,11 @@ loss to 1e-6 relative, parameters after one AdamW step to 1e-6.
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from worldpipe.launch.torchrun import torchrun_argv
 
 pytestmark = pytest.mark.integration
 WORKER = Path(__file__).with_name("dist_checks.py")
@@ -20,8 +21,7 @@ WORKER = Path(__file__).with_name("dist_checks.py")
 def run_ranks(tmp_path: Path, env: dict, nproc: int, *args: str) -> list[dict]:
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(WORKER), args[0], str(out), *args[1:]]
+    cmd = torchrun_argv(nproc, [str(WORKER), args[0], str(out), *args[1:]])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]

@@ -54,8 +54,8 @@ def test_every_rule_ran_as_a_slurm_job(slurm_smoke):
 def test_training_was_its_own_job_step(slurm_smoke):
     (job_id, _), = slurm_jobs("train_model")
     log = train_log(slurm_smoke).read_text()
-    match = re.search(r"launch_training: job (\d+), training step on 1 node\(s\), 2 CPUs per node, "
-                      r"rendezvous standalone", log)
+    match = re.search(r"worldpipe train: job (\d+), training step on 1 node\(s\), 2 CPUs per node, "
+                      r"rendezvous loopback", log)
     assert match, log[-3000:]
     assert match.group(1) == job_id
 

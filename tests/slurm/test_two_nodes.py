@@ -45,7 +45,7 @@ def test_one_job_spanning_both_nodes(two_node_run):
     assert job_field(job_id, "NumNodes") == "2"
     assert job_field(job_id, "NodeList") == "wp[1-2]"
     log = train_log(two_node_run).read_text(errors="replace")
-    assert re.search(rf"launch_training: job {job_id}, training step on 2 node\(s\), 1 CPUs per node, "
+    assert re.search(rf"worldpipe train: job {job_id}, training step on 2 node\(s\), 1 CPUs per node, "
                      r"rendezvous 127\.0\.0\.1:\d+", log), log[-3000:]
 
 

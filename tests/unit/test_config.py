@@ -80,12 +80,12 @@ def test_flatten_is_dotted_and_complete():
     assert flat == {"a.b": 1, "a.c.d": [1, 2], "e": None}
 
 
-def test_torchrun_command_uses_explicit_run_dir():
+def test_torchrun_workers_load_the_recorded_config():
     cfg = compose_config(["experiment=smoke", "run_dir=/tmp/x"])
-    cmd = torchrun_command(cfg, ["experiment=smoke", "run_dir=/tmp/x"])
+    cmd = torchrun_command(cfg, Path("/tmp/x/hydra/config.yaml"))
     assert "--nproc-per-node=2" in cmd and "--rdzv-backend=c10d" in cmd and "--standalone" not in cmd
     assert any(arg.startswith("--rdzv-endpoint=127.0.0.1:") for arg in cmd)
-    assert cmd[-1] == "hydra.run.dir=/tmp/x"
+    assert cmd[-3:] == ["-m", "worldpipe.launch.worker", "--config=/tmp/x/hydra/config.yaml"]
 
 
 def test_cli_rejects_bad_config_before_work(tmp_path: Path, capsys):

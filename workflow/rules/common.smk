@@ -14,11 +14,14 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 # Before worldpipe is imported: worldpipe.config.paths reads the conf/ tree's location once, and it must be the one beside
-# this Snakefile (the run hashes, the parse-time validation and the jobs all read it).
+# this Snakefile (the run hashes, the parse-time validation and the jobs all read it). The only variable set here:
+# jobs inherit it (a SLURM job sets it again when it reads this file), so they and their training read the conf/
+# tree the run hashes come from. It is no parameter of the rules: moving the checkout must not retrain anything.
 CONF_DIR = os.path.join(workflow.basedir, "conf")
 os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
 
 from worldpipe.config import paths
+from worldpipe.launch import slurm
 from worldpipe.pipeline.sweep import sweep_targets
 from worldpipe.pipeline.plan import PipelineError, comparison_id, launch_overrides, plan, training_settings
 
@@ -138,38 +141,16 @@ def rule_resources(rule_name):
     return config["resources"]["default"] | config["resources"].get(rule_name, {})
 
 
-# Keys of the train_model section that become sbatch options through slurm_extra, not Snakemake resources.
-TRAINING_SBATCH_KEYS = ("gpu", "gpus_per_node", "preempt_signal_s", "slurm_extra")
-
-
 def training_resources():
-    """train_model's resources: one task per node on `train.nnodes` nodes, warning signal, GPUs per node.
+    """Resources of a training job (train_model, train_sweep_point).
 
-    `mpi` is present (empty) so the SLURM plugin runs the rule in the batch step and the training job step
-    started by launch_training.sh is the only one the warning signal reaches.
+    On SLURM: train.nnodes nodes, one task (one torchrun) each, the warning signal and GPUs per node
+    (worldpipe.launch.slurm). `resume_safe_overrides` are the Hydra overrides every training job gets that a
+    resume may change (world size, tracking URI, the pipeline's safe ones: worldpipe.pipeline.plan.
+    training_settings), quoted for the shell. Like the node count they say how to run, not what is made: a
+    change of a resource (unlike one of a parameter) does not make Snakemake remake the outputs, and a
+    resume-safe setting is not part of a run's identity, so changing it must not retrain anything.
     """
-    merged = rule_resources("train_model")
-    extra = ["--ntasks-per-node=1"]
-    if merged.get("preempt_signal_s", 0) > 0:
-        extra.append(f"--signal=USR1@{merged['preempt_signal_s']}")
-    if merged.get("gpus_per_node", 0) > 0:
-        extra.append(f"--gpus-per-node={merged['gpus_per_node']}")
-    if merged.get("slurm_extra"):
-        extra.append(merged["slurm_extra"])
-    nodes = config["train"]["nnodes"]
-    plain = {key: value for key, value in merged.items() if key not in TRAINING_SBATCH_KEYS}
-    return plain | {"nodes": nodes, "tasks": nodes, "mpi": "", "slurm_extra": " ".join(extra)}
-
-
-# Jobs inherit these (and a SLURM job sets them again when it reads this file). They are not parameters of the
-# rules, whose changes make Snakemake remake outputs: moving the checkout must not retrain anything, and neither
-# must a resume-safe setting (world size, tracking URI, log cadence: worldpipe.pipeline.plan.training_settings), which
-# is not part of a run's identity. WORLDPIPE_CONF_DIR makes the jobs, and training, read the conf/ tree beside
-# this Snakefile, the one the run hashes come from.
-os.environ.update(
-    {
-        paths.CONF_DIR_ENV: CONF_DIR,
-        "WORLDPIPE_LAUNCH_TRAINING": os.path.join(workflow.basedir, "workflow", "scripts", "launch_training.sh"),
-        "WORLDPIPE_TRAINING_SETTINGS": shlex.join(training_settings(config, tracking_uri())),
+    return slurm.training_job_resources(rule_resources("train_model"), config["train"]["nnodes"]) | {
+        "resume_safe_overrides": shlex.join(training_settings(config, tracking_uri()))
     }
-)

@@ -13,7 +13,9 @@ SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP els
 SWEEP_DIR = sweep_dir(SWEEP, Path(CONF_DIR))
 SWEEP_NAME = SWEEP.get("name", "none")
 try:
-    SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
+    # The plan's run when the sweep's experiment is also one of `experiments` (composed once, not twice).
+    SWEEP_BASE = (RUNS_PLANNED.get(SWEEP["experiment"]) or plan_run(config, SWEEP["experiment"], DATASETS,
+                  Path(CONF_DIR))) if SWEEP else None
 except PipelineError as err:
     raise WorkflowError(f"pipeline config: sweep: {err}") from None
 SWEEP_DATA = (
@@ -75,13 +77,10 @@ rule train_sweep_point:
     benchmark:
         f"{RULE_BENCHMARKS}/train_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
     shell:
-        """
-        eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # resume-safe settings, shell-quoted in common.smk
-        WORLDPIPE_RULE=train_sweep_point WORLDPIPE_JOB={wildcards.point:q} \
-            bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} experiment_name={params.run_name:q} \
-            run_dir={params.run_dir:q} data.store={input.store} data.manifest={input.manifest} \
-            tracking.experiment={params.mlflow_experiment:q} "${{settings[@]}}" > {log} 2>&1
-        """
+        "worldpipe train --snakemake-rule train_sweep_point --snakemake-job {wildcards.point:q} {params.overrides}"
+        " experiment_name={params.run_name:q} run_dir={params.run_dir:q} data.store={input.store}"
+        " data.manifest={input.manifest} tracking.experiment={params.mlflow_experiment:q} {resources.resume_safe_overrides}"
+        " > {log} 2>&1"
 
 
 rule evaluate_sweep_point:

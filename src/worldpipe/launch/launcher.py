@@ -5,9 +5,13 @@ manifest are checked to exist and belong together, the run directory's lock is t
 held until torchrun has exited), and the resume identity is checked.
 
 On a workstation torchrun's rendezvous store listens on 127.0.0.1 only, at a free port (c10d backend; never
-``--standalone``, which listens on every interface). Inside a SLURM allocation spanning several nodes it is one
-torchrun per node (one srun task each) with c10d rendezvous at the allocation's first host: the endpoint and
-rendezvous id come from WORLDPIPE_RDZV_ENDPOINT / WORLDPIPE_RDZV_ID (set by workflow/scripts/launch_training.sh).
+``--standalone``, which listens on every interface). In a SLURM batch step (the pipeline's training rule runs
+there) training becomes a job step of its own, one `worldpipe train` per node meeting at a c10d rendezvous on the
+allocation's first node (:mod:`worldpipe.launch.slurm`); each node's `worldpipe train` gets the endpoint and
+rendezvous id as options.
+
+The config is composed and validated once per start, here, and recorded in RUN_DIR/hydra/config.yaml; the
+workers load that record (:mod:`worldpipe.launch.worker`), they do not compose it again.
 
 torchrun and its workers die with this launcher (:mod:`worldpipe.launch.lifeline`); torchrun's stderr is relayed so
 that a failure ends as one line (:mod:`worldpipe.launch.relay`). torchrun runs as :mod:`worldpipe.launch.torchrun`, whose
@@ -18,66 +22,38 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from worldpipe.config.compose import compose_config
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
+from worldpipe.launch import slurm
 from worldpipe.launch.lifeline import die_with_parent, launcher_environment
-from worldpipe.launch.local_run import run_in_process, runs_in_process
-from worldpipe.launch.preflight import check_data, checked_config
+from worldpipe.launch.local_run import record_config, run_in_process, runs_in_process
+from worldpipe.launch.preflight import check_data, checked_config, world_size_of
 from worldpipe.launch.relay import OutputRelay
 from worldpipe.launch.run_lock import RunLock
+from worldpipe.launch.torchrun import RDZV_TIMEOUT_S, torchrun_argv
 from worldpipe.measure.startup import mark
 from worldpipe.trainer.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 
-__all__ = ["launch_training", "main_env_endpoint", "torchrun_argv", "torchrun_command"]
-
-LOOPBACK = "127.0.0.1"
-# Seconds torchrun's agents wait for every node to join the rendezvous (a short start-up failure instead of
-# ten minutes of waiting); `parallel.rdzv_timeout_s` overrides it.
-RDZV_TIMEOUT_S = 120
+__all__ = ["launch_training", "prepared_config", "start_training", "torchrun_command"]
 
 
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the rendezvous store binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
-def torchrun_command(cfg: DictConfig, overrides: list[str], rdzv_endpoint: str | None = None,
-                     rdzv_id: str | None = None, config_dir: Path = CONF_DIR) -> list[str]:
+def torchrun_command(cfg: DictConfig, recorded: Path, rdzv_endpoint: str | None = None,
+                     rdzv_id: str | None = None) -> list[str]:
     """The torchrun command line for this config: c10d rendezvous, on 127.0.0.1 unless an endpoint is given.
 
-    Overrides stay separate argv entries (never a shell string). ``config_dir`` holds Hydra's primary config:
-    conf/ for a new run, a recorded config for a rerun.
+    Every worker loads ``recorded`` (:func:`worldpipe.launch.local_run.record_config` of ``cfg``): the config
+    is composed and validated once, by this launcher.
     """
-    primary = [] if Path(config_dir) == CONF_DIR else [f"--config-path={Path(config_dir).resolve()}",
-                                                        "--config-name=config"]
-    return torchrun_argv(int(cfg.parallel.nproc_per_node), int(cfg.parallel.nnodes),
-                         [*primary, *overrides, f"hydra.run.dir={cfg.run_dir}"], rdzv_endpoint, rdzv_id,
+    worker = ["-m", "worldpipe.launch.worker", f"--config={Path(recorded).resolve()}"]
+    return torchrun_argv(int(cfg.parallel.nproc_per_node), worker, int(cfg.parallel.nnodes), rdzv_endpoint, rdzv_id,
                          int(cfg.parallel.get("rdzv_timeout_s") or RDZV_TIMEOUT_S))
-
-
-def torchrun_argv(nproc: int, nnodes: int, worker_args: list[str], rdzv_endpoint: str | None = None,
-                  rdzv_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
-    """torchrun (as :mod:`worldpipe.launch.torchrun`) running :mod:`worldpipe.launch.worker` with ``worker_args``."""
-    endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_loopback_port()}"
-    return [sys.executable, "-m", "worldpipe.launch.torchrun", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id or _default_rdzv_id(rdzv_endpoint)}",
-            f"--rdzv-conf=join_timeout={rdzv_timeout_s}", "--max-restarts=0",
-            "-m", "worldpipe.launch.worker", *worker_args]
-
-
-def _default_rdzv_id(rdzv_endpoint: str | None) -> str:
-    # Nodes joining one explicit endpoint must agree on the id; a private loopback store needs no agreement.
-    return "worldpipe" if rdzv_endpoint else uuid.uuid4().hex
 
 
 def _holds_run_lock() -> bool:
@@ -85,15 +61,18 @@ def _holds_run_lock() -> bool:
     return int(os.environ.get("SLURM_PROCID", "0")) == 0
 
 
-def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR) -> int:
-    """Preflight, take the run lock, run torchrun, forward preemption signals.
+def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR,
+                    rdzv_id: str | None = None, cfg: DictConfig | None = None) -> int:
+    """Preflight, take the run lock, run torchrun (or train in this process), forward preemption signals.
 
-    Returns torchrun's exit status (a failed worker's own status when torchrun reports it), or EXIT_PREEMPTED
-    when the run stopped on a signal after checkpointing. Raises (ConfigError, DataMismatch, RunLocked,
-    ResumeRefused, ...) before any process starts.
+    ``cfg``, when given, is the config :func:`worldpipe.launch.preflight.checked_config` returned for
+    ``overrides`` (not composed or validated again). Returns torchrun's exit status (a failed worker's own status
+    when torchrun reports it), or EXIT_PREEMPTED when the run stopped on a signal after checkpointing. Raises
+    (ConfigError, DataMismatch, RunLocked, ResumeRefused, SlurmRefused, ...) before any process starts.
     """
     mark("launcher_start")
-    cfg = checked_config(overrides, config_dir)
+    cfg = cfg if cfg is not None else checked_config(overrides, config_dir)
+    slurm.check_nodes(slurm.placement(os.environ), int(cfg.parallel.nnodes), None, os.environ, rdzv_endpoint)
     check_data(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,16 +84,64 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
+        recorded = record_config(cfg, overrides)  # under the lock: no other launcher's workers read it
         mark("config_composed")
         world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
         if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.launch.local_run)
-            return run_in_process(cfg, overrides)
-        cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"),
-                               config_dir=config_dir)
-        return _run_torchrun(cmd, run_dir)
+            return run_in_process(cfg)
+        return _run_torchrun(torchrun_command(cfg, recorded, rdzv_endpoint, rdzv_id), run_dir)
     finally:
         if lock is not None:
             lock.release()
+
+
+def prepared_config(overrides: list[str]) -> DictConfig:
+    """The config :func:`start_training` takes for ``overrides``: composed and checked once, here.
+
+    In a SLURM batch step it is only composed (for the node count): every node's launcher checks its own.
+    """
+    if slurm.placement(os.environ) == slurm.BATCH_STEP:
+        cfg = compose_config(overrides)
+        world_size_of(cfg)  # parallel.nnodes is a positive integer
+        return cfg
+    return checked_config(overrides)
+
+
+def start_training(overrides: list[str], rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+                   cfg: DictConfig | None = None) -> int:
+    """`worldpipe train`: train here, or, from a SLURM batch step, in a job step of its own on the job's nodes.
+
+    ``cfg`` is :func:`prepared_config` of ``overrides`` when the caller has it already. Returns the exit status.
+    """
+    if slurm.placement(os.environ) != slurm.BATCH_STEP:
+        return launch_training(overrides, rdzv_endpoint, rdzv_id=rdzv_id, cfg=cfg)
+    cfg = cfg if cfg is not None else prepared_config(overrides)
+    return _run_job_step(overrides, int(cfg.parallel.nnodes))
+
+
+def _run_job_step(overrides: list[str], nnodes: int) -> int:
+    job_id = os.environ[slurm.JOB_ID_ENV]
+    alloc = slurm.job_allocation(job_id)
+    slurm.check_nodes(slurm.BATCH_STEP, nnodes, alloc, os.environ)
+    rendezvous: list[str] = []
+    endpoint = None
+    if nnodes > 1:
+        endpoint, rdzv_id = slurm.rendezvous(job_id, *slurm.first_node(alloc), os.environ)
+        rendezvous = ["--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
+    # The same interpreter on every node (the environment, WORLDPIPE_CONF_DIR included, travels with srun).
+    command = [sys.executable, "-m", "worldpipe.cli", "train", *rendezvous, *overrides]
+    print(slurm.describe(nnodes, alloc, endpoint), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(slurm.step_argv(nnodes, alloc, command))
+    # SIGTERM (job cancelled or preempted) reaches this batch step too: pass it on and wait for the step to
+    # checkpoint and exit, so that its exit status (75) is what this process returns and records.
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
@@ -168,8 +195,3 @@ def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Pa
     if code != 0 and relay.child_exit is not None and relay.child_exit > 0:
         return relay.child_exit
     return code
-
-
-def main_env_endpoint() -> str | None:
-    """Rendezvous endpoint from WORLDPIPE_RDZV_ENDPOINT (set by the SLURM launch script)."""
-    return os.environ.get("WORLDPIPE_RDZV_ENDPOINT") or None

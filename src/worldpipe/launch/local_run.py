@@ -1,9 +1,14 @@
-"""Run a single-process training in the launcher's own process: no torchrun, no rendezvous, no second import.
+"""The launcher's record of the config it composed, and single-process training in the launcher's own process.
+
+The launcher composes and validates the config once per start and records it in RUN_DIR/hydra/config.yaml (with
+the overrides beside it, as Hydra records a command line); torchrun's workers load that record
+(:mod:`worldpipe.launch.worker`) instead of composing it again, so every rank trains exactly the config that was
+checked, and only once.
 
 torchrun buys nothing for one process (no process group is joined) but costs a fresh interpreter for itself and
-one for the worker, each importing torch. The launcher has already composed and validated the config, so it
-calls :func:`worldpipe.trainer.main.train` directly. ``WORLDPIPE_LAUNCHER=torchrun`` restores the old path (for
-comparison: ``worldpipe bench startup`` measures both).
+one for the worker, each importing torch, so a single-process run calls :func:`worldpipe.trainer.main.train`
+directly. ``WORLDPIPE_LAUNCHER=torchrun`` restores the torchrun path (for comparison: ``worldpipe bench startup``
+measures both).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from worldpipe.core.atomic import write_text_atomic
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 LAUNCHER_ENV = "WORLDPIPE_LAUNCHER"
+RECORD_DIR = "hydra"  # run_dir/hydra/{config,overrides}.yaml, logged with the run (worldpipe.tracking.records)
 
 
 def runs_in_process(world_size: int, rdzv_endpoint: str | None) -> bool:
@@ -24,21 +30,26 @@ def runs_in_process(world_size: int, rdzv_endpoint: str | None) -> bool:
     return world_size == 1 and rdzv_endpoint is None and os.environ.get(LAUNCHER_ENV, "auto") != "torchrun"
 
 
-def run_in_process(cfg: DictConfig, overrides: list[str]) -> int:
-    """Train in this process; returns the exit status torchrun would have returned (0, or EXIT_PREEMPTED)."""
-    # Hydra's record of the command line, as the worker under torchrun would have written it (run_dir/hydra).
-    hydra_dir = Path(cfg.run_dir) / "hydra"
-    hydra_dir.mkdir(parents=True, exist_ok=True)
+def record_config(cfg: DictConfig, overrides: list[str]) -> Path:
+    """Write the config and the overrides it was composed with to RUN_DIR/hydra; returns the config's path."""
+    record_dir = Path(cfg.run_dir) / RECORD_DIR
+    record_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-    write_text_atomic(hydra_dir / "config.yaml", OmegaConf.to_yaml(plain))
-    write_text_atomic(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    path = record_dir / "config.yaml"
+    write_text_atomic(path, OmegaConf.to_yaml(plain))
+    write_text_atomic(record_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    return path.resolve()
+
+
+def run_in_process(cfg: DictConfig) -> int:
+    """Train in this process; returns the exit status torchrun would have returned (0, or EXIT_PREEMPTED)."""
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
     # Imported only now: training brings torch (seconds); a refused launch never pays for it.
     from worldpipe.trainer.main import train
 
     try:
-        train(cfg)
+        train(cfg, checked=True)  # the launcher has validated it
     except SystemExit as stop:  # the trainer leaves with EXIT_PREEMPTED after checkpointing on a signal
         if stop.code == EXIT_PREEMPTED:
             return EXIT_PREEMPTED

@@ -1,6 +1,8 @@
-"""`python -m worldpipe.launch.torchrun ARGS`: torchrun, with its stores listening on loopback only when asked to.
+"""torchrun, the one way: :func:`torchrun_argv` builds every torchrun command line (training, benchmarks, tests),
+and `python -m worldpipe.launch.torchrun ARGS` is the torchrun it runs, with its stores on loopback only when asked.
 
-torchrun's TCP stores (the c10d rendezvous store and the store it hands to the workers) bind every interface
+The command line always uses a c10d rendezvous, on 127.0.0.1 at a free port unless a multi-node endpoint is
+given; never ``--standalone``, which listens on every interface. torchrun's TCP stores (the c10d rendezvous store and the store it hands to the workers) bind every interface
 whatever host they are given, and answer anyone without authentication. When the rendezvous endpoint is a
 loopback address (a run on one workstation), this entry point creates each store's listening socket itself,
 bound to 127.0.0.1, and gives it to the store (``master_listen_fd``). Multi-node runs (an endpoint on a real
@@ -12,9 +14,38 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
+import uuid
+from collections.abc import Sequence
 
+LOOPBACK = "127.0.0.1"
+# Seconds torchrun's agents wait for every node to join the rendezvous (a short start-up failure instead of
+# ten minutes of waiting); the training config's `parallel.rdzv_timeout_s` overrides it.
+RDZV_TIMEOUT_S = 120
 _TCPSTORE_ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
                   "master_listen_fd", "use_libuv")
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the rendezvous store binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_argv(nproc_per_node: int, program: Sequence[str], nnodes: int = 1, rdzv_endpoint: str | None = None,
+                  rdzv_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
+    """The command line running ``program`` on ``nproc_per_node`` ranks per node under this torchrun.
+
+    ``program`` is what torchrun runs on each rank: ``["-m", "package.module", *args]`` or ``[script, *args]``.
+    The rendezvous is c10d at ``rdzv_endpoint`` (multi-node: every node gives the same endpoint and id), else at
+    a free port on 127.0.0.1 whose stores listen on loopback only.
+    """
+    endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_loopback_port()}"
+    # Nodes joining one explicit endpoint must agree on the id; a private loopback store needs no agreement.
+    rdzv_id = rdzv_id or ("worldpipe" if rdzv_endpoint else uuid.uuid4().hex)
+    return [sys.executable, "-m", "worldpipe.launch.torchrun", f"--nproc-per-node={nproc_per_node}",
+            f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf=join_timeout={rdzv_timeout_s}", "--max-restarts=0", *program]
 
 
 def is_loopback(host: str) -> bool:
@@ -32,7 +63,7 @@ def loopback_listener(port: int) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
+        sock.bind((LOOPBACK, port))
         sock.listen(socket.SOMAXCONN)
     except OSError:
         sock.close()

@@ -1,21 +1,32 @@
 """Entry point of a torchrun worker started by `worldpipe train`: tied to its launcher, then training.
 
+    python -m worldpipe.launch.worker --config RUN_DIR/hydra/config.yaml   (under torchrun, by the launcher)
+
 The lifeline is armed before anything heavy is imported (torch alone takes seconds): a worker whose launcher
-dies while it starts up exits instead of training on as an orphan (see :mod:`worldpipe.launch.lifeline`).
+dies while it starts up exits instead of training on as an orphan (see :mod:`worldpipe.launch.lifeline`). The
+config is the launcher's record of the one it composed and validated (:func:`worldpipe.launch.local_run.
+record_config`), loaded, not composed again.
 """
 
 from __future__ import annotations
 
+import sys
+
 from worldpipe.launch.lifeline import bind_worker_to_launcher
 
+USAGE = "usage: python -m worldpipe.launch.worker --config RUN_DIR/hydra/config.yaml"
 
-def main() -> None:
-    """Bind to the launcher, then run the Hydra training entry point (`worldpipe.trainer.main.main`)."""
+
+def main(argv: list[str] | None = None) -> None:
+    """Bind to the launcher, then train the recorded config (`worldpipe.trainer.main.train_recorded`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].startswith("--config="):
+        sys.exit(USAGE)
     bind_worker_to_launcher()
     # Imported only after the lifeline is armed: training brings torch (seconds of start-up).
-    from worldpipe.trainer.main import main as train_main
+    from worldpipe.trainer.main import train_recorded
 
-    train_main()
+    train_recorded(args[0].removeprefix("--config="))
 
 
 if __name__ == "__main__":

@@ -15,17 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
 from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
 from worldpipe.core.atomic import symlink_atomic, write_text_atomic
+from worldpipe.core.errors import UsageError
 from worldpipe.pipeline.plan import compose, run_hash
 from worldpipe.tracking.spool import Spool
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 
-class RunDirMismatch(ValueError):
+class RunDirMismatch(UsageError, ValueError):
     """A run directory whose name is not the hash of the config about to train in it."""
+
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
@@ -43,15 +47,16 @@ def point_latest(run_dir: Path) -> None:
     symlink_atomic(run_dir.parent / paths.LATEST_LINK, run_dir.name)
 
 
-def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequence[str]) -> dict[str, Any]:
+def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequence[str],
+          cfg: DictConfig | None = None) -> dict[str, Any]:
     """Record an attempt at a run before training starts; refuse a directory that is not the config's hash.
 
-    The config is composed again from the same overrides the training gets, so a directory named by one hash
-    never holds a run of another (e.g. if conf/ changed between Snakemake's parse and this job).
+    The config is the one the training gets (``cfg``, composed from ``overrides`` when not given), composed in
+    this job, so a directory named by one hash never holds a run of another (e.g. if conf/ changed between
+    Snakemake's parse and this job).
     """
-
     run_dir = Path(run_dir)
-    cfg = compose(overrides)
+    cfg = cfg if cfg is not None else compose(overrides)
     cfg_hash = config_hash(cfg)
     expected = paths.short(run_hash(cfg_hash, dataset_spec_hash))
     if run_dir.name != expected:
