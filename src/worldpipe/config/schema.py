@@ -68,6 +68,10 @@ class ParallelConfig:
     rdzv_timeout_s: int | None = _range(None, gt=0)  # start-up rendezvous limit; None: the launcher's default
     tensor_parallel: int = _range(1, ge=1)  # DTensor column/row-wise degree (worldpipe.parallel.layout)
     context_parallel: int = _range(1, ge=1)  # ranks a sequence is cut over in time
+    # Data-parallel degree a layout with a fixed mesh requires (tp, cp, dp_tp, ...): the world size must then be
+    # exactly data_parallel × tensor_parallel × context_parallel. None: as many data-parallel ranks as the world
+    # size leaves (ddp, fsdp2 scale to any rank count).
+    data_parallel: int | None = _range(None, ge=1)
 
 
 @dataclass

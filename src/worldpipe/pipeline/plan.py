@@ -23,7 +23,7 @@ from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import DatasetSpec
-from worldpipe.launch.preflight import checked_config
+from worldpipe.launch.preflight import check_window, checked_config
 
 HELDOUT_SUFFIX = "-heldout"
 
@@ -125,6 +125,10 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
         raise PipelineError(f"experiments: {experiment!r} trains on data.name={name!r}, which is not under "
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
     dataset, heldout = known[name], known[name + HELDOUT_SUFFIX]
+    try:
+        check_window(cfg, dataset.spec.get("max_steps"), f"dataset {name!r} (datasets: {name}: max_steps)")
+    except UsageError as err:
+        raise PipelineError(f"experiments: experiment {experiment!r}: {err}") from None
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
