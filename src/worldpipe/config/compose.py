@@ -41,6 +41,19 @@ def check_override_syntax(overrides: Sequence[str]) -> None:
             raise UsageError(f"override {override!r} is not key=value")
 
 
+def value_override(key: str, value: str) -> str:
+    """``key=value`` that Hydra reads back as exactly ``value`` (single-quoted, escaped, when it must be)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = f"{key}={value}"
+    try:
+        if OverridesParser.create().parse_override(plain).value() == value:
+            return plain
+    except Exception:  # noqa: BLE001 - any grammar error: the value needs quoting
+        pass
+    return f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def group_selections(overrides: Sequence[str]) -> list[str]:
     """The overrides that choose a config group (``experiment=smoke``), not a value."""
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}

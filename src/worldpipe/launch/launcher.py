@@ -1,8 +1,9 @@
 """Start training under torchrun: preflight first, then one process per rank, owned by this launcher.
 
-Before any process starts: the config is composed and validated (every override's type), the data store and
-manifest are checked to exist and belong together, the run directory's lock is taken (one run per directory,
-held until torchrun has exited), and the resume identity is checked.
+Before any process starts: the run directory's lock is taken (one run per directory, held until torchrun has
+exited; an existing directory is locked first of all, so a busy one is refused at once), the config is composed
+and validated (every override's type), the data store and manifest are checked to exist and belong together,
+and the resume identity is checked.
 
 On a workstation torchrun's rendezvous store listens on 127.0.0.1 only, at a free port (c10d backend; never
 ``--standalone``, which listens on every interface). Inside a SLURM allocation spanning several nodes it is one
@@ -85,6 +86,29 @@ def _holds_run_lock() -> bool:
     return int(os.environ.get("SLURM_PROCID", "0")) == 0
 
 
+def _early_run_dir(overrides: list[str], config_dir: Path) -> Path | None:
+    """The run directory, known without composing the config when an override names it; else from a plain
+    composition (no validation, no torch); None when even that fails (the full check then names the problem)."""
+    from worldpipe.config.compose import check_override_syntax, compose_config
+
+    check_override_syntax(overrides)
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "run_dir"]
+    if given and given[-1] and not any(c in given[-1] for c in "$'\"\\ "):
+        return Path(given[-1])
+    try:
+        return Path(compose_config(overrides, config_dir).run_dir)
+    except Exception:  # noqa: BLE001 - reported by name by the full check that follows
+        return None
+
+
+def _lock_before_composing(overrides: list[str], config_dir: Path) -> RunLock | None:
+    """Take the lock of an existing run directory before the config is validated: a busy directory is refused at
+    once (validation imports torch: seconds). A directory that does not exist yet is locked after validation, so
+    that a refused config leaves nothing behind."""
+    run_dir = _early_run_dir(overrides, config_dir)
+    return RunLock(run_dir).acquire() if run_dir is not None and run_dir.is_dir() else None
+
+
 def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR) -> int:
     """Preflight, take the run lock, run torchrun, forward preemption signals.
 
@@ -93,12 +117,16 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     ResumeRefused, ...) before any process starts.
     """
     mark("launcher_start")
-    cfg = checked_config(overrides, config_dir)
-    check_data(cfg)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(run_dir).acquire() if _holds_run_lock() else None
+    lock = _lock_before_composing(overrides, config_dir) if _holds_run_lock() else None
     try:
+        cfg = checked_config(overrides, config_dir)
+        check_data(cfg)
+        run_dir = Path(cfg.run_dir)
+        if _holds_run_lock() and (lock is None or lock.path.parent.resolve() != run_dir.resolve()):
+            if lock is not None:
+                lock.release()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(run_dir).acquire()
         # Imported only now: it brings torch (seconds), which the refusals above do not need.
         from worldpipe.trainer.resume import preflight_resume
 

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from worldpipe.config import paths
-from worldpipe.config.compose import compose_config
+from worldpipe.config.compose import compose_config, value_override
 from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
@@ -105,7 +105,7 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
     train = config["train"]
     safe = [o for o in train.get("overrides", []) if is_resume_safe(_override_key(o))]
     return [f"parallel.nproc_per_node={train['nproc_per_node']}", f"parallel.nnodes={train.get('nnodes', 1)}",
-            f"tracking.uri={tracking_uri}", *safe]
+            value_override("tracking.uri", tracking_uri), *safe]
 
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
@@ -135,8 +135,23 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
                evaluation)
 
 
+def check_tracking_uri(config: Mapping[str, Any]) -> None:
+    """The pipeline's ``tracking_uri`` (else $MLFLOW_TRACKING_URI) is a well-formed tracking URI; PipelineError."""
+    import os
+
+    from worldpipe.config.tracking_uri import tracking_uri_problem
+
+    key, uri = "tracking_uri", config.get("tracking_uri") or ""
+    if not uri:
+        key, uri = "$MLFLOW_TRACKING_URI (tracking_uri is empty)", os.environ.get("MLFLOW_TRACKING_URI", "")
+    problem = tracking_uri_problem(uri)
+    if problem:
+        raise PipelineError(f"{key}: {problem}")
+
+
 def plan(config: Mapping[str, Any], conf: Path | None = None) -> tuple[dict[str, Dataset], dict[str, Run]]:
     """Datasets declared and the current run of every experiment, in the pipeline config's order."""
+    check_tracking_uri(config)
     known = datasets(config)
     runs = {experiment: plan_run(config, experiment, known, conf) for experiment in config["experiments"]}
     return known, runs
