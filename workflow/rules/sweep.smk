@@ -6,16 +6,19 @@ import re
 import shlex
 
 from worldpipe.pipeline.plan import identity_overrides, plan_run
-from worldpipe.pipeline.sweep import expand_sweep, sweep_dir
+from worldpipe.pipeline.sweep import SweepError, check_sweep, sweep_dir
 
 SWEEP = config.get("sweep") or {}
-SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}
+# Checked while the Snakefile is parsed, before any job is planned: a safe name, an existing experiment, swept
+# keys that exist in its config, and every point's config passing the checks of a single run.
+try:
+    SWEEP_POINTS = {point.name: point for point in check_sweep(config, Path(CONF_DIR))} if SWEEP else {}
+    SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
+except (PipelineError, SweepError) as err:
+    files = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))  # the ones given first
+    raise WorkflowError(f"pipeline config {files}: {err}") from None
 SWEEP_DIR = sweep_dir(SWEEP, RESULTS)
 SWEEP_NAME = SWEEP.get("name", "none")
-try:
-    SWEEP_BASE = plan_run(config, SWEEP["experiment"], DATASETS, Path(CONF_DIR)) if SWEEP else None
-except PipelineError as err:
-    raise WorkflowError(f"pipeline config: sweep: {err}") from None
 SWEEP_DATA = (
     {
         "manifest": dataset_file(rules.seal_dataset.output.manifest, SWEEP_BASE.dataset),

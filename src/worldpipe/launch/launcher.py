@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
+from worldpipe.core.last_words import ENV_VAR, LastWords
 from worldpipe.launch.lifeline import die_with_parent, launcher_environment
 from worldpipe.launch.local_run import run_in_process, runs_in_process
 from worldpipe.launch.preflight import check_data, checked_config
@@ -139,20 +140,28 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
             return run_in_process(cfg, overrides)
         cmd = torchrun_command(cfg, overrides, rdzv_endpoint, rdzv_id=os.environ.get("WORLDPIPE_RDZV_ID"),
                                config_dir=config_dir)
-        return _run_torchrun(cmd, run_dir)
+        return _run_torchrun(cmd, run_dir, int(cfg.parallel.nproc_per_node))
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
+def _run_torchrun(cmd: list[str], run_dir: Path, nproc: int) -> int:
+    last_words = LastWords(nproc)  # each local rank's error line, even when its stderr fails
+    try:
+        return _run_and_relay(cmd, run_dir, last_words)
+    finally:
+        last_words.remove()
+
+
+def _run_and_relay(cmd: list[str], run_dir: Path, last_words: LastWords) -> int:
     # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
     # the job step, torchrun included. An ignored disposition survives exec, so torchrun starts with SIGUSR1
     # ignored; the workers install their own handler (PreemptionFlag).
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
     try:
         mark("torchrun_spawned")
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=launcher_environment(),
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env={**launcher_environment(), ENV_VAR: str(last_words.dir)},
                                 preexec_fn=die_with_parent)  # noqa: PLW1509 - no threads run here yet
     except BaseException:
         signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
@@ -178,10 +187,10 @@ def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
             proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _exit_status(code, relay, received, run_dir)
+    return _exit_status(code, relay, received, run_dir, last_words.read() if code != 0 else [])
 
 
-def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Path) -> int:
+def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Path, last_words: list[str]) -> int:
     if code != 0 and (run_dir / PREEMPTED_RECORD).exists():
         return EXIT_PREEMPTED
     if code != 0 and any(sig in (signal.SIGTERM, signal.SIGUSR1) for sig in received):
@@ -190,7 +199,7 @@ def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Pa
         return EXIT_PREEMPTED
     if code != 0:
         relay.write_log()
-    line = relay.summary(code)
+    line = relay.summary(code, last_words)
     if line is not None:
         print(("" if relay.at_line_start else "\n") + line, file=sys.stderr, flush=True)
     if code != 0 and relay.child_exit is not None and relay.child_exit > 0:
