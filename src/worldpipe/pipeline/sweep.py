@@ -131,7 +131,6 @@ def expand_sweep(sweep: Mapping[str, Any]) -> list[SweepPoint]:
     """Every point of a sweep declaration, in declaration order (grid order, then seeds)."""
     if not isinstance(sweep, Mapping):
         raise SweepError(f"config key 'sweep': must be a mapping, got {sweep!r}")
-    _check_name(sweep)
     if ("grid" in sweep) == ("points" in sweep):
         raise SweepError("config key 'sweep': give exactly one of 'grid' or 'points'")
     base = _grid_points(sweep["grid"]) if "grid" in sweep else _listed_points(sweep["points"])
@@ -179,7 +178,7 @@ def load_pipeline_config(path: Path) -> dict[str, Any]:
 def check_sweep(config: Mapping[str, Any], conf: Path) -> list[SweepPoint]:
     """The points of a pipeline config's sweep, each checked as a single run would be; SweepError names the key.
 
-    Before any job is planned: the experiment exists in ``conf``, every swept key exists in its composed config
+    Before any job is planned: the name is one safe directory name, the experiment exists in ``conf``, every swept key exists in its composed config
     (or names a config group), and each point's composed config passes the checks of a single run
     (:func:`worldpipe.launch.preflight.checked_config`, with the pipeline's overrides and settings).
     """
@@ -187,6 +186,9 @@ def check_sweep(config: Mapping[str, Any], conf: Path) -> list[SweepPoint]:
     from worldpipe.config.identity import flatten, to_container
 
     sweep = config.get("sweep")
+    if not isinstance(sweep, Mapping):
+        raise SweepError(f"config key 'sweep': must be a mapping, got {sweep!r}")
+    _check_name(sweep)
     points = expand_sweep(sweep)
     experiment = sweep["experiment"]
     known = sorted(p.stem for p in (conf / "experiment").glob("*.yaml"))
