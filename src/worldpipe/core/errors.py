@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from worldpipe.core.last_words import LastWordsPage
+
 ERROR_PREFIX = "error: "
 SECONDARY_PREFIX = "error (secondary): "
 ERROR_LOG = "errors.log"
@@ -143,8 +145,6 @@ def run_worker_main(body: Callable[[], object], log_file: Callable[[], Path | No
     ``log_file()`` is asked only after a failure (the run directory may not exist before). The line is also left
     as the rank's last words (:mod:`worldpipe.core.last_words`), which the launcher reads when stderr failed.
     """
-    from worldpipe.core.last_words import LastWordsPage
-
     last_words = LastWordsPage()
     try:
         body()

@@ -59,8 +59,6 @@ def _model_support(model_cfg: Mapping[str, Any]):
 def _check_rank_count(p: Mapping[str, Any], world_size: int, dp: int, tp: int, cp: int) -> None:
     """A layout with a fixed mesh (``parallel.data_parallel`` set) gets exactly its rank count, never silently
     another mesh (dp_tp on 2 ranks would be plain tp, on 8 a 4×2 mesh)."""
-    from worldpipe.config.identity import ConfigError
-
     required = p.get("data_parallel")
     if required is None or dp == required:
         return

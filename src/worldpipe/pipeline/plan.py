@@ -11,6 +11,7 @@ overrides or in a dataset spec leads to new directories for exactly what it chan
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from omegaconf import DictConfig
 from worldpipe.config import paths
 from worldpipe.config.compose import compose_config, value_override
 from worldpipe.config.identity import config_hash, is_resume_safe
+from worldpipe.config.tracking_uri import tracking_uri_problem
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import DatasetSpec
@@ -137,10 +139,6 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
 
 def check_tracking_uri(config: Mapping[str, Any]) -> None:
     """The pipeline's ``tracking_uri`` (else $MLFLOW_TRACKING_URI) is a well-formed tracking URI; PipelineError."""
-    import os
-
-    from worldpipe.config.tracking_uri import tracking_uri_problem
-
     key, uri = "tracking_uri", config.get("tracking_uri") or ""
     if not uri:
         key, uri = "$MLFLOW_TRACKING_URI (tracking_uri is empty)", os.environ.get("MLFLOW_TRACKING_URI", "")

@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worldpipe.config.compose import compose_config
+from worldpipe.config.identity import flatten, to_container
 from worldpipe.core.errors import UsageError
+from worldpipe.launch.preflight import checked_config
+from worldpipe.pipeline.plan import identity_overrides, training_settings
 
 SEED_KEY = "seed"
 SWEEPS_DIR = "sweeps"  # below the results directory (conf/paths)
@@ -182,9 +186,6 @@ def check_sweep(config: Mapping[str, Any], conf: Path) -> list[SweepPoint]:
     (or names a config group), and each point's composed config passes the checks of a single run
     (:func:`worldpipe.launch.preflight.checked_config`, with the pipeline's overrides and settings).
     """
-    from worldpipe.config.compose import compose_config
-    from worldpipe.config.identity import flatten, to_container
-
     sweep = config.get("sweep")
     if not isinstance(sweep, Mapping):
         raise SweepError(f"config key 'sweep': must be a mapping, got {sweep!r}")
@@ -219,16 +220,12 @@ def _where(sweep: Mapping[str, Any], key: str) -> str:
 
 def _run_overrides(config: Mapping[str, Any], experiment: str) -> tuple[list[str], list[str]]:
     """A sweep point's identity overrides and resume-safe settings, as the pipeline hands them to training."""
-    from worldpipe.pipeline.plan import identity_overrides, training_settings
-
     train = {"nproc_per_node": 1, "nnodes": 1, "overrides": [], **(config.get("train") or {})}
     full = {**config, "train": train}
     return identity_overrides(full, experiment), training_settings(full, "")
 
 
 def _check_point(point: SweepPoint, overrides: list[str], conf: Path) -> None:
-    from worldpipe.launch.preflight import checked_config
-
     try:
         checked_config(overrides, conf)
     except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
