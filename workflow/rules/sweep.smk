@@ -6,18 +6,21 @@ import re
 import shlex
 
 from worldpipe.pipeline.plan import identity_overrides, plan_run
-from worldpipe.pipeline.sweep import expand_sweep, sweep_dir
+from worldpipe.pipeline.sweep import SweepError, check_sweep, sweep_dir
 
 SWEEP = config.get("sweep") or {}
-SWEEP_POINTS = {point.name: point for point in expand_sweep(SWEEP)} if SWEEP else {}
-SWEEP_DIR = sweep_dir(SWEEP, Path(CONF_DIR))
-SWEEP_NAME = SWEEP.get("name", "none")
+# Checked while the Snakefile is parsed, before any job is planned: a safe name, an existing experiment, swept
+# keys that exist in its config, and every point's config passing the checks of a single run.
 try:
+    SWEEP_POINTS = {point.name: point for point in check_sweep(config, Path(CONF_DIR))} if SWEEP else {}
     # The plan's run when the sweep's experiment is also one of `experiments` (composed once, not twice).
     SWEEP_BASE = (RUNS_PLANNED.get(SWEEP["experiment"]) or plan_run(config, SWEEP["experiment"], DATASETS,
                   Path(CONF_DIR))) if SWEEP else None
-except PipelineError as err:
-    raise WorkflowError(f"pipeline config: sweep: {err}") from None
+except (PipelineError, SweepError) as err:
+    files = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))  # the ones given first
+    raise WorkflowError(f"pipeline config {files}: {err}") from None
+SWEEP_DIR = sweep_dir(SWEEP, Path(CONF_DIR))
+SWEEP_NAME = SWEEP.get("name", "none")
 SWEEP_DATA = (
     {
         "manifest": dataset_file(rules.seal_dataset.output.manifest, SWEEP_BASE.dataset),

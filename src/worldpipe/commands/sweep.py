@@ -30,20 +30,20 @@ def register(sub) -> None:
 
 
 def _points(args) -> int:
-    import yaml
+    from worldpipe.config import paths
+    from worldpipe.pipeline.sweep import SweepError, check_sweep, load_pipeline_config
 
-    from worldpipe.pipeline.sweep import SweepError, expand_sweep
-
-    config = yaml.safe_load(Path(args.configfile).read_text()) or {}
-    if "sweep" not in config:
-        print(f"error: {args.configfile} declares no `sweep`", file=sys.stderr)
-        return 2
     try:
-        for point in expand_sweep(config["sweep"]):
-            print(f"{point.name}\t{' '.join(point.overrides)}")
+        config = load_pipeline_config(Path(args.configfile))
+        if "sweep" not in config:
+            raise SweepError("declares no `sweep`")
+        # Checked as the Snakefile checks it: every point composed and validated as a single run.
+        points = check_sweep(config, paths.conf_dir())
     except SweepError as err:
         print(f"error: {args.configfile}: {err}", file=sys.stderr)
         return 2
+    for point in points:
+        print(f"{point.name}\t{' '.join(point.overrides)}")
     return 0
 
 

@@ -5,6 +5,7 @@ Light (no torch): the Snakefile composes while it is parsed, and the launcher be
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def check_override_syntax(overrides: Sequence[str]) -> None:
             raise UsageError(f"override {override!r} is not key=value")
 
 
+def value_override(key: str, value: str) -> str:
+    """``key=value`` that Hydra reads back as exactly ``value`` (single-quoted, escaped, when it must be)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = f"{key}={value}"
+    try:
+        if OverridesParser.create().parse_override(plain).value() == value:
+            return plain
+    except Exception:  # noqa: BLE001 - any grammar error: the value needs quoting
+        pass
+    return f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def group_selections(overrides: Sequence[str]) -> list[str]:
     """The overrides that choose a config group (``experiment=smoke``), not a value."""
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
@@ -61,6 +75,12 @@ def _type_problem(reference: object, value: object) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def _reference(groups: tuple[str, ...], config_dir: Path) -> dict:
+    # The same group choices compose the same reference: a sweep's points share one (read, never changed).
+    return flatten(to_container(compose_config(groups, config_dir)))
+
+
 def check_value_types(cfg: DictConfig | Mapping, overrides: Sequence[str], config_dir: Path = CONF_DIR) -> None:
     """Each value override must have the type of the value it replaces; raises ConfigError naming the key.
 
@@ -68,7 +88,7 @@ def check_value_types(cfg: DictConfig | Mapping, overrides: Sequence[str], confi
     values = [o for o in overrides if "=" in o and o not in group_selections(overrides)]
     if not values:
         return
-    reference = flatten(to_container(compose_config(group_selections(overrides), config_dir)))
+    reference = _reference(tuple(group_selections(overrides)), Path(config_dir))
     composed = flatten(to_container(cfg))
     for override in values:
         key = _override_key(override)

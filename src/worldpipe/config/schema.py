@@ -2,8 +2,9 @@
 
 Each group's YAML files in ``conf/`` start from its schema (``defaults: [schema, _self_]``), so Hydra rejects
 unknown keys and values of the wrong type while composing, naming the key. Ranges live beside the types, as
-field metadata (``ge``/``gt``/``le``/``choices``), and :func:`check_ranges` enforces them; only checks that
-span several keys stay hand-written, in :func:`worldpipe.trainer.validation.validate_config`.
+field metadata (``ge``/``gt``/``le``/``choices``, or ``check``: a function that names what is wrong with a
+value of a syntax of its own, like a URI), and :func:`check_ranges` enforces them; only checks that span
+several keys stay hand-written, in :func:`worldpipe.trainer.validation.validate_config`.
 
 The ``model`` group has no schema here: each model's constructor signature is its schema
 (:func:`worldpipe.models.check_model_config`).
@@ -16,6 +17,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from worldpipe.config.tracking_uri import tracking_uri_problem
 
 STRATEGIES = ("none", "ddp", "fsdp2")
 VERIFY_MODES = ("size", "sha256", "first")
@@ -68,6 +71,10 @@ class ParallelConfig:
     rdzv_timeout_s: int | None = _range(None, gt=0)  # start-up rendezvous limit; None: the launcher's default
     tensor_parallel: int = _range(1, ge=1)  # DTensor column/row-wise degree (worldpipe.parallel.layout)
     context_parallel: int = _range(1, ge=1)  # ranks a sequence is cut over in time
+    # Data-parallel degree a layout with a fixed mesh requires (tp, cp, dp_tp, ...): the world size must then be
+    # exactly data_parallel × tensor_parallel × context_parallel. None: as many data-parallel ranks as the world
+    # size leaves (ddp, fsdp2 scale to any rank count).
+    data_parallel: int | None = _range(None, ge=1)
 
 
 @dataclass
@@ -88,7 +95,7 @@ class TrackingConfig:
     """The MLflow run of a training run."""
 
     enabled: bool = True
-    uri: str | None = None
+    uri: str | None = _range(None, check=tracking_uri_problem)  # its syntax, before any process starts
     experiment: str = "worldpipe"
     run_name: str = MISSING
     system_metrics_interval_s: float = _range(10.0, ge=0)  # MLflow system metrics from rank 0; 0: off
@@ -115,6 +122,8 @@ def register_schemas() -> None:
 def _violation(value: Any, bounds: dict[str, Any]) -> str | None:
     if value is None:
         return None
+    if "check" in bounds:  # a value with a syntax of its own (a URI): the check says what is wrong
+        return bounds["check"](value)
     if "choices" in bounds and value not in bounds["choices"]:
         return f"must be one of {bounds['choices']}, got {value!r}"
     for name, test, text in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),

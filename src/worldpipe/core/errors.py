@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from worldpipe.core.last_words import LastWordsPage
+
 ERROR_PREFIX = "error: "
 SECONDARY_PREFIX = "error (secondary): "
 ERROR_LOG = "errors.log"
@@ -123,21 +125,27 @@ def report(err: BaseException, log_file: Path | None, who: str = "worldpipe", pr
     ``start_line`` prefixes the line with a carriage return (a worker's stderr may hold a progress bar).
     """
     append_traceback(log_file, err, who)
-    line, code = describe(err, log_file)
+    line, code = report_line(err, log_file, prefix)
     if debug_enabled():
         traceback.print_exception(err, file=sys.stderr)
-    if prefix is not None:
-        line = prefix + line.removeprefix(ERROR_PREFIX)
     # "\r" first: a progress bar leaves its line unterminated, and the error must start a line of its own.
     print(("\r" if start_line else "") + line, file=sys.stderr, flush=True)
     return code
 
 
+def report_line(err: BaseException, log_file: Path | None, prefix: str | None = None) -> tuple[str, int]:
+    """The line :func:`report` prints for ``err`` (``prefix`` replacing ``error: ``), and the exit status."""
+    line, code = describe(err, log_file)
+    return (line if prefix is None else prefix + line.removeprefix(ERROR_PREFIX)), code
+
+
 def run_worker_main(body: Callable[[], object], log_file: Callable[[], Path | None]) -> None:
     """Run a torchrun worker's body; any error ends as one line (secondary ones marked) and a non-zero exit.
 
-    ``log_file()`` is asked only after a failure (the run directory may not exist before).
+    ``log_file()`` is asked only after a failure (the run directory may not exist before). The line is also left
+    as the rank's last words (:mod:`worldpipe.core.last_words`), which the launcher reads when stderr failed.
     """
+    last_words = LastWordsPage()
     try:
         body()
     except SystemExit:
@@ -147,6 +155,25 @@ def run_worker_main(body: Callable[[], object], log_file: Callable[[], Path | No
             raise
         rank = os.environ.get("RANK", "0")
         secondary = is_secondary(err) and classify(err) is None
-        code = report(err, log_file(), who=f"rank {rank}", prefix=SECONDARY_PREFIX if secondary else None,
-                      start_line=True)
+        prefix = SECONDARY_PREFIX if secondary else None
+        path = log_file()
+        line, code = report_line(err, path, prefix)
+        last_words.record(line)
+        try:
+            report(err, path, who=f"rank {rank}", prefix=prefix, start_line=True)
+        except OSError:
+            # stderr itself fails (the same failing disk, an injected EIO): the launcher reads the last words.
+            _silence_stderr()
         raise SystemExit(code) from None
+
+
+def _silence_stderr() -> None:
+    # A failing stderr would make the interpreter's exit print its own multi-line complaint (via C stdio,
+    # which bypasses the failure) while flushing it; point it at /dev/null instead.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until the process exits
+    except OSError:
+        pass

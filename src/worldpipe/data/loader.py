@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from worldpipe.core.errors import UsageError
 from worldpipe.data.episode_slab import make_slab
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
@@ -17,9 +18,24 @@ from worldpipe.data.store import TrajectoryStore
 _PUT_POLL_S = 0.05
 
 
+class WindowError(UsageError, ValueError):
+    """Windows that cannot train anything: longer than every stored episode, or without a single valid step."""
+
+
 @dataclass
 class _Failure:
     error: BaseException
+
+
+def _check_windows(store: TrajectoryStore, sampler: GlobalWindowSampler) -> None:
+    """Refuse windows longer than the stored horizon, or a sampler none of whose windows holds a valid step."""
+    if sampler.window > store.max_steps:
+        raise WindowError(f"config key 'data.window': {sampler.window} steps is longer than every episode of the "
+                          f"store (at most {store.max_steps} steps); use data.window <= {store.max_steps}")
+    lengths = store.lengths.astype(np.int64)
+    if not len(sampler.windows) or not (lengths[sampler.windows[:, 0]] > sampler.windows[:, 1]).any():
+        raise WindowError(f"no window of {sampler.window} steps holds a valid step (episode lengths "
+                          f"{int(lengths.min())}..{int(lengths.max())})")
 
 
 class WindowLoader:
@@ -46,6 +62,7 @@ class WindowLoader:
             raise ValueError("sampler windows refer to episodes beyond the store")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        _check_windows(store, sampler)
         self.store = store
         self.sampler = sampler
         self.rank = int(rank)
@@ -115,6 +132,9 @@ class WindowLoader:
         state_after = sampler.state_dict()
 
         valid_all = np.minimum(np.maximum(self._lengths[rows[:, 1]] - rows[:, 2], 0), self.window)
+        if not valid_all.any():  # nothing to learn from, and the loss would be divided by zero valid steps
+            raise WindowError(f"global batch {batch_index} (epoch {epoch}) holds no valid step: every window starts "
+                              "at or past the end of its episode")
         mine = rows[GlobalWindowSampler.rank_slice(len(rows), self.rank, self.world_size)]
         episodes, starts = mine[:, 1], mine[:, 2]
         t_idx = starts[:, None] + self._steps[None, :]

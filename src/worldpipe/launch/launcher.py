@@ -1,8 +1,9 @@
 """Start training under torchrun: preflight first, then one process per rank, owned by this launcher.
 
-Before any process starts: the config is composed and validated (every override's type), the data store and
-manifest are checked to exist and belong together, the run directory's lock is taken (one run per directory,
-held until torchrun has exited), and the resume identity is checked.
+Before any process starts: the run directory's lock is taken (one run per directory, held until torchrun has
+exited; an existing directory is locked first of all, so a busy one is refused at once), the config is composed
+and validated (every override's type), the data store and manifest are checked to exist and belong together,
+and the resume identity is checked.
 
 On a workstation torchrun's rendezvous store listens on 127.0.0.1 only, at a free port (c10d backend; never
 ``--standalone``, which listens on every interface). In a SLURM batch step (the pipeline's training rule runs
@@ -28,9 +29,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from worldpipe.config.compose import compose_config
+from worldpipe.config.compose import check_override_syntax, compose_config
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
+from worldpipe.core.last_words import ENV_VAR, LastWords
 from worldpipe.launch import slurm
 from worldpipe.launch.lifeline import die_with_parent, launcher_environment
 from worldpipe.launch.local_run import record_config, run_in_process, runs_in_process
@@ -61,6 +63,27 @@ def _holds_run_lock() -> bool:
     return int(os.environ.get("SLURM_PROCID", "0")) == 0
 
 
+def _early_run_dir(overrides: list[str], config_dir: Path) -> Path | None:
+    """The run directory, known without composing the config when an override names it; else from a plain
+    composition (no validation, no torch); None when even that fails (the full check then names the problem)."""
+    check_override_syntax(overrides)
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "run_dir"]
+    if given and given[-1] and not any(c in given[-1] for c in "$'\"\\ "):
+        return Path(given[-1])
+    try:
+        return Path(compose_config(overrides, config_dir).run_dir)
+    except Exception:  # noqa: BLE001 - reported by name by the full check that follows
+        return None
+
+
+def _lock_before_composing(overrides: list[str], config_dir: Path) -> RunLock | None:
+    """Take the lock of an existing run directory before the config is validated: a busy directory is refused at
+    once (validation imports torch: seconds). A directory that does not exist yet is locked after validation, so
+    that a refused config leaves nothing behind."""
+    run_dir = _early_run_dir(overrides, config_dir)
+    return RunLock(run_dir).acquire() if run_dir is not None and run_dir.is_dir() else None
+
+
 def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR,
                     rdzv_id: str | None = None, cfg: DictConfig | None = None) -> int:
     """Preflight, take the run lock, run torchrun (or train in this process), forward preemption signals.
@@ -71,13 +94,17 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     (ConfigError, DataMismatch, RunLocked, ResumeRefused, SlurmRefused, ...) before any process starts.
     """
     mark("launcher_start")
-    cfg = cfg if cfg is not None else checked_config(overrides, config_dir)
-    slurm.check_nodes(slurm.placement(os.environ), int(cfg.parallel.nnodes), None, os.environ, rdzv_endpoint)
-    check_data(cfg)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(run_dir).acquire() if _holds_run_lock() else None
+    lock = _lock_before_composing(overrides, config_dir) if _holds_run_lock() and cfg is None else None
     try:
+        cfg = cfg if cfg is not None else checked_config(overrides, config_dir)
+        slurm.check_nodes(slurm.placement(os.environ), int(cfg.parallel.nnodes), None, os.environ, rdzv_endpoint)
+        check_data(cfg)
+        run_dir = Path(cfg.run_dir)
+        if _holds_run_lock() and (lock is None or lock.path.parent.resolve() != run_dir.resolve()):
+            if lock is not None:
+                lock.release()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(run_dir).acquire()
         # Imported only now: it brings torch (seconds), which the refusals above do not need.
         from worldpipe.trainer.resume import preflight_resume
 
@@ -89,7 +116,8 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
         if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.launch.local_run)
             return run_in_process(cfg)
-        return _run_torchrun(torchrun_command(cfg, recorded, rdzv_endpoint, rdzv_id), run_dir)
+        cmd = torchrun_command(cfg, recorded, rdzv_endpoint, rdzv_id)
+        return _run_torchrun(cmd, run_dir, int(cfg.parallel.nproc_per_node))
     finally:
         if lock is not None:
             lock.release()
@@ -144,14 +172,22 @@ def _run_job_step(overrides: list[str], nnodes: int) -> int:
             proc.wait()
 
 
-def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
+def _run_torchrun(cmd: list[str], run_dir: Path, nproc: int) -> int:
+    last_words = LastWords(nproc)  # each local rank's error line, even when its stderr fails
+    try:
+        return _run_and_relay(cmd, run_dir, last_words)
+    finally:
+        last_words.remove()
+
+
+def _run_and_relay(cmd: list[str], run_dir: Path, last_words: LastWords) -> int:
     # torchrun does not handle SIGUSR1 and would die of it; SLURM sends the warning signal to every process of
     # the job step, torchrun included. An ignored disposition survives exec, so torchrun starts with SIGUSR1
     # ignored; the workers install their own handler (PreemptionFlag).
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
     try:
         mark("torchrun_spawned")
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=launcher_environment(),
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env={**launcher_environment(), ENV_VAR: str(last_words.dir)},
                                 preexec_fn=die_with_parent)  # noqa: PLW1509 - no threads run here yet
     except BaseException:
         signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
@@ -177,10 +213,10 @@ def _run_torchrun(cmd: list[str], run_dir: Path) -> int:
             proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _exit_status(code, relay, received, run_dir)
+    return _exit_status(code, relay, received, run_dir, last_words.read() if code != 0 else [])
 
 
-def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Path) -> int:
+def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Path, last_words: list[str]) -> int:
     if code != 0 and (run_dir / PREEMPTED_RECORD).exists():
         return EXIT_PREEMPTED
     if code != 0 and any(sig in (signal.SIGTERM, signal.SIGUSR1) for sig in received):
@@ -189,7 +225,7 @@ def _exit_status(code: int, relay: OutputRelay, received: list[int], run_dir: Pa
         return EXIT_PREEMPTED
     if code != 0:
         relay.write_log()
-    line = relay.summary(code)
+    line = relay.summary(code, last_words)
     if line is not None:
         print(("" if relay.at_line_start else "\n") + line, file=sys.stderr, flush=True)
     if code != 0 and relay.child_exit is not None and relay.child_exit > 0:

@@ -45,8 +45,22 @@ def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> Dic
     return cfg
 
 
+def check_window(cfg: DictConfig | Mapping, max_steps: object, dataset: str) -> None:
+    """A training window must fit in the dataset's episodes (``max_steps``, from its manifest or spec).
+
+    A longer window is all padding past the episode's end: it trains on nothing new and costs its full length
+    in every step (a 100000-step window on 64-step episodes runs for hours without a single log line).
+    """
+    window = to_container(cfg)["data"]["window"]
+    if isinstance(max_steps, int) and isinstance(window, int) and window > max_steps:
+        raise ConfigError(f"config key 'data.window': {window} steps is longer than the episodes of {dataset}, "
+                          f"which have at most {max_steps} steps; use data.window <= {max_steps}")
+
+
 def check_data(cfg: DictConfig) -> str:
-    """The store and manifest exist and belong together; returns the dataset hash. Raises DataMismatch.
+    """The store and manifest exist and belong together, and the window fits the episodes; returns the dataset hash.
+
+    Raises DataMismatch (or ConfigError for ``data.window``).
 
     "Belong together": the manifest was sealed from this store, checked cheaply by the store's root metadata
     (its dataset spec, hashed into the manifest) rather than by reading any shard.
@@ -64,6 +78,8 @@ def check_data(cfg: DictConfig) -> str:
         manifest = load_manifest(manifest_path)
     except (ManifestError, OSError) as exc:
         raise DataMismatch(f"config key 'data.manifest': {exc}") from exc
+    spec = manifest.get("spec") or {}
+    check_window(cfg, spec.get("max_steps"), f"dataset {spec.get('name')!r} (data.manifest {manifest_path})")
     if local_store is None:
         return manifest["dataset_hash"]
     try:

@@ -3,14 +3,16 @@
 Workers print an error as one line (:mod:`worldpipe.core.errors`); torchrun adds its own report of the failed child
 (a ``ChildFailedError`` traceback, "closing signal" warnings) and every other rank adds its secondary error
 ("Connection closed by peer"). The relay prints the first primary error line, a secondary one only when no
-rank reported a primary error; after a failure, everything it held back goes to the run's log file. In debug
-mode everything passes.
+rank reported a primary error, neither on stderr nor in its last words (a rank whose stderr failed:
+:mod:`worldpipe.core.last_words`); after a failure, everything it held back goes to the run's log file. In
+debug mode everything passes.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -115,10 +117,17 @@ class OutputRelay:
         if line.strip():
             self.last_held = line.strip()
 
-    def summary(self, returncode: int) -> str | None:
-        """The one line to print after a failed torchrun when no primary error line was shown."""
+    def summary(self, returncode: int, last_words: Sequence[str] = ()) -> str | None:
+        """The one line to print after a failed torchrun when no primary error line was shown.
+
+        ``last_words``: the lines the ranks left beside stderr (:mod:`worldpipe.core.last_words`); a primary
+        one among them is the cause even when its rank could not print it (its stderr failed).
+        """
         if returncode == 0 or self.primary is not None or self.debug:
             return None
+        primary = next((line for line in last_words if line.startswith(ERROR_PREFIX)), None)
+        if primary is not None:
+            return primary
         if self.secondary is not None:
             return ERROR_PREFIX + self.secondary.removeprefix(SECONDARY_PREFIX)
         detail = f": {self.last_held}" if self.last_held else ""

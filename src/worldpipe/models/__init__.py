@@ -46,7 +46,9 @@ def check_model_config(model_cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, problem) pairs of a model config checked against its class's constructor signature.
 
     The signature is the model's schema: every key must be a parameter, and plain-typed parameters (bool, int,
-    float, str) must get a value of that type. Checked before any process starts.
+    float, str) must get a value of that type; the sizes the class declares (``WorldModel.dimensions``) must be
+    positive integers, and a wrapper's inner model config (``WorldModel.submodels``) is checked the same way.
+    Checked before any process starts.
     """
     import inspect
     import typing
@@ -72,6 +74,23 @@ def check_model_config(model_cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
             problems.append((f"model.{key}", f"{cls.__name__} takes no parameter {key!r}"))
         elif hints.get(key) in _SIMPLE_TYPES and not _fits(value, hints[key]):
             problems.append((f"model.{key}", f"must be {hints[key].__name__}, got {value!r}"))
+    return problems or _dimension_problems(cls, model_cfg, params)
+
+
+def _dimension_problems(cls: type[WorldModel], model_cfg: Mapping[str, Any], params) -> list[tuple[str, str]]:
+    """The sizes a model class declares (``dimensions``) are positive integers; its submodels check out too."""
+    problems = []
+    for key in cls.dimensions:
+        value = model_cfg.get(key, params[key].default if key in params else None)
+        if not _fits(value, int) or value < 1:
+            problems.append((f"model.{key}", f"must be a positive integer (a size of {cls.__name__}), got {value!r}"))
+    for key in cls.submodels:
+        inner = model_cfg.get(key)
+        if not isinstance(inner, Mapping):
+            problems.append((f"model.{key}", f"must be a model config (_target_ and its arguments), got {inner!r}"))
+            continue
+        problems += [(name.replace("model.", f"model.{key}.", 1), problem)
+                     for name, problem in check_model_config(inner)]
     return problems
 
 

@@ -38,6 +38,8 @@ class AugmentedModel(WorldModel):
     ``obs_noise`` around 1.
     """
 
+    submodels = ("inner",)
+
     def __init__(self, obs_dim: int, act_dim: int, inner: Mapping[str, Any], obs_noise: float = 0.05,
                  gain_jitter: float = 0.05, level_jitter: float = 0.5):
 

@@ -64,6 +64,11 @@ class WorldModel(nn.Module):
     parallel: ClassVar[ParallelSupport] = ParallelSupport()
     #: True when the rollout state grows with the horizon (a KV cache), False for a fixed-size state.
     state_grows: ClassVar[bool] = False
+    #: Constructor parameters that are sizes or counts (layer widths, latent sizes, heads, layers): each must be
+    #: a positive integer, checked with the config before any process starts (``check_model_config``).
+    dimensions: ClassVar[tuple[str, ...]] = ()
+    #: Constructor parameters that hold the config of another model (a wrapper's inner model), checked the same.
+    submodels: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, obs_dim: int, act_dim: int) -> None:
         super().__init__()

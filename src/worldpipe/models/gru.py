@@ -27,6 +27,7 @@ class GRUDynamics(WorldModel):
 
     loss_terms = ("total", "recon", "reward")
     parallel = ParallelSupport(batch=True, tensor_parallel=False, time_partition=None)
+    dimensions = ("embed", "deter", "hidden")
 
     def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, hidden: int = 128,
                  reward_scale: float = 1.0):

@@ -52,6 +52,7 @@ class RSSM(WorldModel):
 
     loss_terms = ("total", "recon", "reward", "kl")
     parallel = ParallelSupport(batch=True, tensor_parallel=False, time_partition=None)
+    dimensions = ("embed", "deter", "stoch", "hidden")
 
     def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, stoch: int = 16,
                  hidden: int = 128, min_std: float = 0.1, kl_scale: float = 1.0, free_nats: float = 0.5,

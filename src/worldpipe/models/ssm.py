@@ -57,6 +57,7 @@ class LinearSSM(WorldModel):
 
     loss_terms = LOSS_TERMS
     parallel = ParallelSupport(batch=True, tensor_parallel=False, time_partition="scan")
+    dimensions = ("width", "state", "layers")
 
     def __init__(self, obs_dim: int, act_dim: int, width: int = 64, state: int = 64, layers: int = 2,
                  reward_scale: float = 1.0):

@@ -85,6 +85,7 @@ class CausalTransformer(WorldModel):
     # The class-level answer; an instance narrows max_tensor_parallel to its head count.
     parallel = ParallelSupport(batch=True, tensor_parallel=True, time_partition="ring_attention")
     state_grows = True
+    dimensions = ("width", "heads", "layers", "mlp_ratio")
 
     def __init__(self, obs_dim: int, act_dim: int, width: int = 64, heads: int = 4, layers: int = 2,
                  mlp_ratio: int = 2, reward_scale: float = 1.0):

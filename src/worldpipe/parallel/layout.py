@@ -56,6 +56,20 @@ def _model_support(model_cfg: Mapping[str, Any]):
     return cls.parallel_support(**kwargs)
 
 
+def _check_rank_count(p: Mapping[str, Any], world_size: int, dp: int, tp: int, cp: int) -> None:
+    """A layout with a fixed mesh (``parallel.data_parallel`` set) gets exactly its rank count, never silently
+    another mesh (dp_tp on 2 ranks would be plain tp, on 8 a 4×2 mesh)."""
+    required = p.get("data_parallel")
+    if required is None or dp == required:
+        return
+    ranks = required * tp * cp
+    raise ConfigError(
+        f"config key 'parallel.nproc_per_node': {world_size} ranks (parallel.nproc_per_node="
+        f"{p.get('nproc_per_node')} × parallel.nnodes={p.get('nnodes')}; train.nproc_per_node in a pipeline config) "
+        f"but the layout is a mesh of {ranks} ranks (parallel.data_parallel={required} × tensor_parallel={tp} × "
+        f"context_parallel={cp}); ask for {ranks} ranks, or set parallel.data_parallel={dp} to use this mesh")
+
+
 def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
     """Refuse a parallel layout that cannot work for this model and world size; the error names the key."""
     c = to_container(cfg)
@@ -68,6 +82,7 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
         key = "tensor_parallel" if tp > 1 else "context_parallel"
         raise ConfigError(f"config key 'parallel.{key}': degree {tp * cp} does not divide the world size {world_size}")
     dp = world_size // (tp * cp)
+    _check_rank_count(p, world_size, dp, tp, cp)
     strategy = p["strategy"]
     if dp > 1 and strategy == "none":
         raise ConfigError(f"config key 'parallel.strategy': 'none' cannot synchronize {dp} data-parallel ranks; "

@@ -11,6 +11,7 @@ overrides or in a dataset spec leads to new directories for exactly what it chan
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from worldpipe.config import paths
-from worldpipe.config.compose import compose_config
+from worldpipe.config.compose import compose_config, value_override
 from worldpipe.config.identity import config_hash, is_resume_safe
+from worldpipe.config.tracking_uri import tracking_uri_problem
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import DatasetSpec
-from worldpipe.launch.preflight import checked_config
+from worldpipe.launch.preflight import check_window, checked_config
 
 HELDOUT_SUFFIX = "-heldout"
 
@@ -105,7 +107,7 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
     train = config["train"]
     safe = [o for o in train.get("overrides", []) if is_resume_safe(_override_key(o))]
     return [f"parallel.nproc_per_node={train['nproc_per_node']}", f"parallel.nnodes={train.get('nnodes', 1)}",
-            f"tracking.uri={tracking_uri}", *safe]
+            value_override("tracking.uri", tracking_uri), *safe]
 
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
@@ -125,14 +127,29 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
         raise PipelineError(f"experiments: {experiment!r} trains on data.name={name!r}, which is not under "
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
     dataset, heldout = known[name], known[name + HELDOUT_SUFFIX]
+    try:
+        check_window(cfg, dataset.spec.get("max_steps"), f"dataset {name!r} (datasets: {name}: max_steps)")
+    except UsageError as err:
+        raise PipelineError(f"experiments: experiment {experiment!r}: {err}") from None
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
                evaluation)
 
 
+def check_tracking_uri(config: Mapping[str, Any]) -> None:
+    """The pipeline's ``tracking_uri`` (else $MLFLOW_TRACKING_URI) is a well-formed tracking URI; PipelineError."""
+    key, uri = "tracking_uri", config.get("tracking_uri") or ""
+    if not uri:
+        key, uri = "$MLFLOW_TRACKING_URI (tracking_uri is empty)", os.environ.get("MLFLOW_TRACKING_URI", "")
+    problem = tracking_uri_problem(uri)
+    if problem:
+        raise PipelineError(f"{key}: {problem}")
+
+
 def plan(config: Mapping[str, Any], conf: Path | None = None) -> tuple[dict[str, Dataset], dict[str, Run]]:
     """Datasets declared and the current run of every experiment, in the pipeline config's order."""
+    check_tracking_uri(config)
     known = datasets(config)
     runs = {experiment: plan_run(config, experiment, known, conf) for experiment in config["experiments"]}
     return known, runs

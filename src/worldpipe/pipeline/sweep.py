@@ -15,6 +15,7 @@ directory (``results/sweeps/<name>/<point>/``) and MLflow run, nested under the 
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import re
@@ -24,11 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from worldpipe.config import paths
+from worldpipe.config.compose import compose_config
+from worldpipe.config.identity import flatten, to_container
 from worldpipe.core.errors import UsageError
+from worldpipe.launch.preflight import checked_config
+from worldpipe.pipeline.plan import identity_overrides, training_settings
 
 SEED_KEY = "seed"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PLAIN = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# A sweep's name is one directory below results/sweeps/: no separators, and not '.', '..' or hidden.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 # Keys a point must not set: where the run lives and records are decided by the sweep itself.
 RESERVED_KEYS = ("run_dir", "experiment", "experiment_name", "checkpoint.dir", "tracking.experiment")
 
@@ -93,7 +100,17 @@ def _check_keys(keys: list[str], where: str) -> None:
             raise SweepError(f"config key '{where}.{key}': set by the sweep itself, cannot be swept")
 
 
+def _check_name(sweep: Mapping[str, Any]) -> None:
+    for key in ("name", "experiment"):
+        value = sweep.get(key)
+        if not isinstance(value, str) or not _NAME.match(value):
+            raise SweepError(f"config key 'sweep.{key}': {value!r} is not a safe directory name (letters, digits "
+                             "and _.- only, not starting with '.')")
+
+
 def _grid_points(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if not isinstance(grid, Mapping) or not grid:
+        raise SweepError("config key 'sweep.grid': must map at least one key to a list of values")
     _check_keys(list(grid), "sweep.grid")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
@@ -116,6 +133,8 @@ def _listed_points(points: list[Any]) -> list[dict[str, Any]]:
 
 def expand_sweep(sweep: Mapping[str, Any]) -> list[SweepPoint]:
     """Every point of a sweep declaration, in declaration order (grid order, then seeds)."""
+    if not isinstance(sweep, Mapping):
+        raise SweepError(f"config key 'sweep': must be a mapping, got {sweep!r}")
     if ("grid" in sweep) == ("points" in sweep):
         raise SweepError("config key 'sweep': give exactly one of 'grid' or 'points'")
     base = _grid_points(sweep["grid"]) if "grid" in sweep else _listed_points(sweep["points"])
@@ -141,3 +160,75 @@ def swept_keys(sweep: Mapping[str, Any]) -> list[str]:
         keys += [k for k, _ in point.values if k not in keys]
     varying = [k for k in keys if len({json.dumps(p.as_dict().get(k)) for p in expand_sweep(sweep)}) > 1]
     return [k for k in varying if k != SEED_KEY] + ([SEED_KEY] if SEED_KEY in varying else [])
+
+
+def load_pipeline_config(path: Path) -> dict[str, Any]:
+    """A pipeline config file as a mapping; SweepError (one line, naming the line and column) when it is not."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SweepError(f"cannot read it: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SweepError(f"not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
+    if not isinstance(config, dict):
+        raise SweepError(f"must be a mapping of pipeline settings, got {type(config).__name__}")
+    return config
+
+
+def check_sweep(config: Mapping[str, Any], conf: Path) -> list[SweepPoint]:
+    """The points of a pipeline config's sweep, each checked as a single run would be; SweepError names the key.
+
+    Before any job is planned: the name is one safe directory name, the experiment exists in ``conf``, every swept key exists in its composed config
+    (or names a config group), and each point's composed config passes the checks of a single run
+    (:func:`worldpipe.launch.preflight.checked_config`, with the pipeline's overrides and settings).
+    """
+    sweep = config.get("sweep")
+    if not isinstance(sweep, Mapping):
+        raise SweepError(f"config key 'sweep': must be a mapping, got {sweep!r}")
+    _check_name(sweep)
+    points = expand_sweep(sweep)
+    experiment = sweep["experiment"]
+    known = sorted(p.stem for p in (conf / "experiment").glob("*.yaml"))
+    if experiment not in known:
+        raise SweepError(f"config key 'sweep.experiment': no experiment {experiment!r} in {conf}/experiment "
+                         f"(known: {', '.join(known)})")
+    base, settings = _run_overrides(config, experiment)
+    keys = set(flatten(to_container(compose_config([*base, *settings], conf))))
+    groups = {p.name for p in conf.iterdir() if p.is_dir()}
+    for key in dict.fromkeys(k for point in points for k, _ in point.values):
+        if key not in keys and key not in groups and not any(k.startswith(key + ".") for k in keys):
+            close = difflib.get_close_matches(key, sorted(keys), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise SweepError(f"config key '{_where(sweep, key)}': {key} is not a key of experiment "
+                             f"{experiment!r}'s config{hint}")
+    for point in points:
+        _check_point(point, [*base, *point.overrides, *settings], conf)
+    return points
+
+
+def _where(sweep: Mapping[str, Any], key: str) -> str:
+    """Where a swept key is declared in the sweep section (for the error line)."""
+    if "grid" in sweep:
+        return f"sweep.grid.{key}"
+    index = next((i for i, point in enumerate(sweep.get("points") or []) if key in point), 0)
+    return f"sweep.points[{index}].{key}"
+
+
+def _run_overrides(config: Mapping[str, Any], experiment: str) -> tuple[list[str], list[str]]:
+    """A sweep point's identity overrides and resume-safe settings, as the pipeline hands them to training."""
+    train = {"nproc_per_node": 1, "nnodes": 1, "overrides": [], **(config.get("train") or {})}
+    full = {**config, "train": train}
+    return identity_overrides(full, experiment), training_settings(full, "")
+
+
+def _check_point(point: SweepPoint, overrides: list[str], conf: Path) -> None:
+    try:
+        checked_config(overrides, conf)
+    except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
+        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise SweepError(f"sweep point {point.name} ({' '.join(point.overrides)}) fails the checks of a "
+                         f"single run: {message}") from None

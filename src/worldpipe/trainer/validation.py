@@ -6,12 +6,14 @@ process starts, and every rank again on its own config. Every error names the ke
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from omegaconf import DictConfig
 
 from worldpipe.config.identity import ConfigError, to_container
 from worldpipe.config.schema import check_ranges
+from worldpipe.config.tracking_uri import tracking_uri_problem
 
 
 def _require(condition: bool, key: str, message: str) -> None:
@@ -35,6 +37,10 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     for key, problem in check_model_config(c.get("model") or {}):
         raise ConfigError(f"config key '{key}': {problem}")
     t, p = c["trainer"], c["parallel"]
+    tracking, env_uri = c.get("tracking") or {}, os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking.get("enabled") and not tracking.get("uri") and env_uri:
+        problem = tracking_uri_problem(env_uri)
+        _require(problem is None, "tracking.uri", f"unset, so $MLFLOW_TRACKING_URI is used, and {problem}")
     _require(isinstance(c.get("seed"), int) and not isinstance(c.get("seed"), bool) and c["seed"] >= 0, "seed",
              f"must be a non-negative integer, got {c.get('seed')!r}")
     _require(
