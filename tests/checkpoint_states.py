@@ -56,3 +56,31 @@ def flip_byte(path: str | os.PathLike, offset: int | None = None) -> int:
         f.flush()
         os.fsync(f.fileno())
     return offset
+
+
+def rehash_step(step_dir: str | os.PathLike) -> None:
+    """Make a step's MANIFEST.json agree with its files' current bytes again, as a forger would: every listed
+    file's size and sha256, then the manifest's own checksum. Everything else in the manifest stays."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    step_dir = Path(step_dir)
+    path = step_dir / "MANIFEST.json"
+    body = json.loads(path.read_text())
+    body.pop("manifest_sha256")
+    for entry in body["files"]:
+        data = (step_dir / entry["path"]).read_bytes()
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    body["manifest_sha256"] = hashlib.sha256(canonical).hexdigest()
+    path.write_text(json.dumps(body, sort_keys=True, indent=2))
+
+
+def slice_model_file(step_dir: str | os.PathLike) -> None:
+    """Re-save a step's model.pt with every tensor cut to its first half along dim 0 (issue 19, case 1)."""
+    from pathlib import Path
+
+    path = Path(step_dir) / "model.pt"
+    model = torch.load(path, weights_only=True)
+    torch.save({k: v[: max(1, v.shape[0] // 2)].clone() if v.dim() else v for k, v in model.items()}, path)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from worldpipe.parallel.runtime import Runtime, broadcast_object, gather_objects
-from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state
+from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, unwrap
 
 from . import layout
 from .digest import state_digest
@@ -92,6 +92,12 @@ class Resumed:
     identity: dict[str, Any]
 
 
+def model_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    """``{name: logical shape}`` of a live model's state, as a checkpoint of it stores them (a DTensor's shape is
+    its global one)."""
+    return {name: list(tensor.shape) for name, tensor in unwrap(model).state_dict().items()}
+
+
 class Checkpointer:
     """Saves and restores the training state of one run; collective calls run on every rank."""
 
@@ -116,15 +122,17 @@ class Checkpointer:
 
     # ---- resume ----
     def resume(self, check_identity: Callable[[dict, int], None]) -> Resumed | None:
-        """Restore every component from the newest intact checkpoint (None when there is none).
+        """Restore every component from the newest loadable checkpoint (None when there is none).
 
-        Rank 0 chooses the newest step that verifies and decodes (and reports skipped ones); every rank loads that step.
+        Rank 0 chooses the newest step that loads into this model (:mod:`.loadable`; it reports each step
+        skipped); every rank loads that step.
         ``check_identity(identity, step)`` may refuse it by raising.
         """
-        # A sharded model's rank 0 only verifies (sha256): decoding to test loadability would assemble the
-        # whole state in one process. An undecodable shard then fails the load below, naming the file.
-        choose = self.manager.latest_intact if self.saver is not None else self.manager.latest_loadable
-        step = broadcast_object(self.runtime, choose() if self.runtime.is_main else None)
+        # Every rank names its tensors' logical shapes (no communication); rank 0 then picks the newest step that
+        # loads into them (a sharded step's shards are opened and checked, never assembled in one process).
+        expected = model_shapes(self.components.model)
+        chosen = self.manager.latest_loadable(expected, keep=self.saver is None) if self.runtime.is_main else None
+        step = broadcast_object(self.runtime, chosen)
         if step is None:
             return None
         if self.saver is not None or is_sharded(self.manager, step):

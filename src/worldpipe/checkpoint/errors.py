@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from worldpipe.core.errors import UserError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class CheckpointError(UserError):
@@ -33,3 +37,17 @@ class CheckpointCorruptError(CheckpointError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No (intact) checkpoint exists where one was requested."""
+
+
+class PathEscapeError(OSError):
+    """A file a step names resolves (through a symlink) outside the step's directory: never read."""
+
+
+def load_error_line(exc: BaseException) -> str:
+    """One line for a failed ``torch.load(weights_only=True)``: what the unpickler refused, not torch's advice."""
+    text = _ANSI.sub("", str(exc))
+    if "WeightsUnpickler error:" in text:
+        refused = text.split("WeightsUnpickler error:", 1)[1].strip().split(". ", 1)[0].rstrip(".")
+        return f"refused by the weights-only loader: {refused}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

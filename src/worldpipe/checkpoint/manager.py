@@ -16,12 +16,14 @@ from . import fault, layout
 from .codec import decode_state, encode_state, files_for_keys
 from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
-from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError
+from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError, load_error_line
+from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
 from .resharding import is_sharded, lazy_state
 from .retention import select_deletions
 from .state import snapshot_state, validate_state
 from .stores import Store, open_store
+from .structure import tensor_table
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -174,7 +176,7 @@ class CheckpointManager:
                 raise CheckpointWriteError(step, self.root, f"cannot remove leftovers: {exc}") from exc
             for path in removed:
                 logger.warning("removed leftover of an interrupted save or deletion: %s", path)
-            self.store.publish(step, files, contents, state.get(layout.IDENTITY) or {})
+            self.store.publish(step, files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state))
             self.retain_after(step)
 
     def retain_after(self, step: int) -> None:
@@ -200,7 +202,10 @@ class CheckpointManager:
 
     def _manifest(self, step: int) -> tuple[dict | None, list[str]]:
         name = layout.step_dir_name(step)
-        raw = self.store.read_manifest(step)
+        try:
+            raw = self.store.read_manifest(step)
+        except OSError as exc:
+            return None, [f"{name}/{layout.MANIFEST_NAME}: unreadable ({exc})"]
         if raw is None:
             if not self.store.step_exists(step):
                 return None, [f"{name}: no such checkpoint in {self.root}"]
@@ -267,23 +272,19 @@ class CheckpointManager:
             logger.warning("skipping checkpoint %s: %s", self.store.location(step), "; ".join(problems))
         return None
 
-    def latest_loadable(self) -> int | None:
-        """Newest step that verifies *and* decodes; each step skipped is reported by name with its problem.
+    def latest_loadable(self, expected: Mapping[str, Any] | None = None, keep: bool = True) -> int | None:
+        """Newest loadable step (see :mod:`.loadable`); each step skipped is reported by name with its problem.
 
-        The decoded state is kept for the next ``load(step)`` of that step (on CPU, all keys), so choosing
+        ``expected``: ``{name: shape}`` of the model the state will be loaded into. With ``keep`` the decoded
+        state of an unsharded step is kept for the next ``load(step)`` of it (on CPU, all keys), so choosing
         costs no second read.
         """
-        self._preloaded = None
-        for step in sorted(self.store.step_names(), reverse=True):
-            state, problems = self._load_verified(step, "cpu", None)
-            if state is not None:
-                self._preloaded = (step, state)
-                return step
-            logger.warning("skipping checkpoint %s: %s", self.store.location(step), "; ".join(problems))
-        return None
+        step, state = newest_loadable(self, expected)
+        self._preloaded = (step, state) if state is not None and keep else None
+        return step
 
     def load(self, step: int | None = None, map_location: Any = "cpu", keys: Iterable[str] | None = None) -> dict:
-        """Load checkpoint ``step`` (default: the newest intact one) as a state dict like the one saved.
+        """Load checkpoint ``step`` (default: the newest loadable one) as a state dict like the one saved.
 
         Absent optional parts (scheduler, scaler, EMA) are None. ``keys`` loads only these state keys (others
         None). Files are verified per the ``verify`` mode while they load (hashing overlaps reading); without
@@ -297,12 +298,10 @@ class CheckpointManager:
         if wanted is not None and wanted - set(layout.STATE_KEYS):
             raise ValueError(f"unknown state keys {sorted(wanted - set(layout.STATE_KEYS))}")
         if step is None:
-            for candidate in sorted(self.store.step_names(), reverse=True):
-                state, problems = self._load_verified(candidate, map_location, wanted)
-                if state is not None:
-                    return state
-                logger.warning("skipping checkpoint %s: %s", self.store.location(candidate), "; ".join(problems))
-            raise CheckpointNotFoundError(f"no intact checkpoint in {self.root}")
+            step = self.latest_loadable()
+            if step is None:
+                raise CheckpointNotFoundError(f"no loadable checkpoint in {self.root}")
+            return self.load(step, map_location, keys)
         state, problems = self._load_verified(step, map_location, wanted)
         if state is None:
             if not self.store.step_exists(step):
@@ -328,19 +327,22 @@ class CheckpointManager:
             try:
                 return self.store.load_torch(step, relpath, "cpu" if on_cpu else map_location)
             except Exception as exc:  # a damaged file that passed a size-only check
-                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({exc})"]) from exc
+                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({load_error_line(exc)})"]) from exc
 
         def read_json(relpath: str) -> Any:
             try:
                 return self.store.read_json(step, relpath)
             except (OSError, ValueError) as exc:
-                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({exc})"]) from exc
+                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({load_error_line(exc)})"]) from exc
 
         state = None
         try:
             state = decode_state(manifest["contents"], load_torch, read_json, wanted)
         except CheckpointCorruptError as exc:
             problems = exc.problems
+        if state is not None:  # hash-valid files holding other shapes than the writer recorded do not load
+            keys = set(layout.TENSOR_KEYS) if wanted is None else wanted & set(layout.TENSOR_KEYS)
+            problems = structure_problems(found_tensors(state, sorted(keys)), manifest, step, keys)
         # Always wait for the hashes (no work left behind); a digest mismatch is the more precise report.
         hash_problems = collect_hashes(step, pending)
         if hash_problems or problems:
@@ -352,16 +354,24 @@ class CheckpointManager:
 
 def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
                       storage_options: Mapping | None = None) -> str:
-    """:func:`state_digest` of a stored checkpoint (default: the newest intact one).
+    """:func:`state_digest` of a stored checkpoint (default: the newest loadable one, as training would resume).
 
     A sharded checkpoint is digested tensor by tensor from its memory-mapped shards, never whole.
     """
 
     manager = CheckpointManager(root, storage_options=storage_options)
     if step is None:
-        step = manager.latest_intact()
-    if step is not None and is_sharded(manager, step):
-        return state_digest(lazy_state(manager, step))
+        step = manager.latest_loadable()
+        if step is None:
+            raise CheckpointNotFoundError(f"no loadable checkpoint in {manager.root}")
+    else:
+        problems, state = step_problems(manager, step)
+        if problems:
+            raise CheckpointCorruptError(step, problems)
+        if state is not None:  # unsharded: decoded while it was checked
+            return state_digest(state)
+    if is_sharded(manager, step):
+        return state_digest(lazy_state(manager, step, verify=False))  # verified just now
     return state_digest(manager.load(step))
 
 

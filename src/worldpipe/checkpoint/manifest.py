@@ -21,6 +21,7 @@ import torch
 from worldpipe.core.hashing import canonical_hash
 
 from . import layout
+from .structure import table_problems
 from .tensorfile import Segment
 from .thread_pool import LazyThreadPool
 
@@ -74,8 +75,13 @@ class FileRecord:
     sha256: str
 
 
-def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identity: Mapping) -> bytes:
-    """Encoded MANIFEST.json for a step whose files are ``files``."""
+def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identity: Mapping,
+                   tensors: list[dict] | None = None) -> bytes:
+    """Encoded MANIFEST.json for a step whose files are ``files``.
+
+    ``tensors``: the table of every stored tensor's path, shape and dtype (:func:`.structure.tensor_table`), so
+    a reader can tell a step that hashes correctly but would not load.
+    """
     body = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -87,6 +93,8 @@ def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identi
         "world_size": len(contents.get(layout.RNG) or []),
         "identity": dict(identity or {}),
     }
+    if tensors is not None:
+        body["tensors"] = list(tensors)
     body["manifest_sha256"] = canonical_hash(body)
     return (json.dumps(body, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
 
@@ -114,12 +122,17 @@ def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
     problems = _file_problems(body.get("files"), where)
     if not problems:
         problems = _contents_problems(body.get("contents"), {e["path"] for e in body["files"]}, where)
+    if not problems and "tensors" in body:  # absent in manifests written before the table existed
+        problems = [f"{where}: {p}" for p in table_problems(body["tensors"])]
     body["manifest_sha256"] = claimed
     return (None if problems else body), problems
 
 
-def _illegal_path(path: object) -> bool:
-    # A manifest must never make a reader touch files outside its step directory.
+def illegal_path(path: object) -> bool:
+    """True unless ``path`` is a normalized relative path that stays inside the directory it is relative to.
+
+    A manifest (or a shard index) must never make a reader touch files outside its step directory.
+    """
     if not isinstance(path, str) or not path or "\\" in path or "\0" in path:
         return True
     norm = posixpath.normpath(path)
@@ -133,7 +146,7 @@ def _file_problems(files: object, where: str) -> list[str]:
     problems = []
     for entry in files:
         path = entry.get("path") if isinstance(entry, dict) else None
-        if _illegal_path(path):
+        if illegal_path(path):
             problems.append(f"{where}: illegal file path {path!r}")
         elif (isinstance(entry.get("size"), bool) or not isinstance(entry.get("size"), int) or entry["size"] < 0
               or not isinstance(entry.get("sha256"), str) or len(entry["sha256"]) != 64):
@@ -150,7 +163,7 @@ def _contents_problems(contents: object, listed: set[str], where: str) -> list[s
         for path in _named_paths(value):
             if path is None and not isinstance(value, list):
                 continue
-            if _illegal_path(path):
+            if illegal_path(path):
                 problems.append(f"{where}: contents.{key} names an illegal path {path!r}")
             elif path not in listed:
                 problems.append(f"{where}: contents.{key} names {path!r}, which is not listed in files")

@@ -9,7 +9,6 @@ ranks in another: fsdp 4→2, 2→1, 1→4, fsdp↔ddp.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ from torch import nn
 
 from . import layout, shards
 from .codec import decode_state
-from .errors import CheckpointCorruptError
+from .errors import CheckpointCorruptError, load_error_line
 from .manifest import check_sizes
 from .stores import PosixStore
 
@@ -44,12 +43,12 @@ class _Source:
             store = self.manager.store
             try:
                 if isinstance(store, PosixStore):
-                    self._opened[relpath] = torch.load(os.path.join(store.location(self.step), *relpath.split("/")),
-                                                       map_location="cpu", weights_only=True, mmap=True)
+                    self._opened[relpath] = torch.load(store.local_path(self.step, relpath), map_location="cpu",
+                                                       weights_only=True, mmap=True)
                 else:
                     self._opened[relpath] = store.load_torch(self.step, relpath, "cpu")
             except Exception as exc:  # a damaged file that passed the size check
-                raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({exc})"]) from exc
+                raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
         return self._opened[relpath]
 
     def read_json(self, relpath: str) -> Any:
@@ -57,7 +56,7 @@ class _Source:
         try:
             return self.manager.store.read_json(self.step, relpath)
         except (OSError, ValueError) as exc:
-            raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({exc})"]) from exc
+            raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
 
     def skeleton(self, key: str) -> Any:
         """The stored tree of ``key`` (placeholders not resolved), or None when absent."""

@@ -33,6 +33,7 @@ from .codec import PendingFile, encode_state, json_bytes
 from .errors import CheckpointWriteError
 from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments
 from .stores import ObjectStore, PosixStore, Store
+from .structure import tensor_table
 from .tensorfile import encode_with_fallback
 
 logger = logging.getLogger("worldpipe.checkpoint")
@@ -99,12 +100,13 @@ class _PosixStep:
         fsync_and_close(fd)
         return FileRecord(relpath, sum(_seg_size(s) for s in segments), digest.result())
 
-    def commit(self, records: list[FileRecord], contents: Mapping, identity: Mapping) -> None:
+    def commit(self, records: list[FileRecord], contents: Mapping, identity: Mapping, tensors: list[dict]) -> None:
         """Rank 0: manifest last, then rename into place and replace ``latest`` (all fsynced)."""
         for sub in sorted({os.path.dirname(self.path(r.path)) for r in records}, key=len, reverse=True):
             fsync_dir(sub)
         fault.inject("after_files")
-        write_file_durably(self.path(layout.MANIFEST_NAME), [build_manifest(self.step, records, contents, identity)])
+        write_file_durably(self.path(layout.MANIFEST_NAME),
+                           [build_manifest(self.step, records, contents, identity, tensors)])
         fsync_dir(self.partial)
         fault.inject("after_manifest")
         final = os.path.join(self.store.root, layout.step_dir_name(self.step))
@@ -143,11 +145,11 @@ class _ObjectStep:
                     fault.inject("mid_files")
         return FileRecord(relpath, sum(_seg_size(s) for s in segments), digest.result())
 
-    def commit(self, records: list[FileRecord], contents: Mapping, identity: Mapping) -> None:
+    def commit(self, records: list[FileRecord], contents: Mapping, identity: Mapping, tensors: list[dict]) -> None:
         """Rank 0: the manifest (a single PUT) is the commit point; then ``latest``."""
         fault.inject("after_files")
         self.store.fs.pipe_file(self.path(layout.MANIFEST_NAME), build_manifest(self.step, records, contents,
-                                                                                identity))
+                                                                                identity, tensors))
         fault.inject("after_manifest")
         fault.inject("after_rename")
         self.store.fs.pipe_file(f"{self.store.root}/{layout.LATEST_NAME}",
@@ -292,7 +294,8 @@ def _commit(writer, step: int, local: shards.LocalShards, gathered: list, rank0_
         records.append(writer.write(shards.INDEX_FILE, [json_bytes(index)]))
         contents[shards.CONTENTS_KEY] = {"index": shards.INDEX_FILE, "world_size": len(gathered),
                                          "files": sorted(r.path for r, _, _ in gathered if r is not None)}
-        writer.commit(records, contents, local.skeleton.get(layout.IDENTITY) or {})
+        writer.commit(records, contents, local.skeleton.get(layout.IDENTITY) or {},
+                      tensor_table(local.skeleton, local.tensors))
     except Exception as exc:
         writer.abort()
         return exc if isinstance(exc, CheckpointWriteError) else CheckpointWriteError(step, writer.path(""), exc)

@@ -154,6 +154,60 @@ def build_index(tensors: list[dict], pieces_by_rank: list[dict[int, dict]]) -> d
     return {"format_version": INDEX_FORMAT, "world_size": len(pieces_by_rank), "tensors": entries}
 
 
+def index_problems(index: Any, shard_files: set[str]) -> list[str]:
+    """What keeps ``index`` (a parsed ``shards/index.json``) from describing its tensors exactly once.
+
+    Every piece must name one of ``shard_files`` (the manifest's shard files: confined to the step and
+    hash-checked), lie inside its tensor, and the pieces of a tensor must tile it: no overlap, every element.
+    """
+    if not isinstance(index, Mapping) or index.get("format_version") != INDEX_FORMAT:
+        return [f"{INDEX_FILE}: not a format-{INDEX_FORMAT} shard index"]
+    if not isinstance(index.get("tensors"), list):
+        return [f"{INDEX_FILE}: 'tensors' is not a list"]
+    for ident, entry in enumerate(index["tensors"]):
+        problem = _entry_problem(entry, shard_files)
+        if problem:
+            where = "/".join(map(str, entry.get("path") or [ident])) if isinstance(entry, Mapping) else ident
+            return [f"{INDEX_FILE}: {where}: {problem}"]
+    return []
+
+
+def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
+    if not (isinstance(entry, Mapping) and isinstance(entry.get("path"), list) and _is_shape(entry.get("shape"))
+            and isinstance(entry.get("pieces"), list)):
+        return "malformed entry"
+    try:
+        _dtype(str(entry.get("dtype")))
+    except ValueError as exc:
+        return str(exc).removeprefix(f"{INDEX_FILE}: ")
+    shape, boxes = entry["shape"], []
+    for piece in entry["pieces"]:
+        if not (isinstance(piece, Mapping) and isinstance(piece.get("key"), str) and _is_shape(piece.get("offset"))
+                and _is_shape(piece.get("shape")) and len(piece["offset"]) == len(piece["shape"]) == len(shape)):
+            return f"malformed piece {piece!r}"[:200]
+        if piece.get("file") not in shard_files:
+            return f"piece file {piece.get('file')!r} is not a shard file of this step"
+        if any(o + n > size for o, n, size in zip(piece["offset"], piece["shape"], shape, strict=True)):
+            return f"piece at {piece['offset']} of shape {piece['shape']} lies outside shape {shape}"
+        box = list(zip(piece["offset"], piece["shape"], strict=True))
+        if any(_overlap(box, other) for other in boxes):
+            return f"pieces overlap at offset {piece['offset']}"
+        boxes.append(box)
+    covered = sum(math.prod(n for _, n in box) for box in boxes)
+    if covered != math.prod(shape):
+        return f"pieces cover {covered} of {math.prod(shape)} elements"
+    return None
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    # Two boxes overlap iff their intervals overlap along every axis (an empty box overlaps nothing).
+    return all(n > 0 and m > 0 and o < p + m and p < o + n for (o, n), (p, m) in zip(a, b, strict=True))
+
+
 def is_placeholder(obj: Any) -> bool:
     """True for a placeholder left in the skeleton instead of a sharded tensor."""
     return isinstance(obj, Mapping) and len(obj) == 1 and PLACEHOLDER in obj

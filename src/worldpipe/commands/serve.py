@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    srv = sub.add_parser("serve", help="serve imagination rollouts of the newest intact checkpoint over HTTP")
+    srv = sub.add_parser("serve", help="serve imagination rollouts of the newest loadable checkpoint over HTTP")
     srv.add_argument("checkpoint_dir", help="checkpoints/ of a run (or one step-NNNNNN directory: no reloads)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
@@ -27,7 +27,7 @@ def register(sub) -> None:
     srv.set_defaults(handler=_serve)
 
     ro = sub.add_parser("rollout", help="imagine one trajectory from a checkpoint (JSON request in, JSON out)")
-    ro.add_argument("checkpoint", help="checkpoints/ of a run (newest intact) or one step-NNNNNN directory")
+    ro.add_argument("checkpoint", help="checkpoints/ of a run (newest loadable) or one step-NNNNNN directory")
     ro.add_argument("--request", required=True,
                     help="JSON file with context.obs, context.action, actions, sampling, rng (as POST /rollout)")
     ro.add_argument("--out", help="write the result JSON here (default: stdout)")
@@ -53,15 +53,21 @@ def _config(args):
 def _serve(args) -> int:
     import torch
 
+    from worldpipe.checkpoint import CheckpointError
+    from worldpipe.core.errors import EXIT_USAGE, one_line
     from worldpipe.rollout.http.server import serve
 
     try:
         config = _config(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     torch.set_num_threads(args.threads)
-    return serve(args.checkpoint_dir, args.host, args.port, config, args.port_file)
+    try:
+        return serve(args.checkpoint_dir, args.host, args.port, config, args.port_file)
+    except CheckpointError as err:  # nothing to serve in CHECKPOINT_DIR: the argument is what must change
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _rollout(args) -> int:

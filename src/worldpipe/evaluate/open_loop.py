@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worldpipe.checkpoint import CheckpointManager
+from worldpipe.checkpoint import CheckpointManager, CheckpointNotFoundError
 from worldpipe.core.atomic import write_atomic
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
@@ -23,12 +23,13 @@ from worldpipe.models.restore import restore_model
 
 
 def load_model(checkpoint_dir: str, step: int | None = None) -> tuple[WorldModel, dict]:
-    """The model of a checkpoint (newest intact by default) and its identity record."""
+    """The model of a checkpoint (by default the newest loadable: the step training would resume from) and its
+    identity record."""
     manager = CheckpointManager(checkpoint_dir)
-    chosen = step if step is not None else manager.latest_intact()
+    chosen = step if step is not None else manager.latest_loadable()
     if chosen is None:
-        raise FileNotFoundError(f"no intact checkpoint in {checkpoint_dir}")
-    state = manager.load(chosen)
+        raise CheckpointNotFoundError(f"no loadable checkpoint in {checkpoint_dir}")
+    state = manager.load(chosen)  # the state decoded while choosing, not read twice
     identity = state["identity"]
     return restore_model(identity["config"]["model"], state["model"], identity), {"step": chosen, **identity}
 

@@ -4,7 +4,7 @@ The *model version* of a checkpoint is its state digest (:func:`worldpipe.checkp
 ``worldpipe ckpt digest`` prints): a content hash of the whole training state, so two directories holding the
 same bits are the same version and a newly published step under the same run is a different one.
 
-The registry follows a checkpoint directory: :meth:`ModelRegistry.refresh` loads the newest intact step when it
+The registry follows a checkpoint directory: :meth:`ModelRegistry.refresh` loads the newest loadable step when it
 changed. Older versions stay loaded while a session still uses them (:meth:`ModelRegistry.pin`); a version
 nobody pins is dropped at the next refresh.
 """
@@ -16,8 +16,14 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worldpipe.checkpoint import CheckpointManager, state_digest
+from worldpipe.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointManager,
+    CheckpointNotFoundError,
+    state_digest,
+)
 from worldpipe.checkpoint.layout import parse_step_dir
+from worldpipe.checkpoint.loadable import step_problems
 from worldpipe.models import WorldModel
 from worldpipe.models.restore import restore_model
 from worldpipe.rollout.padding import probe_batch_invariance
@@ -56,15 +62,26 @@ def split_checkpoint_path(path: str | Path) -> tuple[Path, int | None]:
     return (path.parent, step) if step is not None else (path, None)
 
 
-def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel:
-    """Load and verify (sha256 of every file) checkpoint ``step`` under ``root`` as a servable model."""
-    state = CheckpointManager(root, verify="sha256").load(step)
+def load_served_model(root: Path, step: int, device: str = "cpu", manager: CheckpointManager | None = None
+                      ) -> ServedModel:
+    """Load and verify (sha256 of every file) checkpoint ``step`` under ``root`` as a servable model.
+
+    ``manager``: the one that just chose ``step`` (its decoded state is reused, not read twice).
+    """
+    state = (manager or CheckpointManager(root, verify="sha256")).load(step)
     identity = state.get("identity") or {}
     try:
         model_cfg = identity["config"]["model"]
     except (KeyError, TypeError):
         raise ValueError(f"{root}/step-{step:06d}/identity.json: no config.model (how to build the model)") from None
-    model = restore_model(model_cfg, state["model"], identity).to(device)
+    try:
+        model = restore_model(model_cfg, state["model"], identity).to(device)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        # A checkpoint written before manifests recorded tensor shapes can hold a model its identity does not
+        # describe: refuse it as damaged, in one line, like any other step that does not load.
+        first = str(exc).replace("\n", " ").split(";")[0].split(". ")[0]
+        raise CheckpointCorruptError(step, [f"{root}/step-{step:06d}/model.pt: does not load into the model its "
+                                            f"identity describes ({first})"]) from exc
     obs_dim, act_dim = model.obs_dim, model.act_dim
     for p in model.parameters():
         p.requires_grad_(False)
@@ -75,7 +92,7 @@ def load_served_model(root: Path, step: int, device: str = "cpu") -> ServedModel
 
 
 class ModelRegistry:
-    """The models a server holds: the newest intact checkpoint of a directory plus versions still pinned."""
+    """The models a server holds: the newest loadable checkpoint of a directory plus versions still pinned."""
 
     def __init__(self, checkpoint_path: str | Path, device: str = "cpu") -> None:
         self.root, self.fixed_step = split_checkpoint_path(checkpoint_path)
@@ -83,18 +100,25 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._models: dict[str, ServedModel] = {}
         self._latest: ServedModel | None = None
-        self._manager = CheckpointManager(self.root)
+        self._manager = CheckpointManager(self.root, verify="sha256")
+        self._seen: tuple[int, ...] | None = None  # the step directories at the last refresh
 
     def refresh(self) -> bool:
-        """Load the newest intact step if it is not the one served; True when the served version changed."""
-        step = self.fixed_step if self.fixed_step is not None else self._manager.latest_intact()
-        if step is None:
-            if self._latest is None:
-                raise FileNotFoundError(f"no intact checkpoint in {self.root}")
+        """Load the newest loadable step if it is not the one served; True when the served version changed.
+
+        The choice is the one training and ``worldpipe ckpt digest`` make (:mod:`worldpipe.checkpoint.loadable`),
+        made again only when the set of step directories changed, so a bad newer step is reported once.
+        """
+        if self._latest is None and not self.root.is_dir():
+            raise CheckpointNotFoundError(f"{self.root}: no such checkpoint directory")
+        seen = tuple(sorted(self._manager.store.step_names()))
+        if self._latest is not None and seen == self._seen:
             return False
-        if self._latest is not None and self._latest.step == step:
+        step = self._choose()
+        self._seen = seen
+        if step is None or (self._latest is not None and self._latest.step == step):
             return False
-        served = load_served_model(self.root, step, self.device)
+        served = load_served_model(self.root, step, self.device, self._manager)
         with self._lock:
             previous = self._latest
             self._models.setdefault(served.version, served)
@@ -105,6 +129,19 @@ class ModelRegistry:
             log.info("serving step %d, model version %s", step, served.version[:16])
         return changed
 
+    def _choose(self) -> int | None:
+        """The step to serve: the fixed one if it loads, else the newest loadable; raises when none at start."""
+        if self.fixed_step is not None:
+            problems, _ = step_problems(self._manager, self.fixed_step)
+            if problems:
+                raise CheckpointCorruptError(self.fixed_step, problems)
+            return self.fixed_step
+        step = self._manager.latest_loadable()
+        if step is None and self._latest is None:
+            what = "no loadable checkpoint" if self._manager.store.step_names() else "no checkpoint (no step-NNNNNN)"
+            raise CheckpointNotFoundError(f"{what} in {self.root}")
+        return step
+
     def _drop_unpinned(self) -> None:
         for version in [v for v, m in self._models.items() if m.pins == 0 and m is not self._latest]:
             del self._models[version]
@@ -112,7 +149,7 @@ class ModelRegistry:
     def latest(self) -> ServedModel:
         """The model new requests get by default."""
         if self._latest is None:
-            raise FileNotFoundError(f"no intact checkpoint in {self.root}")
+            raise CheckpointNotFoundError(f"no loadable checkpoint in {self.root}")
         return self._latest
 
     def get(self, version: str | None) -> ServedModel:

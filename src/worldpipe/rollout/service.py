@@ -214,12 +214,14 @@ class RolloutService:
         parameters = sum(m.parameter_bytes for m in loaded)
         gc.collect()  # so the leak counter sees only states something still references
         rss = process_rss_bytes()
-        tensors = parameters + sessions["state_bytes"] + sessions["history_bytes"] + cache["bytes"]
+        accounted = parameters + sessions["held_bytes"] + cache["bytes"]
         return {
             "models": [{"version": m.version, "step": m.step, "pins": m.pins} for m in loaded],
+            # session_held: all the sessions hold (their state and history tensors included), as budgeted.
             "memory": {"parameters": parameters, "session_state": sessions["state_bytes"],
-                       "session_history": sessions["history_bytes"], "result_cache": cache["bytes"],
-                       "process_rss": rss, "runtime_overhead": None if rss is None else rss - tensors},
+                       "session_history": sessions["history_bytes"], "session_held": sessions["held_bytes"],
+                       "result_cache": cache["bytes"], "process_rss": rss,
+                       "runtime_overhead": None if rss is None else rss - accounted},
             "rollout_state_tensors_alive": len(LIVE_STATE_TENSORS),
             "sessions": sessions, "cache": cache,
             "batcher": {"batches": self.batcher.batches, "jobs": self.batcher.jobs,
@@ -233,4 +235,5 @@ def _stream_doc(stream: StreamId | None) -> dict | None:
 
 def _session_doc(session: Session) -> dict:
     return {"session_id": session.id, "step": session.step, "model_version": session.served.version,
-            "stream": _stream_doc(session.stream), "state_bytes": session.state_bytes}
+            "stream": _stream_doc(session.stream), "state_bytes": session.state_bytes,
+            "held_bytes": session.held_bytes}

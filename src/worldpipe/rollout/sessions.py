@@ -11,20 +11,24 @@ within its memory budget. A released session leaves a tombstone, so later reques
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from worldpipe.measure.footprint import footprint_bytes
 from worldpipe.models import RolloutState, state_nbytes
 from worldpipe.rollout.engine import Sampling
 from worldpipe.rollout.registry import ServedModel
 from worldpipe.rollout.streams import StreamId
 
 MAX_TOMBSTONES = 100_000
+_SLOT_BYTES = 104  # an OrderedDict entry of the live table: hash slot, entry and linked-list node (CPython 3.11)
 
 
 class SessionError(Exception):
@@ -66,6 +70,13 @@ class Session:
     state: RolloutState | None
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
+    held_bytes: int = 0  # what this session holds in the process, as counted against the budget
+
+    def measure(self) -> int:
+        """Bytes this session really holds: its tensors with their per-tensor overhead, its Python objects
+        and its place in the store (the served model is shared, not counted)."""
+        watched = len(self.state or {})  # the engine's leak detector holds a weak reference to each state tensor
+        return footprint_bytes(self, shared=(self.served,)) + _SLOT_BYTES + watched * _WATCH_BYTES
 
     @property
     def step(self) -> int:
@@ -81,6 +92,9 @@ class Session:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+_WATCH_BYTES = sys.getsizeof(weakref.ref(Session)) + 32  # a WeakSet member: its weakref and its set slot
+
+
 class SessionStore:
     """Live sessions, their tombstones, and the rules that release them."""
 
@@ -92,16 +106,20 @@ class SessionStore:
         self._live: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._tombstones: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
+        self._held = 0  # sum of the live sessions' held_bytes
         self.released = {"closed": 0, "expired": 0, "evicted": 0}
 
     def add(self, served: ServedModel, sampling: Sampling, stream: StreamId | None, context_obs: torch.Tensor,
             context_action: torch.Tensor, actions: torch.Tensor, state: RolloutState) -> Session:
         """Register a new session owning ``state``; returns it (its token is the only way back in)."""
+        # Own copies: a view would keep the request's whole parsed tensor (and a second tensor object) alive.
         session = Session(secrets.token_hex(16), secrets.token_urlsafe(24), served, sampling, stream,
-                          context_obs, context_action, actions, state)
+                          context_obs.clone(), context_action.clone(), actions.clone(), state)
+        session.held_bytes = session.measure()  # outside the lock: it walks the session's objects
         with self._lock:
             self._expire_idle()
             self._live[session.id] = session
+            self._held += session.held_bytes
             self._enforce_budget(keep=session.id)
         return session
 
@@ -127,6 +145,9 @@ class SessionStore:
                 raise SessionGone(f"session {session.id}: {reason} while the request was running; result dropped")
             if state is not None:
                 session.state, session.actions = state, actions
+                held = session.measure()
+                self._held += held - session.held_bytes
+                session.held_bytes = held
             self._enforce_budget(keep=session.id)
 
     def close(self, session_id: str, token: str | None) -> None:
@@ -153,8 +174,9 @@ class SessionStore:
 
     def _release(self, session: Session, reason: str) -> None:
         del self._live[session.id]
+        self._held -= session.held_bytes
         session.state = None  # drop the only reference the store holds
-        self._tombstones[session.id] = reason
+        self._tombstones[session.id] = sys.intern(reason)  # thousands of tombstones share a few reasons
         while len(self._tombstones) > MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
         self.released[reason.split()[0]] += 1
@@ -166,18 +188,19 @@ class SessionStore:
             self._release(session, f"expired (idle more than {self.idle_timeout_s:g} s)")
 
     def _enforce_budget(self, keep: str) -> None:
-        total = sum(s.state_bytes + s.history_bytes for s in self._live.values())
+        # Least recently used first; the budget counts what sessions really hold (Session.measure), not nbytes.
         for session in list(self._live.values()):
-            if total <= self.memory_budget_bytes:
+            if self._held <= self.memory_budget_bytes:
                 break
             if session.busy or session.id == keep:
                 continue
-            total -= session.state_bytes + session.history_bytes
             self._release(session, f"evicted (session memory budget {self.memory_budget_bytes} bytes)")
 
     def stats(self) -> dict:
-        """Live sessions and the bytes their states and histories hold."""
+        """Live sessions, the bytes of their state and history tensors, and all they hold (``held_bytes``)."""
         with self._lock:
             live = list(self._live.values())
+            held = self._held
         return {"live": len(live), "state_bytes": sum(s.state_bytes for s in live),
-                "history_bytes": sum(s.history_bytes for s in live), "released": dict(self.released)}
+                "history_bytes": sum(s.history_bytes for s in live), "held_bytes": held,
+                "released": dict(self.released)}

@@ -56,7 +56,8 @@ class Store:
         """Step named by the ``latest`` pointer, None when absent or unreadable."""
         raise NotImplementedError
 
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping) -> None:
+    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
+                tensors: list[dict] | None = None) -> None:
         """Publish ``files`` as step ``step`` and point ``latest`` at it; raise CheckpointWriteError on failure."""
         raise NotImplementedError
 

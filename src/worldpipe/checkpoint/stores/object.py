@@ -100,7 +100,8 @@ class ObjectStore(Store):
             self.fs.rm(base, recursive=True)
         self.fs.invalidate_cache()
 
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping) -> None:  # noqa: D102
+    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
+                tensors: list[dict] | None = None) -> None:  # noqa: D102
         current = self._step_path(step)
         try:
             fault.inject("before_files")
@@ -120,7 +121,7 @@ class ObjectStore(Store):
             fault.inject("after_files")
             current = self._step_path(step, layout.MANIFEST_NAME)
             # The commit point: a single PUT of the manifest.
-            self.fs.pipe_file(current, build_manifest(step, records, contents, identity))
+            self.fs.pipe_file(current, build_manifest(step, records, contents, identity, tensors))
         except Exception as exc:
             with contextlib.suppress(Exception):
                 self._remove_step(step)

@@ -29,7 +29,7 @@ from worldpipe.core.atomic import fsync_and_close, fsync_dir, publish_dir, write
 
 from .. import fault, layout
 from ..codec import PendingFile
-from ..errors import CheckpointWriteError
+from ..errors import CheckpointWriteError, PathEscapeError
 from ..files import fsync_pool
 from ..manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
 from .base import Store
@@ -55,6 +55,19 @@ class PosixStore(Store):
         base = os.path.join(self.root, layout.step_dir_name(step))
         return base if relpath is None else os.path.join(base, *relpath.split("/"))
 
+    def local_path(self, step: int, relpath: str) -> str:
+        """Path of a file of ``step`` for reading; raises PathEscapeError when it resolves outside the step.
+
+        A manifest's paths are relative and normalized, but a symlink inside a step could still lead a reader
+        anywhere: every read goes through here, so none follows one out of its step directory.
+        """
+        path = self._path(step, relpath)
+        base = os.path.realpath(self._path(step))
+        real = os.path.realpath(path)
+        if not real.startswith(base + os.sep):
+            raise PathEscapeError(f"resolves outside its step directory (to {real})")
+        return path
+
     def step_names(self) -> list[int]:  # noqa: D102
         try:
             names = os.listdir(self.root)
@@ -75,27 +88,27 @@ class PosixStore(Store):
 
     def read_manifest(self, step: int) -> bytes | None:  # noqa: D102
         try:
-            with open(self._path(step, layout.MANIFEST_NAME), "rb") as f:
+            with open(self.local_path(step, layout.MANIFEST_NAME), "rb") as f:
                 return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
 
     def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
         try:
-            st = os.stat(self._path(step, relpath))
+            st = os.stat(self.local_path(step, relpath))
         except (FileNotFoundError, NotADirectoryError):
             return None
         return st.st_size
 
     def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
-        with open(self._path(step, relpath), "rb", buffering=0) as f:
+        with open(self.local_path(step, relpath), "rb", buffering=0) as f:
             return sha256_stream(f)
 
     def load_torch(self, step: int, relpath: str, map_location: Any) -> Any:  # noqa: D102
-        return torch.load(self._path(step, relpath), map_location=map_location, weights_only=True)
+        return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True)
 
     def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
-        with open(self._path(step, relpath), "rb") as f:
+        with open(self.local_path(step, relpath), "rb") as f:
             return json.load(f)
 
     def read_latest(self) -> int | None:  # noqa: D102
@@ -138,7 +151,8 @@ class PosixStore(Store):
         finally:
             os.close(fd)  # releases the lock
 
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping) -> None:  # noqa: D102
+    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
+                tensors: list[dict] | None = None) -> None:  # noqa: D102
         name = layout.step_dir_name(step)
         nonce = secrets.token_hex(6)
         partial = os.path.join(self.root, layout.temp_name(step, "partial", nonce))
@@ -150,7 +164,7 @@ class PosixStore(Store):
             fault.inject("before_files")
             os.mkdir(partial, 0o755)
             created = True
-            self._write_files(partial, files, step, contents, identity, cursor)
+            self._write_files(partial, files, step, contents, identity, cursor, tensors)
             fault.inject("after_manifest")
             cursor.path = final
             self.rename_into_place(partial, final, step, nonce)
@@ -169,7 +183,7 @@ class PosixStore(Store):
             raise CheckpointWriteError(step, cursor.path, exc) from exc
 
     def _write_files(self, partial: str, files: list[PendingFile], step: int, contents: Mapping,
-                     identity: Mapping, cursor: _Cursor) -> None:
+                     identity: Mapping, cursor: _Cursor, tensors: list[dict] | None) -> None:
         subdirs: list[str] = []
         records: list[FileRecord] = []
         digests = []
@@ -199,7 +213,7 @@ class PosixStore(Store):
         cursor.path = partial
         fault.inject("after_files")
         cursor.path = os.path.join(partial, layout.MANIFEST_NAME)
-        write_file_durably(cursor.path, [build_manifest(step, records, contents, identity)])
+        write_file_durably(cursor.path, [build_manifest(step, records, contents, identity, tensors)])
         cursor.path = partial
         fsync_dir(partial)
 

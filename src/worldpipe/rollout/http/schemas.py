@@ -79,7 +79,9 @@ class SessionOut(BaseModel):
     step: int
     model_version: str
     stream: StreamOut | None
-    state_bytes: int
+    state_bytes: int = Field(description="bytes of the rollout state's tensors (recurrent state or KV cache)")
+    held_bytes: int = Field(description="all the session holds in the server (tensor overheads and Python objects "
+                                        "included): what counts against --session-budget-mb")
     token: str | None = None
     parent: str | None = None
     observations: list[list[float]] | None = None

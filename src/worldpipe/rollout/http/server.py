@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
+import socket
 from pathlib import Path
 
 import uvicorn
 
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.errors import UsageError
 from worldpipe.rollout.http.app import BodyLimit, create_app
 from worldpipe.rollout.service import RolloutService, ServiceConfig
 
@@ -35,14 +39,52 @@ class _Server(uvicorn.Server):
         self._captured_signals.clear()
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (not yet listening); raises UsageError naming the option at fault.
+
+    Done before the model loads, so a bad address costs the user nothing. ``port`` 0 picks a free one.
+    """
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: must be 0..65535")
+    if re.fullmatch(r"[0-9.]+", host):  # an IPv4 literal, never a name to look up ("999.1.1.1")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise UsageError(f"--host {host}: not an IPv4 address") from None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host}: cannot resolve it ({getattr(exc, 'strerror', None) or exc})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn would: restart past TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+    return sock
+
+
 def serve(checkpoint_path: str, host: str = "127.0.0.1", port: int = 8000, config: ServiceConfig | None = None,
           port_file: str | None = None, device: str = "cpu") -> int:
-    """Serve ``checkpoint_path`` until SIGTERM/SIGINT; returns the exit status."""
+    """Serve ``checkpoint_path`` until SIGTERM/SIGINT; returns the exit status.
+
+    The address is claimed and the model loaded before uvicorn starts: a bad host, port or checkpoint
+    directory is one error line (UsageError, CheckpointError), never a traceback from inside the server.
+    """
     config = config or ServiceConfig()
-    app = BodyLimit(create_app(lambda: RolloutService(checkpoint_path, config, device)),
-                    config.limits.max_request_bytes)
-    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                    timeout_graceful_shutdown=None))
+    sock = listen_socket(host, port)
+    try:
+        service = RolloutService(checkpoint_path, config, device)
+    except BaseException:
+        sock.close()
+        raise
+    app = BodyLimit(create_app(lambda: service), config.limits.max_request_bytes)
+    server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None))
     server.port_file = Path(port_file) if port_file else None
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0 if server.started else 1

@@ -1,0 +1,159 @@
+"""Whether a published step can be loaded, and the newest one that can: the one notion every reader shares.
+
+Training resume, ``worldpipe ckpt verify`` and ``ckpt digest``, the rollout service and evaluation all choose a
+step through :func:`newest_loadable`, so they agree on which step is current. A step is loadable when
+
+- its manifest parses and every file it lists has its size and (per the manager's ``verify`` mode) SHA-256;
+- every path it names stays inside the step directory (the manifest checks names; stores refuse symlinks that
+  lead out, see :meth:`.stores.posix.PosixStore.local_path`; shard pieces must name the manifest's shard files);
+- every tensor file loads with ``torch.load(weights_only=True)`` (nothing executes code);
+- a sharded step's index tiles every tensor exactly once, and each piece matches its shard's tensor;
+- every tensor has the shape and dtype the manifest's ``tensors`` table records, and (when the caller says
+  what the model being loaded has) the model's tensors are exactly the expected names and shapes.
+
+Each step skipped is reported on one line, naming the step and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from . import layout, shards
+from .codec import decode_state
+from .errors import CheckpointCorruptError
+from .resharding import _Source
+from .structure import Entry, compare_to_model, compare_to_record, dtype_name, walk_tensors
+
+logger = logging.getLogger("worldpipe.checkpoint")
+
+ExpectedShapes = Mapping[str, Sequence[int]]  # model tensor name -> shape the model being loaded has
+_OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
+
+
+def found_tensors(state: Mapping, keys: Sequence[str] = layout.TENSOR_KEYS,
+                  sharded: Sequence[Mapping] | None = None) -> list[Entry]:
+    """(path, shape, dtype) of every tensor of ``state``'s tensor-holding ``keys``."""
+    return [entry for key in keys for entry in walk_tensors(state.get(key), (key,), sharded)]
+
+
+def structure_problems(found: list[Entry], manifest: Mapping, step: int, keys: set[str] | None = None,
+                       expected: ExpectedShapes | None = None) -> list[str]:
+    """``found`` against the manifest's ``tensors`` table (restricted to ``keys``) and the ``expected`` model."""
+    name = layout.step_dir_name(step)
+    contents = manifest.get("contents") or {}
+
+    def where(entry: Entry | None, path: tuple) -> str:
+        if entry is not None and entry.indexed:
+            return f"{name}/{shards.INDEX_FILE}"
+        stored = contents.get(path[0])
+        return f"{name}/{stored}" if isinstance(stored, str) else name
+
+    problems = []
+    if isinstance(manifest.get("tensors"), list):  # manifests written before the table lack it
+        recorded = [e for e in manifest["tensors"] if keys is None or e["path"][0] in keys]
+        problems += compare_to_record(found, recorded, where)
+    if expected is not None:
+        problems += compare_to_model(found, expected, where)
+    return problems
+
+
+def step_problems(manager, step: int, expected: ExpectedShapes | None = None) -> tuple[list[str], dict | None]:
+    """Why ``step`` cannot be loaded (``[]``: it can) and, for an unsharded step, its decoded state.
+
+    An unsharded step is decoded whole (on CPU) while it is hashed, so a caller that goes on to load it pays
+    no second read; a sharded step's shards are only opened (memory-mapped where the store allows), never
+    assembled, so no process ever holds the whole state of a run that never gathers it.
+    """
+    manifest, problems = manager._manifest(step)
+    if manifest is None:
+        return problems, None
+    if manifest["contents"].get(shards.CONTENTS_KEY):
+        return _sharded_problems(manager, step, manifest, expected), None
+    state, problems = manager._load_verified(step, "cpu", None)
+    if state is None:
+        return problems, None
+    # The manifest's table was compared in _load_verified (every load does that); here: the model's shapes.
+    problems = structure_problems(found_tensors(state), {"contents": manifest["contents"]}, step, expected=expected)
+    return problems, (None if problems else state)
+
+
+def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedShapes | None) -> list[str]:
+    problems = manager.verify(step, full=manager._full_by_policy(step, manifest))
+    if problems:
+        return problems
+    name = layout.step_dir_name(step)
+    try:
+        source = _Source(manager, step, manifest)
+        listed = set(manifest["contents"][shards.CONTENTS_KEY].get("files") or [])
+        problems = [f"{name}/{p}" for p in shards.index_problems(source.index, listed)]
+        if problems:
+            return problems
+        skeleton = {key: source.skeleton(key) for key in layout.TENSOR_KEYS}  # weights_only, every file
+        for relpath in sorted(listed):
+            source.load(relpath)
+        decode_state(source.contents, lambda relpath, _cpu: source.load(relpath), source.read_json, _OTHER_KEYS)
+        problems = _placeholder_problems(skeleton, source.index, name) or _piece_problems(source, name)
+    except CheckpointCorruptError as exc:
+        return exc.problems
+    if problems:
+        return problems
+    found = found_tensors(skeleton, sharded=source.index["tensors"])
+    return structure_problems(found, manifest, step, expected=expected)
+
+
+def _placeholder_problems(skeleton: Mapping, index: Mapping, name: str) -> list[str]:
+    """Every placeholder names an index entry, and every entry is named exactly once."""
+    seen: list[int] = []
+
+    def collect(tree: Any) -> None:
+        if shards.is_placeholder(tree):
+            seen.append(tree[shards.PLACEHOLDER])
+        elif isinstance(tree, Mapping):
+            for value in tree.values():
+                collect(value)
+        elif isinstance(tree, list | tuple):
+            for value in tree:
+                collect(value)
+
+    collect(skeleton)
+    count = len(index["tensors"])
+    if any(type(i) is not int for i in seen) or sorted(seen) != list(range(count)):
+        return [f"{name}/{shards.INDEX_FILE}: the state's {len(seen)} placeholders do not name each of its {count} "
+                "tensors once"]
+    return []
+
+
+def _piece_problems(source, name: str) -> list[str]:
+    """Every piece's key exists in its (weights-only loaded) shard file with the piece's shape and dtype."""
+    for entry in source.index["tensors"]:
+        for piece in entry["pieces"]:
+            where = f"{name}/{piece['file']}"
+            held = source.load(piece["file"])
+            tensor = held.get(piece["key"]) if isinstance(held, Mapping) else None
+            if not isinstance(tensor, torch.Tensor):
+                return [f"{where}: no tensor {piece['key']!r} (named by {shards.INDEX_FILE})"]
+            if list(tensor.shape) != piece["shape"] or dtype_name(tensor.dtype) != entry["dtype"]:
+                return [f"{where}: tensor {piece['key']!r} is {list(tensor.shape)} {dtype_name(tensor.dtype)}, "
+                        f"{shards.INDEX_FILE} says {piece['shape']} {entry['dtype']}"]
+    return []
+
+
+def newest_loadable(manager, expected: ExpectedShapes | None = None,
+                    report: Callable[[str], None] | None = None) -> tuple[int | None, dict | None]:
+    """The newest loadable step (None when there is none) and, when unsharded, its decoded state.
+
+    Every newer step is skipped with one line through ``report`` (default: a warning on the checkpoint
+    logger) that names the step and its first problems.
+    """
+    for step in sorted(manager.store.step_names(), reverse=True):
+        problems, state = step_problems(manager, step, expected)
+        if not problems:
+            return step, state
+        line = f"skipping checkpoint {manager.store.location(step)}: {'; '.join(problems)}"
+        (report or logger.warning)(line)
+    return None, None
+
