@@ -13,6 +13,7 @@ the state only through the Checkpointer (:mod:`worldpipe.checkpoint.checkpointer
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -41,6 +42,19 @@ from worldpipe.trainer.resume import check_resume_identity
 from worldpipe.trainer.seeding import RngTrace, seed_rank_generators
 
 log = logging.getLogger("worldpipe.trainer.main")
+
+
+def use_compile_cache(path: str | None) -> None:
+    """Keep torch.compile's on-disk caches (Inductor's FX graph cache, AOTAutograd's cache) under ``path``.
+
+    By default they live in a per-user folder of the node's /tmp, which a restart on another node (a requeued
+    job) or a cleaned /tmp does not have: every such process compiles from cold (minutes). Under the results
+    folder, reruns and resumes find the compiled artifacts wherever they start. The caches key every entry by the
+    graph, the torch version and its settings, so a changed model never gets stale code. An explicit
+    TORCHINDUCTOR_CACHE_DIR in the environment wins.
+    """
+    if path and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(path)
 
 
 class Trainer:
@@ -94,7 +108,10 @@ class Trainer:
         self.model = self.layout.wrap(self.core)
         # Opt-in: the compiled loss fuses kernels, so its bits differ from eager; a compiled run is still
         # deterministic and resumes to the same bits as an uninterrupted compiled run (test_compile.py).
-        self.loss_fn = torch.compile(self.model) if self.cfg.trainer.get("compile", False) else self.model
+        self.loss_fn = self.model
+        if self.cfg.trainer.get("compile", False):
+            use_compile_cache(self.cfg.paths.get("compile_cache"))
+            self.loss_fn = torch.compile(self.model)
         self.optimizer = build_optimizer(self.model, self.cfg.trainer, **self.layout.optimizer_kwargs)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.trainer)
 

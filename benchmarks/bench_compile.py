@@ -1,0 +1,123 @@
+"""When ``trainer.compile=true`` pays off: time to the first step cold and warm, and the step time it buys.
+
+Three runs of ``worldpipe train`` on the same tiny dataset, one process, one thread, tracking off, each timed
+from its launch to the end of its first step (``first_step_done`` in the ``WORLDPIPE_STARTUP_TRACE``) and per
+step over steps 2..N-1:
+
+* ``eager`` (baseline);
+* ``compiled, cold``: ``trainer.compile=true`` with an empty compile cache (``paths.compile_cache``), what the
+  first process on a machine pays;
+* ``compiled, warm``: the same again, a new process on the now filled cache (a rerun, a resume, another rank).
+
+Cold must precede warm, so the runs are not rotated; ``--rounds`` repeats the whole sequence with a fresh cache.
+Break-even: the steps after which the compiled run has caught up with eager,
+(first step compiled - first step eager) / (eager step - compiled step), cold and warm.
+
+    worldpipe bench compile [--experiment smoke] [--steps 200] [--rounds 1] [--out results/bench/compile.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.atomic import write_text_atomic
+from worldpipe.data.build import build_dataset
+from worldpipe.data.spec import DatasetSpec
+from worldpipe.measure.startup import TRACE_ENV
+
+CONTENDERS = ("eager", "compiled, cold", "compiled, warm")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="worldpipe bench compile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=f"{BENCH_DIR}/compile.json")
+    p.add_argument("--experiment", default="smoke")
+    p.add_argument("--steps", type=int, default=200, help="steps per run (the step time is their mean)")
+    p.add_argument("--rounds", type=int, default=1, help="cold-then-warm sequences, each on a fresh cache")
+    args = p.parse_args(argv)
+    if args.steps < 4 or args.rounds < 1:
+        p.error("--steps must be >= 4 and --rounds >= 1")
+    return args
+
+
+def timed_run(cmd: list[str], env: dict, trace: Path) -> dict:
+    """Seconds from launch to the end of the first step, and the mean step time over steps 2..N-1."""
+    trace.unlink(missing_ok=True)
+    launched = time.time()
+    proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench compile: {' '.join(cmd[3:6])} failed ({proc.returncode}): "
+                         f"{proc.stderr.strip().splitlines()[-1:]}")
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    first = next(e["t"] for e in events if e["event"] == "first_step_done")
+    ends = np.array([e["t"] for e in events if e["event"] == "step_end"])
+    return {"first_step_s": first - launched, "step_ms": 1e3 * float(np.diff(ends)[:-1].mean())}
+
+
+def commands(work: Path, args, round_: int) -> dict[str, list[str]]:
+    train = [sys.executable, "-m", "worldpipe.cli", "train", f"experiment={args.experiment}", "parallel=single",
+             f"data.store={work}/store.zarr", f"data.manifest={work}/manifest.json", f"trainer.steps={args.steps}",
+             "trainer.progress_bar=false", "tracking.enabled=false", f"checkpoint.every={args.steps}",
+             f"paths.compile_cache={work}/cache-{round_}"]
+    return {name: [*train, f"run_dir={work}/{name.replace(', ', '-')}-{round_}",
+                   f"trainer.compile={'false' if name == 'eager' else 'true'}"] for name in CONTENDERS}
+
+
+def break_even(eager: dict, compiled: dict) -> float | None:
+    """Steps until the compiled run has caught up with eager (None: its steps are not faster)."""
+    gain_s = (eager["step_ms"] - compiled["step_ms"]) / 1e3
+    return (compiled["first_step_s"] - eager["first_step_s"]) / gain_s if gain_s > 0 else None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = {k: v for k, v in os.environ.items() if k not in (TRACE_ENV, "TORCHINDUCTOR_CACHE_DIR")}
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+    with tempfile.TemporaryDirectory(prefix="bench-compile-") as tmp:
+        work = Path(tmp)
+        spec = DatasetSpec(name="compile", env_id="Pendulum-v1", policy="noisy_controller", episodes=16,
+                           max_steps=64, episodes_per_shard=8, seed=0)
+        build_dataset(str(work / "store.zarr"), spec, manifest_path=str(work / "manifest.json"))
+        for round_ in range(args.rounds):
+            for name, cmd in commands(work, args, round_).items():
+                runs[name].append(timed_run(cmd, env, work / "trace.jsonl"))
+                print(f"round {round_}: {name:16s} first step {runs[name][-1]['first_step_s']:7.1f} s, "
+                      f"{runs[name][-1]['step_ms']:6.2f} ms/step")
+    summary = {name: {key: statistics.median(r[key] for r in rs) for key in ("first_step_s", "step_ms")}
+               for name, rs in runs.items()}
+    report = {"benchmark": "compile", "experiment": args.experiment, "steps": args.steps, "rounds": args.rounds,
+              "machine": {"cpus": os.cpu_count(), "load_average_before": list(load_before),
+                          "load_average_after": list(os.getloadavg()), "python": platform.python_version()},
+              "contenders": {name: {**summary[name], "runs": runs[name]} for name in CONTENDERS},
+              "warm_over_cold_first_step": summary["compiled, warm"]["first_step_s"]
+              / summary["compiled, cold"]["first_step_s"],
+              "compiled_over_eager_step": summary["compiled, warm"]["step_ms"] / summary["eager"]["step_ms"],
+              "break_even_steps": {kind: break_even(summary["eager"], summary[f"compiled, {kind}"])
+                                   for kind in ("cold", "warm")}}
+    print(f"first step: cold {summary['compiled, cold']['first_step_s']:.1f} s, warm "
+          f"{summary['compiled, warm']['first_step_s']:.1f} s, eager {summary['eager']['first_step_s']:.1f} s; "
+          f"compiled step {report['compiled_over_eager_step']:.2f}x eager; break-even after "
+          + ", ".join(f"{k} {'never' if v is None else f'{v:.0f} steps'}" for k, v in report["break_even_steps"].items()))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
