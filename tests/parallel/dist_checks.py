@@ -181,7 +181,7 @@ def check_trainer_step(store: str, manifest: str, run_dir: str) -> dict:
     from worldpipe.models import build_model
     from worldpipe.models.noise import sample_noise
     from worldpipe.parallel.runtime import init_runtime
-    from worldpipe.trainer import Trainer
+    from worldpipe.trainer.trainer import Trainer
 
     cfg = compose_config(["experiment=smoke", f"run_dir={run_dir}", f"data.store={store}",
                           f"data.manifest={manifest}", "tracking.enabled=false", "trainer.batch_size=5",
