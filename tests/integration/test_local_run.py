@@ -37,11 +37,16 @@ def test_in_process_run_equals_torchrun_run(tmp_path, smoke_dataset, env_with_ve
     assert "torchrun_spawned" not in events and "first_step_done" in events
     assert len({e["pid"] for e in local}) == 1  # launcher and trainer are one process
     assert "torchrun_spawned" in [e["event"] for e in spawned] and len({e["pid"] for e in spawned}) == 2
+    # The launcher composes and validates once; torchrun's worker trains its record without checking it again.
+    for trace in (local, spawned):
+        launcher = next(e["pid"] for e in trace if e["event"] == "launcher_start")
+        assert [e["pid"] for e in trace if e["event"] == "config_validated"] == [launcher]
     done = [json.loads((tmp_path / name / "train_done.json").read_text()) for name in ("local", "spawned")]
     assert done[0]["final_step"] == done[1]["final_step"] == 6
     assert done[0]["digest"] == done[1]["digest"]
-    assert (tmp_path / "local" / "hydra" / "config.yaml").exists()
-    assert (tmp_path / "local" / "hydra" / "overrides.yaml").exists()
+    for name in ("local", "spawned"):
+        assert (tmp_path / name / "hydra" / "config.yaml").exists()
+        assert (tmp_path / name / "hydra" / "overrides.yaml").exists()
 
 
 def test_in_process_run_preempts_with_75_and_resumes_to_the_same_bits(tmp_path, smoke_dataset, env_with_venv):

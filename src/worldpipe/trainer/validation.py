@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from worldpipe.config.identity import ConfigError, to_container
 from worldpipe.config.schema import check_ranges
 from worldpipe.config.tracking_uri import tracking_uri_problem
+from worldpipe.measure.startup import mark
 
 
 def _require(condition: bool, key: str, message: str) -> None:
@@ -27,6 +28,7 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     Types and single-key ranges come from the group schemas (:mod:`worldpipe.config.schema`); the checks that
     relate several keys (or the world size) are here, once.
     """
+    mark("config_validated")  # once per start (`worldpipe bench startup`, tests/integration/test_local_run.py)
     c = to_container(cfg)
     for key, problem in check_ranges(c):
         raise ConfigError(f"config key '{key}': {problem}")
