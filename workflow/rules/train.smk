@@ -1,8 +1,10 @@
 # Training under torchrun, into <runs>/<experiment>/<run-hash>/ (the hash of the resolved config and dataset
 # spec, see common.smk). Only the completion record is a declared output: the checkpoint directory beside it
-# survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` checks the
-# directory is this config's, records the attempt and points <experiment>/latest at it; `runs end` records how
-# the attempt ended (for `worldpipe runs list`). The parameters are what makes the run (fixed by its hash); the
+# survives a failed or preempted job, and the next invocation resumes from it. `worldpipe runs begin` refuses a
+# directory another process still trains in (naming it) or that is not this config's, removes the previous
+# attempt's completion record and evaluations (so an interrupted attempt never leaves "done" results behind),
+# records the attempt and points <experiment>/latest at it; `runs end` records how the attempt ended (for
+# `worldpipe runs list`). The parameters are what makes the run (fixed by its hash); the
 # resume-safe settings, the conf/ tree and the launcher come from the environment (common.smk).
 
 
@@ -31,8 +33,9 @@ rule train_model:
     shell:
         """
         eval "settings=($WORLDPIPE_TRAINING_SETTINGS)"  # shell-quoted by shlex.join in common.smk
+        # A refusal (another process holds the run, the directory is another config's) is shown, not only logged.
         worldpipe runs begin {params.run_dir} --dataset-spec-hash {params.spec_hash} {params.overrides} \
-            "${{settings[@]}}" > {log} 2>&1
+            "${{settings[@]}}" > {log} 2>&1 || {{ code=$?; tail -n 1 {log} >&2; exit $code; }}
         code=0
         WORLDPIPE_RULE=train_model WORLDPIPE_JOB={wildcards.experiment} \
             bash "$WORLDPIPE_LAUNCH_TRAINING" {params.overrides} "${{settings[@]}}" >> {log} 2>&1 || code=$?
