@@ -25,6 +25,7 @@ import torch
 from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError
+from .resharding import StepFiles
 from .structure import Entry, compare_to_model, compare_to_record, dtype_name, walk_tensors
 
 logger = logging.getLogger("worldpipe.checkpoint")
@@ -81,14 +82,12 @@ def step_problems(manager, step: int, expected: ExpectedShapes | None = None) ->
 
 
 def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedShapes | None) -> list[str]:
-    from .resharding import _Source
-
     problems = manager.verify(step, full=manager._full_by_policy(step, manifest))
     if problems:
         return problems
     name = layout.step_dir_name(step)
     try:
-        source = _Source(manager, step, manifest)
+        source = StepFiles(manager, step, manifest)
         listed = set(manifest["contents"][shards.CONTENTS_KEY].get("files") or [])
         problems = [f"{name}/{p}" for p in shards.index_problems(source.index, listed)]
         if problems:
