@@ -82,3 +82,49 @@ def test_runs_list_shows_each_run_with_what_changed(workdir, capsys):
     assert rows[1].endswith("<- latest")
     assert "      trainer.lr: 0.001 -> 0.0003" in out
     assert main(["runs", "list", "no_such_experiment"]) == 1
+
+
+def _finished(run_dir: Path) -> None:
+    """What a finished attempt leaves: the completion record, an evaluation, the loss curve, checkpoints."""
+    (run_dir / "eval" / "abc123").mkdir(parents=True)
+    (run_dir / "eval" / "abc123" / "metrics.json").write_text("{}")
+    (run_dir / "loss_curve.png").write_bytes(b"png")
+    (run_dir / paths.COMPLETION_RECORD).write_text('{"final_step": 40}')
+    (run_dir / "checkpoints" / "step-000040").mkdir(parents=True)
+
+
+def test_a_new_attempt_removes_the_previous_attempts_results(workdir):
+    """Issue 19, case 14: Snakemake calls a run done from these files; a new attempt must not leave them."""
+    run = planned_run()
+    run_dir = start(run)
+    _finished(run_dir)
+    start(run)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", paths.RUN_RECORD]
+    assert (run_dir / "checkpoints" / "step-000040").is_dir()
+    assert len(json.loads((run_dir / paths.RUN_RECORD).read_text())["attempts"]) == 2
+
+
+def test_begin_refuses_a_run_another_process_trains_in_and_changes_nothing(workdir, capsys):
+    """The holder of the run lock (here a real process, as an orphaned launcher would be) is named."""
+    import subprocess
+    import sys
+
+    run = planned_run()
+    run_dir = start(run)
+    _finished(run_dir)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from worldpipe.launch.run_lock import RunLock; "
+                               "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)",
+                               str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+        rc = main(["runs", "begin", str(run_dir), "--dataset-spec-hash", run.dataset.spec_hash,
+                   *launch_overrides(run)])
+        assert rc == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and f"in use by pid {holder.pid} " in err[0]
+        assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
+        assert len(json.loads((run_dir / paths.RUN_RECORD).read_text())["attempts"]) == 1
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)

@@ -38,7 +38,7 @@ rule plot_loss_curve:
         done=rules.train_model.output.done,
     output:
         plot=report(
-            f"{RUNS}/{{experiment}}/{{run_hash}}/loss_curve.png",
+            f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.LOSS_CURVE}",
             caption="../report/loss_curve.rst",
             category="Training",
             subcategory="{experiment}",

@@ -2,7 +2,9 @@
 # spec, see common.smk). Only the completion record is a declared output: the checkpoint directory beside it
 # survives a failed or preempted job (exit 75), and the next invocation resumes from it. With
 # --dataset-spec-hash, `worldpipe train` checks the directory is this config's, records the attempt in its
-# run.json, points <experiment>/latest at it, and records how the attempt ended (for `worldpipe runs list`). The
+# run.json, points <experiment>/latest at it, and records how the attempt ended (for `worldpipe runs list`); it refuses
+# a directory another process still trains in (naming it) and removes the previous attempt's completion record and
+# evaluations, so an interrupted attempt never leaves "done" results behind. The
 # parameters are what makes the run (fixed by its hash); the resume-safe settings are a resource (common.smk).
 
 
@@ -29,3 +31,4 @@ rule train_model:
     shell:
         "worldpipe train --dataset-spec-hash {params.spec_hash} --snakemake-rule train_model"
         " --snakemake-job {wildcards.experiment} {params.overrides} {resources.resume_safe_overrides} > {log} 2>&1"
+        " || {{ code=$?; tail -n 1 {log} >&2; exit $code; }}"  # the one-line error shown, not only logged

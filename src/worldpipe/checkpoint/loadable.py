@@ -25,7 +25,7 @@ import torch
 from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError
-from .resharding import _Source
+from .resharding import StepFiles
 from .structure import Entry, compare_to_model, compare_to_record, dtype_name, walk_tensors
 
 logger = logging.getLogger("worldpipe.checkpoint")
@@ -87,7 +87,7 @@ def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedS
         return problems
     name = layout.step_dir_name(step)
     try:
-        source = _Source(manager, step, manifest)
+        source = StepFiles(manager, step, manifest)
         listed = set(manifest["contents"][shards.CONTENTS_KEY].get("files") or [])
         problems = [f"{name}/{p}" for p in shards.index_problems(source.index, listed)]
         if problems:

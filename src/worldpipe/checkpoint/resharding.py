@@ -24,7 +24,7 @@ from .stores import PosixStore
 _OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
 
 
-class _Source:
+class StepFiles:
     """The files of one published step, opened lazily and cached (memory-mapped where possible)."""
 
     def __init__(self, manager, step: int, manifest: Mapping) -> None:
@@ -84,7 +84,7 @@ class _Source:
         return list(saved.shape) if isinstance(saved, torch.Tensor) else []
 
 
-def open_step(manager, step: int, keys: set[str] | None = None) -> _Source:
+def open_step(manager, step: int, keys: set[str] | None = None) -> StepFiles:
     """Manifest and size checks of the files this rank will read; raises CheckpointCorruptError naming them."""
     manifest, problems = manager._manifest(step)
     if manifest is None:
@@ -92,10 +92,10 @@ def open_step(manager, step: int, keys: set[str] | None = None) -> _Source:
     problems = check_sizes(manifest, step, lambda p: manager.store.size_of(step, p))
     if problems:
         raise CheckpointCorruptError(step, problems)
-    return _Source(manager, step, manifest)
+    return StepFiles(manager, step, manifest)
 
 
-def _fill(source: _Source, saved: Any, target: torch.Tensor, name: str) -> torch.Tensor:
+def _fill(source: StepFiles, saved: Any, target: torch.Tensor, name: str) -> torch.Tensor:
     """A tensor laid out like ``target`` holding the saved values."""
     if list(target.shape) != source.global_shape(saved):
         raise CheckpointCorruptError(source.step, [f"{name}: saved shape {source.global_shape(saved)} != "
@@ -110,7 +110,7 @@ def _fill(source: _Source, saved: Any, target: torch.Tensor, name: str) -> torch
     return source.region(saved, name, [0] * target.dim(), list(target.shape)).to(target.device)
 
 
-def _fill_tree(source: _Source, saved: Any, target: Any, path: list) -> Any:
+def _fill_tree(source: StepFiles, saved: Any, target: Any, path: list) -> Any:
     """``saved`` with its tensors laid out like their counterparts in ``target`` (same paths)."""
     name = "/".join(map(str, path))
     if shards.is_placeholder(saved) or isinstance(saved, torch.Tensor):
@@ -168,7 +168,7 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
     return decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
 
 
-def _loader(source: _Source) -> Callable[[str, bool], Any]:
+def _loader(source: StepFiles) -> Callable[[str, bool], Any]:
     return lambda relpath, _on_cpu: source.load(relpath)
 
 

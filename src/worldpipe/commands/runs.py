@@ -58,11 +58,12 @@ def _begin(args) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from worldpipe.launch.run_lock import RunLocked
     from worldpipe.pipeline.run_index import RunDirMismatch, begin
 
     try:
         record = begin(args.run_dir, args.dataset_spec_hash, args.overrides)
-    except (RunDirMismatch, HydraException, OmegaConfBaseException) as err:
+    except (RunDirMismatch, RunLocked, HydraException, OmegaConfBaseException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}")

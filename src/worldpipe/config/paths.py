@@ -61,6 +61,7 @@ BENCH_DIR: str = _PATHS["bench"]
 # Inside a run directory: the checkpoint store and the evaluations.
 CHECKPOINTS_DIR: str = _PATHS["checkpoints"]
 EVAL_DIR: str = _PATHS["eval"]
+LOSS_CURVE: str = _PATHS["loss_curve"]
 
 
 def short(full_hash: str) -> str:

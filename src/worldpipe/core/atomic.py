@@ -134,3 +134,23 @@ def publish_dir(partial: str | os.PathLike, final: str | os.PathLike, aside: str
     fsync_dir(os.path.dirname(os.path.abspath(final)))
     if moved:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_atomic(path: str | os.PathLike, aside: str | os.PathLike) -> bool:
+    """Remove a file or directory so that readers see it whole or not at all, durably; False if absent.
+
+    A directory is first renamed to ``aside`` (a hidden name in the same directory), the parent fsynced, and only
+    then deleted; a file is unlinked and the parent fsynced.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.rename(path, aside)
+        fsync_dir(parent)
+        shutil.rmtree(aside)
+        fsync_dir(parent)
+        return True
+    if os.path.lexists(path):
+        os.unlink(path)
+        fsync_dir(parent)
+        return True
+    return False

@@ -60,6 +60,20 @@ class RunLock:
         self._fd = fd
         return self
 
+    def ensure_free(self) -> None:
+        """Raise RunLocked naming the holder when a live process holds the lock; take nothing (nor write)."""
+        if not self.path.exists():
+            return
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # compatible only with other probes, never a holder
+        except BlockingIOError:
+            holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            raise RunLocked(f"run directory {self.path.parent} is in use by {holder}; wait for it to end or "
+                            f"stop it (lock file {self.path})") from None
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         """Drop the lock (the file stays: removing it would race with a process opening it)."""
         if self._fd is not None:

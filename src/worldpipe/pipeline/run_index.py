@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +21,16 @@ from omegaconf import DictConfig
 from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
-from worldpipe.core.atomic import symlink_atomic, write_text_atomic
+from worldpipe.core.atomic import remove_atomic, symlink_atomic, write_text_atomic
 from worldpipe.core.errors import UsageError
+from worldpipe.launch.run_lock import RunLock
 from worldpipe.pipeline.plan import compose, run_hash
 from worldpipe.tracking.spool import Spool
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
+
+# What the pipeline derives from a finished attempt inside its run directory (the completion record first; the
+# outputs of evaluate.smk's evaluate_model and plot_loss_curve after it).
+DERIVED_RESULTS = (paths.COMPLETION_RECORD, paths.EVAL_DIR, paths.LOSS_CURVE)
 
 
 class RunDirMismatch(UsageError, ValueError):
@@ -51,11 +57,15 @@ def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequenc
           cfg: DictConfig | None = None) -> dict[str, Any]:
     """Record an attempt at a run before training starts; refuse a directory that is not the config's hash.
 
-    The config is the one the training gets (``cfg``, composed from ``overrides`` when not given), composed in
-    this job, so a directory named by one hash never holds a run of another (e.g. if conf/ changed between
-    Snakemake's parse and this job).
+    The config is the one the training gets (``cfg``, composed from ``overrides`` when not given), so a
+    directory named by one hash never holds a run of another (e.g. if conf/ changed between Snakemake's parse and
+    this job). A directory whose run lock a live process holds is refused (RunLocked names it); otherwise the
+    results of the previous attempt stop being current (:func:`invalidate_results`).
     """
     run_dir = Path(run_dir)
+    # A training still running here (say, orphaned by a killed Snakemake) is refused by name, before anything
+    # is composed or changed.
+    RunLock(run_dir).ensure_free()
     cfg = cfg if cfg is not None else compose(overrides)
     cfg_hash = config_hash(cfg)
     expected = paths.short(run_hash(cfg_hash, dataset_spec_hash))
@@ -69,6 +79,7 @@ def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequenc
     }
     record["attempts"].append({"started_at": _now(), "exit_code": None})
     run_dir.mkdir(parents=True, exist_ok=True)
+    invalidate_results(run_dir)
     write_text_atomic(run_dir / paths.RUN_RECORD, json.dumps(record, indent=2, default=str))
     point_latest(run_dir)
     return record
@@ -82,6 +93,21 @@ def end(run_dir: str | os.PathLike, exit_code: int) -> None:
         raise FileNotFoundError(f"{path}: no run record with a started attempt")
     record["attempts"][-1].update(exit_code=exit_code, ended_at=_now())
     write_text_atomic(path, json.dumps(record, indent=2, default=str))
+
+
+def invalidate_results(run_dir: Path) -> list[str]:
+    """Remove the completion record and what was derived from it (evaluations, loss curve); returns their names.
+
+    A new attempt changes where the run ends, so these describe a state that is no longer the run's. Snakemake
+    decides "done" from these files alone: left in place, an interrupted attempt (a killed Snakemake, its
+    completion record already removed) would have a plain rerun report "Nothing to be done" over the old
+    results. Removed completion record first, each atomically (a directory is renamed aside, then deleted).
+    """
+    removed = []
+    for name in DERIVED_RESULTS:
+        if remove_atomic(run_dir / name, run_dir / f".{name}.stale-{uuid.uuid4().hex[:12]}"):
+            removed.append(name)
+    return removed
 
 
 @dataclass
