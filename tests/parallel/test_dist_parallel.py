@@ -27,8 +27,11 @@ def run_ranks(tmp_path: Path, env: dict, nproc: int, *args: str) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
+# 3 and 4 real ranks are slow on 2 cores: the block arithmetic for any rank count is checked in-process
+# (test_ring_attention_math.py); 2 real ranks check the communication in the default tier.
 @pytest.mark.parametrize(("nproc", "chunk", "block"),
-                         [(2, 3, 0), (3, 2, 1), pytest.param(4, 4, 2, marks=pytest.mark.slow)])
+                         [(2, 3, 0), pytest.param(3, 2, 1, marks=pytest.mark.slow),
+                          pytest.param(4, 4, 2, marks=pytest.mark.slow)])
 def test_ring_attention_over_real_ranks(tmp_path, env_with_venv, nproc, chunk, block):
     results = run_ranks(tmp_path, env_with_venv, nproc, "ring", str(chunk), str(block), "7")
     for rank, r in enumerate(results):
