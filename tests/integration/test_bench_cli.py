@@ -114,6 +114,7 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
         assert c["flops"] > 0 and len(c["round_step_ms"]) == 2
         # The fraction is computed from the numbers beside it, against the same run's peak.
         assert c["fraction_of_peak"] == pytest.approx(c["flops"] / (c["step_ms"] / 1e3) / 1e9 / result["peak_gflops"])
+        assert c["best_step_ms"] <= c["step_ms"] and c["fraction_of_peak_best"] >= c["fraction_of_peak"]
     # Same model, same FLOPs (up to the split first layers): the baseline differs only in how it loops.
     per_step, model = result["contenders"]["per-step RSSM"], result["contenders"]["model"]
     assert model["flops"] == pytest.approx(per_step["flops"], rel=0.02)
