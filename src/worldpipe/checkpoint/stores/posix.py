@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from worldpipe.core.atomic import fsync_and_close, fsync_dir, publish_dir, write_file, write_file_durably
+from worldpipe.core.atomic import (
+    fsync_and_close,
+    fsync_dir,
+    publish_dir,
+    remove_atomic,
+    write_file,
+    write_file_durably,
+)
 
 from .. import fault, layout
 from ..codec import PendingFile
@@ -270,13 +277,6 @@ class PosixStore(Store):
         return removed
 
     def delete_step(self, step: int) -> None:  # noqa: D102
-        doomed = os.path.join(self.root, layout.temp_name(step, "deleting", secrets.token_hex(6)))
-        try:
-            # Renaming first: readers see the whole step or nothing, never a half-deleted one.
-            os.rename(self._path(step), doomed)
-        except FileNotFoundError:
-            return
-        fsync_dir(self.root)
-        shutil.rmtree(doomed)
-        fsync_dir(self.root)
+        # Renamed aside first: readers see the whole step or nothing, never a half-deleted one.
+        remove_atomic(self._path(step), os.path.join(self.root, layout.temp_name(step, "deleting", secrets.token_hex(6))))
 
