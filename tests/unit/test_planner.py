@@ -57,3 +57,23 @@ def test_plan_refuses_with_the_layout_reason_and_ranks_within_budget():
     assert "over the budget" in by_name["ddp"].refused  # 16 bytes per parameter: 38 KiB
     assert ranked[0].name == "fsdp2" and ranked[0].refused is None
     assert "fsdp2" in planner.table(ranked) and "ruled out" in planner.table(ranked)
+
+
+def test_plan_command_ranks_the_conf_layouts_and_says_why_not(capsys):
+    from worldpipe.cli import main
+
+    assert main(["plan", "experiment=smoke_transformer", "world_size=4", "memory_mb=0.06"]) == 0
+    out = capsys.readouterr().out
+    ranked = [line.split()[1] for line in out.splitlines() if line[:2].strip().isdigit()]
+    assert ranked == ["fsdp2"]  # the only layout under 60 KiB per rank on 4 ranks
+    for name in ("single", "tp", "cp"):  # meshes of 1 or 2 ranks: the layout check's reason, by key
+        assert f"{name:8} ruled out: config key 'parallel.nproc_per_node'" in out
+    assert "ddp      ruled out: needs" in out
+
+
+def test_plan_command_needs_a_world_size_one_line(capsys):
+    from worldpipe.cli import main
+
+    assert main(["plan", "experiment=smoke_transformer"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: argument 'world_size': required, a positive integer (world_size=4)"]

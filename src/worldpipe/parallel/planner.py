@@ -239,7 +239,7 @@ def rank(predictions: list[Prediction], budget_bytes: int | None) -> list[Predic
     fits, others = [], []
     for p in predictions:
         if p.refused is None and budget_bytes is not None and p.total_bytes > budget_bytes:
-            p.refused = f"needs {p.total_bytes / 2**20:.3f} MiB per rank, over the budget of {budget_bytes / 2**20:g} MiB"
+            p.refused = f"needs {p.total_bytes / 2**20:.3f} MiB per rank, over the budget of {budget_bytes / 2**20:.4g} MiB"
         (others if p.refused else fits).append(p)
     return sorted(fits, key=lambda p: (p.comm_bytes, p.total_bytes)) + others
 
