@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 
-from worldpipe.commands import bench, ckpt, data, rerun, run, runs, serve, sweep, tracking
+from worldpipe.commands import bench, ckpt, data, plan, rerun, run, runs, serve, sweep, tracking
 from worldpipe.core.errors import DEBUG_ENV, report
 
-GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve, sweep)
+GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve, sweep, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -200,18 +200,20 @@ class Layout:
         return total
 
 
+def fsdp_units(module: nn.Module):
+    """The modules FSDP2 wraps as units below the root: parameterized children, ModuleList entries each."""
+    for child in module.children():
+        if isinstance(child, nn.ModuleList):
+            yield from fsdp_units(child)
+        elif any(p.requires_grad for p in child.parameters()):
+            yield child
+
+
 def _fully_shard(model: nn.Module, mesh: Any) -> nn.Module:
     """FSDP2 over ``mesh`` (None: all ranks): each parameterized child (ModuleList entries each), then the root."""
     from torch.distributed.fsdp import fully_shard
 
-    def units(module: nn.Module):
-        for child in module.children():
-            if isinstance(child, nn.ModuleList):
-                yield from units(child)
-            elif any(p.requires_grad for p in child.parameters()):
-                yield child
-
-    for unit in list(units(model)):
+    for unit in list(fsdp_units(model)):
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model

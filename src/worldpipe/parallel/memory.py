@@ -8,7 +8,8 @@ allocator caching, DDP's gradient buckets, communication buffers and temporaries
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -28,9 +29,9 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def measure_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
-                   loss_fn: Callable[[], torch.Tensor]) -> dict[str, int]:
-    """Run one step (forward, backward, optimizer step) and return this rank's bytes per category."""
+@contextmanager
+def saved_activations(model: nn.Module) -> Iterator[dict[int, int]]:
+    """Within the block, the distinct storages autograd saves for backward (parameters excluded), by address."""
     param_storages = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -48,6 +49,13 @@ def measure_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield saved
+
+
+def measure_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
+                   loss_fn: Callable[[], torch.Tensor]) -> dict[str, int]:
+    """Run one step (forward, backward, optimizer step) and return this rank's bytes per category."""
+    with saved_activations(model) as saved:
         loss = loss_fn()
     loss.backward()
     optimizer.step()

@@ -1,0 +1,268 @@
+"""Layout planner: per-rank memory by category and per-step communication of each parallel layout, predicted.
+
+The model is described once by :func:`model_facts` (parameter shapes, FSDP2 units, the tensor-parallel plan,
+attention widths); everything else is arithmetic on those facts and the layout's degrees:
+
+* parameters, gradients (fp32) and AdamW state (two fp32 tensors) per rank: a tensor-parallel plan splits
+  column-wise weights and biases on dim 0 and row-wise weights on dim 1 (a row-wise bias stays replicated);
+  FSDP2 then shards dim 0 of every local tensor over its ranks, padded to a multiple of them (rank 0 holds
+  the padded share, the largest); DDP and single replicate everything.
+* activations are **measured**, not derived: the bytes autograd saves in one single-process forward of the
+  per-rank shard shape (batch/dp windows of window/cp steps), by :func:`worldpipe.parallel.memory.saved_activations`
+  (the caller passes them in). Tensor parallelism is not applied to that forward, so a tp layout's
+  activations are an upper bound (only the q/k/v and MLP-hidden activations would be split by tp).
+* KV/recurrent state is the rollout state (``observe_context``) of this rank's windows, measured the same
+  way and divided by tp (attention heads are split by it).
+* communication per rank and step, bytes of the tensors handed to each collective and the number of calls:
+  DDP all_reduce of the gradients (rounds: DDP buckets of 1 MiB then 25 MiB, approximate when > 1 MiB);
+  FSDP2 all_gather of each unit's padded parameters in forward and again in backward (the root is not
+  resharded after forward) and reduce_scatter of each unit's padded gradients; tensor-parallel all_reduce
+  of each row-wise module's output in forward and of each column-wise module's input gradient in backward;
+  ring-attention sends of the stacked key/value block, (cp-1) in forward and cp in backward (blocks travel
+  with their gradient accumulators, then the accumulators take one last hop) per attention layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from worldpipe.config.identity import ConfigError, to_container
+from worldpipe.parallel.layout import fsdp_units, validate_layout
+from worldpipe.parallel.memory import BYTES_ADAM, BYTES_GRAD, BYTES_PARAM
+
+DDP_FIRST_BUCKET, DDP_BUCKET = 1 << 20, 25 << 20  # torch DDP's first bucket cap and bucket_cap_mb default
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "state")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: its FSDP2 unit (-1: the root), shape, and tensor-parallel style (col, row or None)."""
+    unit: int
+    shape: tuple[int, ...]
+    tp: str | None = None
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the predictions need to know of a model (from :func:`model_facts`)."""
+    params: tuple[Param, ...]
+    tp_modules: tuple[tuple[str, int, int], ...] = ()  # (style, in_features, out_features) per planned Linear
+    attention_widths: tuple[int, ...] = ()  # key width of each attention layer (ring attention under cp)
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """A layout on a world size: strategy and the dp, tp, cp degrees."""
+    strategy: str
+    dp: int
+    tp: int
+    cp: int
+
+    @property
+    def grad_sync(self) -> tuple[str, int]:
+        """How gradients are synchronized (``fsdp``, ``ddp`` or ``none``) and over how many ranks (as Layout.wrap)."""
+        if self.tp > 1:
+            return ("fsdp", self.dp * self.cp) if self.dp * self.cp > 1 else ("none", 1)
+        ranks = self.dp * self.cp
+        if ranks == 1 or self.strategy == "none":
+            return "none", 1
+        return ("fsdp" if self.strategy == "fsdp2" else "ddp"), ranks
+
+
+@dataclass
+class Prediction:
+    """One layout's prediction, or the reason it is ruled out."""
+    name: str
+    degrees: Degrees | None = None
+    memory: dict[str, int] = field(default_factory=dict)
+    comm: dict[str, dict[str, int]] = field(default_factory=dict)
+    refused: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        """Predicted bytes per rank, all categories."""
+        return sum(self.memory.values())
+
+    @property
+    def comm_bytes(self) -> int:
+        """Predicted bytes handed to collectives per rank and step."""
+        return sum(c["bytes"] for c in self.comm.values())
+
+
+def model_facts(model: nn.Module) -> ModelFacts:
+    """Parameter shapes by FSDP2 unit, the tensor-parallel plan's Linear modules, and the attention layers'
+    key widths (modules with ``head_dim`` and a ``key`` Linear) of a built, unwrapped model."""
+    units = {id(p): index for index, unit in enumerate(fsdp_units(model)) for p in unit.parameters()}
+    styles: dict[str, str] = {}
+    tp_modules = []
+    if getattr(getattr(model, "parallel", None), "tensor_parallel", False):
+        from torch.distributed.tensor.parallel import ColwiseParallel
+
+        modules = dict(model.named_modules())
+        for path, style in model.tensor_parallel_plan().items():
+            kind = "col" if isinstance(style, ColwiseParallel) else "row"
+            styles[path] = kind
+            tp_modules.append((kind, modules[path].in_features, modules[path].out_features))
+    params = []
+    for name, p in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        params.append(Param(units.get(id(p), -1), tuple(p.shape), styles.get(owner), leaf == "bias"))
+    widths = tuple(m.key.out_features for m in model.modules()
+                   if hasattr(m, "head_dim") and isinstance(getattr(m, "key", None), nn.Linear))
+    return ModelFacts(tuple(params), tuple(tp_modules), widths)
+
+
+def _tp_local(p: Param, tp: int) -> tuple[int, ...]:
+    if tp == 1 or p.tp is None or (p.tp == "row" and p.bias):
+        return p.shape
+    if p.tp == "col":
+        return (p.shape[0] // tp, *p.shape[1:])
+    return (p.shape[0], p.shape[1] // tp, *p.shape[2:])
+
+
+def _padded(shape: tuple[int, ...], ranks: int) -> tuple[int, int]:
+    """(this rank's padded shard numel, the padded full numel) of dim-0 sharding over ``ranks``."""
+    rest = math.prod(shape[1:])
+    rows = math.ceil(shape[0] / ranks) if shape else 1
+    return rows * rest, rows * ranks * rest
+
+
+def parameters_per_rank(facts: ModelFacts, d: Degrees) -> int:
+    """Parameter values this rank holds (rank 0: the largest FSDP2 share)."""
+    kind, ranks = d.grad_sync
+    total = 0
+    for p in facts.params:
+        local = _tp_local(p, d.tp)
+        total += _padded(local, ranks)[0] if kind == "fsdp" else math.prod(local)
+    return total
+
+
+def predict_memory(facts: ModelFacts, d: Degrees, activations: int, state: int) -> dict[str, int]:
+    """Bytes per rank by category; ``activations`` and ``state`` measured at the per-rank shard shape."""
+    count = parameters_per_rank(facts, d)
+    return {"parameters": count * BYTES_PARAM, "gradients": count * BYTES_GRAD,
+            "optimizer_state": count * BYTES_ADAM, "activations": activations, "state": state // d.tp}
+
+
+def _ddp_rounds(nbytes: int) -> int:
+    return 1 if nbytes <= DDP_FIRST_BUCKET else 1 + math.ceil((nbytes - DDP_FIRST_BUCKET) / DDP_BUCKET)
+
+
+def _grad_sync_comm(facts: ModelFacts, d: Degrees) -> dict[str, dict[str, int]]:
+    kind, ranks = d.grad_sync
+    if kind == "ddp":
+        nbytes = sum(math.prod(p.shape) for p in facts.params) * BYTES_GRAD
+        return {"all_reduce(gradients)": {"bytes": nbytes, "rounds": _ddp_rounds(nbytes)}}
+    if kind != "fsdp":
+        return {}
+    unit_bytes: dict[int, int] = {}
+    for p in facts.params:
+        unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _padded(_tp_local(p, d.tp), ranks)[1] * BYTES_PARAM
+    regathered = {u: b for u, b in unit_bytes.items() if u != -1}  # the root stays unsharded after forward
+    return {"all_gather(parameters)": {"bytes": sum(unit_bytes.values()) + sum(regathered.values()),
+                                       "rounds": len(unit_bytes) + len(regathered)},
+            "reduce_scatter(gradients)": {"bytes": sum(unit_bytes.values()), "rounds": len(unit_bytes)}}
+
+
+def predict_comm(facts: ModelFacts, d: Degrees, batch: int, window: int) -> dict[str, dict[str, int]]:
+    """Bytes and calls per collective on one rank in one training step (``batch`` windows in all)."""
+    comm = _grad_sync_comm(facts, d)
+    tokens = (batch // d.dp) * (window // d.cp)
+    if d.tp > 1:
+        rows = [out for style, _, out in facts.tp_modules if style == "row"]
+        cols = [inp for style, inp, _ in facts.tp_modules if style == "col"]
+        comm["all_reduce(activations)"] = {"bytes": tokens * (sum(rows) + sum(cols)) * BYTES_PARAM,
+                                           "rounds": len(rows) + len(cols)}
+    if d.cp > 1 and facts.attention_widths:
+        blocks = [2 * tokens * (width // d.tp) * BYTES_PARAM for width in facts.attention_widths]  # K and V
+        comm["send(kv ring)"] = {"bytes": sum((d.cp - 1) * 3 * kv + kv for kv in blocks),
+                                 "rounds": len(blocks) * (2 * d.cp - 1)}
+    return comm
+
+
+def degrees(parallel_cfg: Mapping[str, Any], world_size: int) -> Degrees:
+    """The layout's degrees on ``world_size`` ranks (after :func:`validate_layout` accepted it)."""
+    tp, cp = int(parallel_cfg.get("tensor_parallel", 1)), int(parallel_cfg.get("context_parallel", 1))
+    return Degrees(str(parallel_cfg["strategy"]), world_size // (tp * cp), tp, cp)
+
+
+def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world_size: int, facts: ModelFacts,
+         measured: Mapping[tuple[int, int], tuple[int, int]]) -> list[Prediction]:
+    """Predict every layout of ``layouts`` (name -> parallel config) for ``cfg``'s model, data and trainer.
+
+    ``measured`` maps a shard shape (windows, steps) to its measured (activation bytes, state bytes); the
+    caller measures the shapes :func:`shard_shapes` lists. A layout that cannot run is kept with its reason.
+    """
+    c = to_container(cfg)
+    batch, window = int(c["trainer"]["batch_size"]), int(c["data"]["window"])
+    out = []
+    for name, parallel in layouts.items():
+        try:
+            validate_layout({**c, "parallel": dict(parallel)}, world_size)
+        except ConfigError as err:
+            out.append(Prediction(name, refused=str(err)))
+            continue
+        d = degrees(parallel, world_size)
+        if batch % d.dp:
+            out.append(Prediction(name, d, refused=f"config key 'trainer.batch_size': {batch} windows do not "
+                                                   f"split over {d.dp} data-parallel ranks"))
+            continue
+        activations = measured[(batch // d.dp, window // d.cp)][0]
+        state = measured[(batch // d.dp, window)][1]  # rollouts hold the whole window
+        out.append(Prediction(name, d, predict_memory(facts, d, activations, state),
+                              predict_comm(facts, d, batch, window)))
+    return out
+
+
+def shard_shapes(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]],
+                 world_size: int) -> set[tuple[int, int]]:
+    """The (windows, steps) shapes whose single-process forward :func:`plan` needs measured."""
+    c = to_container(cfg)
+    batch, window = int(c["trainer"]["batch_size"]), int(c["data"]["window"])
+    shapes = set()
+    for parallel in layouts.values():
+        d = degrees(parallel, world_size)
+        if d.dp * d.tp * d.cp == world_size and batch % d.dp == 0 and window % d.cp == 0:
+            shapes |= {(batch // d.dp, window // d.cp), (batch // d.dp, window)}
+    return shapes
+
+
+def rank(predictions: list[Prediction], budget_bytes: int | None) -> list[Prediction]:
+    """Layouts that run and fit the budget, least communication first (then least memory); others after,
+    each with its reason (over budget, or why it cannot run)."""
+    fits, others = [], []
+    for p in predictions:
+        if p.refused is None and budget_bytes is not None and p.total_bytes > budget_bytes:
+            p.refused = f"needs {p.total_bytes / 2**20:.3f} MiB per rank, over the budget of {budget_bytes / 2**20:.4g} MiB"
+        (others if p.refused else fits).append(p)
+    return sorted(fits, key=lambda p: (p.comm_bytes, p.total_bytes)) + others
+
+
+def as_dict(p: Prediction) -> dict[str, Any]:
+    """A prediction as JSON-ready data."""
+    d = p.degrees
+    return {"layout": p.name, "fits": p.refused is None, "reason": p.refused,
+            "degrees": None if d is None else {"strategy": d.strategy, "dp": d.dp, "tp": d.tp, "cp": d.cp},
+            "memory_bytes": p.memory, "total_bytes": p.total_bytes if p.memory else None,
+            "comm": p.comm, "comm_bytes": p.comm_bytes if p.memory else None}
+
+
+def table(ranked: list[Prediction]) -> str:
+    """The ranked layouts as a text table (KiB per rank; communication per step), then the ruled-out ones."""
+    head = (f"{'#':>2} {'layout':8} {'dp×tp×cp':9} " + " ".join(f"{c[:9]:>9}" for c in CATEGORIES)
+            + f" {'total':>9}  communication per step (KiB, calls)")
+    lines = ["memory per rank in KiB (" + ", ".join(CATEGORIES) + ")", head]
+    for i, p in enumerate(x for x in ranked if x.refused is None):
+        d = p.degrees
+        comm = "; ".join(f"{k} {v['bytes'] / 1024:.1f}×{v['rounds']}" for k, v in p.comm.items()) or "none"
+        lines.append(f"{i + 1:>2} {p.name:8} {f'{d.dp}×{d.tp}×{d.cp}':9} "
+                     + " ".join(f"{p.memory[c] / 1024:9.1f}" for c in CATEGORIES)
+                     + f" {p.total_bytes / 1024:9.1f}  {comm}")
+    lines += [f"   {p.name:8} ruled out: {p.refused}" for p in ranked if p.refused is not None]
+    return "\n".join(lines)

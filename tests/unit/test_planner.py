@@ -1,0 +1,79 @@
+"""Planner arithmetic on the smoke transformer's facts: ZeRO sharding with FSDP2 padding, tensor-parallel
+splits, the collectives of each layout, refusals with validate_layout's reason, and the budget ranking."""
+
+from __future__ import annotations
+
+from worldpipe.models.transformer import CausalTransformer
+from worldpipe.parallel import planner
+from worldpipe.parallel.planner import Degrees
+
+CFG = {"model": {"_target_": "worldpipe.models.transformer.CausalTransformer", "width": 16, "heads": 2,
+                 "layers": 1, "mlp_ratio": 2},
+       "data": {"window": 16}, "trainer": {"batch_size": 8}}
+PARAMS = 2404  # 3+1 inputs -> width 16, one block (mlp_ratio 2), head to 3+1 outputs
+
+
+def facts():
+    return planner.model_facts(CausalTransformer(3, 1, width=16, heads=2, layers=1))
+
+
+def test_parameters_per_rank_follow_zero_and_the_tp_plan():
+    f = facts()
+    assert planner.parameters_per_rank(f, Degrees("ddp", 2, 1, 1)) == PARAMS
+    # FSDP2 pads dim 0 to a multiple of the ranks: the 4-row head weight and bias over 3 ranks hold 2 rows.
+    assert planner.parameters_per_rank(f, Degrees("fsdp2", 2, 1, 1)) == PARAMS // 2
+    assert planner.parameters_per_rank(f, Degrees("fsdp2", 3, 1, 1)) > PARAMS / 3
+    # tp=2: q,k,v,mlp.0 (weight+bias) and out,mlp.2 (weight) halve; the rest (and row-wise biases) stays whole.
+    split = 3 * (256 + 16) + (512 + 32) + 256 + 512
+    assert planner.parameters_per_rank(f, Degrees("none", 1, 2, 1)) == PARAMS - split // 2
+
+
+def test_communication_of_each_layout():
+    f = facts()
+    ddp = planner.predict_comm(f, Degrees("ddp", 2, 1, 1), 8, 16)
+    assert ddp == {"all_reduce(gradients)": {"bytes": PARAMS * 4, "rounds": 1}}
+    fsdp = planner.predict_comm(f, Degrees("fsdp2", 2, 1, 1), 8, 16)
+    # embed, blocks.0, norm, head: gathered in forward and again in backward, gradients scattered once.
+    assert fsdp["all_gather(parameters)"] == {"bytes": 2 * PARAMS * 4, "rounds": 8}
+    assert fsdp["reduce_scatter(gradients)"] == {"bytes": PARAMS * 4, "rounds": 4}
+    tp = planner.predict_comm(f, Degrees("none", 1, 2, 1), 8, 16)
+    assert tp == {"all_reduce(activations)": {"bytes": 6 * 8 * 16 * 16 * 4, "rounds": 6}}
+    cp = planner.predict_comm(f, Degrees("ddp", 1, 1, 2), 8, 16)
+    kv = 2 * 8 * 8 * 16 * 4
+    assert cp["send(kv ring)"] == {"bytes": 3 * kv + kv, "rounds": 3}
+
+
+def test_plan_refuses_with_the_layout_reason_and_ranks_within_budget():
+    layouts = {"single": {"strategy": "none", "data_parallel": 1},
+               "ddp": {"strategy": "ddp", "data_parallel": None},
+               "fsdp2": {"strategy": "fsdp2", "data_parallel": None},
+               "tp4": {"strategy": "none", "tensor_parallel": 4, "data_parallel": 1}}
+    shapes = planner.shard_shapes(CFG, layouts, 4)
+    measured = {shape: (1000, 100) for shape in shapes}
+    ranked = planner.rank(planner.plan(CFG, layouts, 4, facts(), measured), budget_bytes=30_000)
+    by_name = {p.name: p for p in ranked}
+    assert "mesh of 1 ranks" in by_name["single"].refused
+    assert "must divide the model's 2 attention heads" in by_name["tp4"].refused
+    assert "over the budget" in by_name["ddp"].refused  # 16 bytes per parameter: 38 KiB
+    assert ranked[0].name == "fsdp2" and ranked[0].refused is None
+    assert "fsdp2" in planner.table(ranked) and "ruled out" in planner.table(ranked)
+
+
+def test_plan_command_ranks_the_conf_layouts_and_says_why_not(capsys):
+    from worldpipe.cli import main
+
+    assert main(["plan", "experiment=smoke_transformer", "world_size=4", "memory_mb=0.06"]) == 0
+    out = capsys.readouterr().out
+    ranked = [line.split()[1] for line in out.splitlines() if line[:2].strip().isdigit()]
+    assert ranked == ["fsdp2"]  # the only layout under 60 KiB per rank on 4 ranks
+    for name in ("single", "tp", "cp"):  # meshes of 1 or 2 ranks: the layout check's reason, by key
+        assert f"{name:8} ruled out: config key 'parallel.nproc_per_node'" in out
+    assert "ddp      ruled out: needs" in out
+
+
+def test_plan_command_needs_a_world_size_one_line(capsys):
+    from worldpipe.cli import main
+
+    assert main(["plan", "experiment=smoke_transformer"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: argument 'world_size': required, a positive integer (world_size=4)"]
