@@ -11,7 +11,10 @@ from worldpipe.core.atomic import write_text_atomic
 
 
 def register(sub) -> None:
-    train = sub.add_parser("train", help="train under torchrun (Hydra overrides follow, e.g. trainer.steps=100)")
+    # `worldpipe train ...` never reaches argparse (worldpipe.cli hands it to the Hydra app, commands/train.py);
+    # registered so that `worldpipe --help` lists it.
+    train = sub.add_parser("train", help="train under torchrun: a Hydra app (overrides such as trainer.steps=100, "
+                                         "--cfg job, --help, -m)")
     train.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
     train.set_defaults(handler=_train, accepts_overrides=True)
 
@@ -32,9 +35,9 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
-    from worldpipe.launch.launcher import launch_training, main_env_endpoint
+    from worldpipe.commands.train import launch
 
-    return launch_training(args.overrides, main_env_endpoint())
+    return launch(args.overrides)
 
 
 def _evaluate(args) -> int:

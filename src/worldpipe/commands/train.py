@@ -1,0 +1,135 @@
+"""`worldpipe train`: the Hydra application that launches training (preflight, run lock, torchrun).
+
+Plain overrides (``worldpipe train experiment=smoke trainer.lr=3e-4``) go straight to the launcher; Hydra's own
+flags (``--cfg job``, ``--help``, ``--hydra-help``, ``--info``, ``-m``/``--multirun``, ``--shell-completion``)
+run the same launch as a ``@hydra.main`` task, so they behave as in any Hydra app. A multirun (basic sweeper,
+jobs one after the other on this machine) trains each job into its own directory below ``hydra.sweep.dir``
+unless the overrides name a ``run_dir``.
+
+Without ``data.store``/``data.manifest`` the dataset is found by spec, as the pipeline finds it
+(:func:`worldpipe.pipeline.plan.locate_dataset`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+PROG = "worldpipe train"
+# Hydra's flags (hydra._internal.utils.get_args_parser); anything else is an override.
+HYDRA_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package",
+                         "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path",
+                         "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info",
+                         "-i"})
+# conf/ directories that are not training config: the pipeline's configs (Snakemake's, not Hydra's).
+NOT_TRAINING_GROUPS = frozenset({"pipeline"})
+HELP_GROUPS_RESOLVER = "worldpipe_train_groups"
+
+
+def wants_hydra(argv: Sequence[str]) -> bool:
+    """True when the command line holds one of Hydra's flags (not only overrides)."""
+    return any(arg.split("=", 1)[0] in HYDRA_FLAGS for arg in argv)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`worldpipe train ARGS`: launch the overrides, or run Hydra's app when a Hydra flag is given."""
+    if wants_hydra(argv):
+        return _hydra_app(list(argv))
+    return launch(list(argv))
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_dataset(overrides: list[str]) -> list[str]:
+    """``overrides`` plus data.store/data.manifest of the dataset found by spec, when neither is given."""
+    given = {_key(o) for o in overrides if "=" in o}
+    if "data.store" in given and "data.manifest" in given:
+        return overrides
+    from omegaconf import OmegaConf
+
+    from worldpipe.core.errors import UsageError
+    from worldpipe.launch.preflight import checked_config
+    from worldpipe.pipeline.plan import locate_dataset
+
+    data = checked_config(overrides).data  # a bad value is named before a missing dataset
+    missing = [key for key in ("store", "manifest") if OmegaConf.is_missing(data, key)]
+    if not missing:
+        return overrides
+    if len(missing) == 1:
+        raise UsageError(f"config key 'data.{missing[0]}': missing; pass data.store and data.manifest together "
+                         "(or neither: the dataset is then found by spec)")
+    experiment = next((o.split("=", 1)[1] for o in overrides if _key(o) == "experiment" and "=" in o), None)
+    dataset = locate_dataset(str(data.name), experiment)
+    from worldpipe.config import paths
+
+    print(f"data: {dataset.dir} (dataset {dataset.name!r}, found by spec)", file=sys.stderr)
+    return [*overrides, f"data.store={dataset.dir}/{paths.STORE_NAME}",
+            f"data.manifest={dataset.dir}/{paths.MANIFEST_NAME}"]
+
+
+def launch(overrides: list[str]) -> int:
+    """Find the dataset if needed, then preflight and train (:func:`worldpipe.launch.launcher.launch_training`)."""
+    from worldpipe.launch.launcher import launch_training, main_env_endpoint
+
+    return launch_training(with_dataset(overrides), main_env_endpoint())
+
+
+def training_groups() -> str:
+    """The training config groups and their options, one line each (what `worldpipe train --help` lists)."""
+    from worldpipe.config.paths import CONF_DIR
+    from worldpipe.config.schema import SCHEMA_NAME
+
+    lines = []
+    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in NOT_TRAINING_GROUPS):
+        options = sorted(f.stem for f in group.glob("*.yaml") if f.stem != SCHEMA_NAME)
+        lines.append(f"{group.name}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+def _hydra_app(argv: list[str]) -> int:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from worldpipe.config.paths import CONF_DIR
+    from worldpipe.config.schema import register_schemas
+    from worldpipe.core.errors import report
+
+    register_schemas()
+    if not OmegaConf.has_resolver(HELP_GROUPS_RESOLVER):
+        OmegaConf.register_new_resolver(HELP_GROUPS_RESOLVER, training_groups)
+    codes: list[int] = []
+
+    def task(_cfg) -> None:
+        hydra_cfg = HydraConfig.get()
+        overrides = list(hydra_cfg.overrides.task)
+        if hydra_cfg.mode == RunMode.MULTIRUN and "run_dir" not in {_key(o) for o in overrides}:
+            overrides.append(f"run_dir={hydra_cfg.runtime.output_dir}")  # one run directory per job
+        try:
+            codes.append(launch(overrides))
+        except Exception as err:  # noqa: BLE001 - one line per failed job (errors.report); the sweep goes on
+            codes.append(report(err, getattr(err, "log_file", None)))
+
+    # Hydra parses sys.argv; its help names the command, and its completion script the executable it binds to
+    # (the script then calls `worldpipe -sc query=bash`, see worldpipe.cli).
+    completion = any(a.split("=", 1)[0] in ("-sc", "--shell-completion") for a in argv)
+    sys.argv = ["worldpipe" if completion else PROG, *argv]
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
+    return max(codes, default=0)
+
+
+def complete(argv: list[str], commands: Sequence[str]) -> int:
+    """`worldpipe -sc query=bash`, as the completion script calls it: `worldpipe train`'s overrides (Hydra's
+    completion of groups, options and keys), or the names of the ``commands``."""
+    import os
+
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()
+    if len(words) >= 2 and words[1] == "train" and (len(words) > 2 or line.endswith(" ")):
+        os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]]) + (" " if line.endswith(" ") else "")
+        return _hydra_app(argv)
+    print(" ".join(sorted(commands)))
+    return 0
