@@ -173,6 +173,7 @@ def _substitutions(project: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two pipelines and a dozen trainings on 2 cores
 def test_readme_commands_on_the_smoke_pipelines_run_as_written(project_env):
     project, env = project_env
     commands = readme_commands()
@@ -180,4 +181,5 @@ def test_readme_commands_on_the_smoke_pipelines_run_as_written(project_env):
         run_in(project, command, env, timeout=1800)
     substitutions = _substitutions(project)
     for command in [c for c in commands if c.tier == "slow"]:
+        print(f"README line {command.line}: {command.text.splitlines()[0]}", flush=True)  # progress under -s
         run_in(project, command, env, substitutions)
