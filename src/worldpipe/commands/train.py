@@ -70,10 +70,49 @@ def with_dataset(overrides: list[str]) -> list[str]:
 
 
 def launch(overrides: list[str]) -> int:
-    """Find the dataset if needed, then preflight and train (:func:`worldpipe.launch.launcher.launch_training`)."""
+    """Find the dataset if needed, preflight and train (:func:`worldpipe.launch.launcher.launch_training`), then
+    one line naming the run directory and the MLflow run's page (in the UI's Model training view)."""
+    import os
+
     from worldpipe.launch.launcher import launch_training, main_env_endpoint
 
-    return launch_training(with_dataset(overrides), main_env_endpoint())
+    # MLflow's own "View run" line opens the UI's GenAI layout; the closing line below links the right view.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    overrides = with_dataset(overrides)
+    code = launch_training(overrides, main_env_endpoint())
+    if code == 0:
+        print(closing_line(overrides), flush=True)
+    return code
+
+
+def closing_line(overrides: list[str]) -> str:
+    """`run directory: R; MLflow run: URL` for the finished run the overrides describe."""
+    import json
+    from pathlib import Path
+
+    from worldpipe.config import paths
+    from worldpipe.config.compose import compose_config
+
+    cfg = compose_config(overrides)
+    run_dir = Path(str(cfg.run_dir))
+    try:
+        run_id = json.loads((run_dir / paths.COMPLETION_RECORD).read_text()).get("mlflow_run_id")
+    except (OSError, ValueError):
+        run_id = None
+    return f"run directory: {run_dir}; MLflow run: {_run_link(cfg, run_id) if run_id else 'none (tracking off)'}"
+
+
+def _run_link(cfg, run_id: str) -> str:
+    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.links import run_url
+    from worldpipe.tracking.recorder import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg.tracking.uri)
+    try:
+        experiment_id = client_for(uri).get_run(run_id).info.experiment_id
+    except Exception as err:  # noqa: BLE001 - an unreachable server still gets the run named
+        return f"{run_id} (at {uri}; not reachable now: {type(err).__name__})"
+    return run_url(uri, experiment_id, run_id)
 
 
 def training_groups() -> str:
@@ -90,6 +129,7 @@ def training_groups() -> str:
 
 def _hydra_app(argv: list[str]) -> int:
     import hydra
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
@@ -108,10 +148,15 @@ def _hydra_app(argv: list[str]) -> int:
         overrides = list(hydra_cfg.overrides.task)
         if hydra_cfg.mode == RunMode.MULTIRUN and "run_dir" not in {_key(o) for o in overrides}:
             overrides.append(f"run_dir={hydra_cfg.runtime.output_dir}")  # one run directory per job
+        hydra_state = GlobalHydra.instance().hydra  # the launcher composes with Hydra's compose API, which needs
+        GlobalHydra.instance().clear()             # it uninitialized; the sweep needs it back for the next job
         try:
             codes.append(launch(overrides))
         except Exception as err:  # noqa: BLE001 - one line per failed job (errors.report); the sweep goes on
             codes.append(report(err, getattr(err, "log_file", None)))
+        finally:
+            GlobalHydra.instance().clear()
+            GlobalHydra.instance().initialize(hydra_state)
 
     # Hydra parses sys.argv; its help names the command, and its completion script the executable it binds to
     # (the script then calls `worldpipe -sc query=bash`, see worldpipe.cli).
