@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from worldpipe.commands import bench, ckpt, data, plan, rerun, run, runs, serve, sweep, tracking
+from worldpipe.commands import bench, ckpt, data, plan, rerun, run, runs, serve, sweep, tracking, train
 from worldpipe.core.errors import DEBUG_ENV, report
 
 GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve, sweep, plan)
@@ -27,6 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `worldpipe` console script."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-sc"], ["--shell-completion"]):  # the Hydra completion script asks `worldpipe -sc ...`
+        return _guarded(lambda: train.complete(argv, build_parser()._subparsers._group_actions[0].choices))  # noqa: SLF001
+    debug = [a for a in argv[:2] if a == "--debug"]
+    rest = [a for a in argv[:2] if a != "--debug"] + argv[2:]
+    if rest[:1] == ["train"]:  # the Hydra app: every argument is Hydra's (its flags, overrides), not argparse's
+        if debug or "--debug" in rest:
+            os.environ[DEBUG_ENV] = "1"
+        return _guarded(lambda: train.main([a for a in rest[1:] if a != "--debug"]))
     args, extra = build_parser().parse_known_args(argv)
     if extra and not getattr(args, "accepts_overrides", False):
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
@@ -37,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(getattr(args, "overrides", [])) + extra
     if args.debug:
         os.environ[DEBUG_ENV] = "1"  # inherited by torchrun's workers too
+    return _guarded(lambda: args.handler(args))
+
+
+def _guarded(handler) -> int:
     try:
-        return int(args.handler(args) or 0)
+        return int(handler() or 0)
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001 - every error ends as one line (errors.report), never a traceback

@@ -118,3 +118,24 @@ def test_a_default_written_out_or_left_out_is_the_same_dataset(conf):
     for key in ("pixels", "pixel_size", "compressor"):
         del config["datasets"]["pendulum"][key]
     assert plan(config, conf)[0]["pendulum"].spec_hash == spelled.spec_hash
+
+
+def test_a_direct_training_finds_its_dataset_by_the_spec_of_the_pipeline_that_trains_it(conf, tmp_path,
+                                                                                      monkeypatch):
+    from worldpipe.pipeline.plan import datasets, locate_dataset
+
+    monkeypatch.chdir(tmp_path)
+    smoke = datasets(yaml.safe_load((conf / "pipeline/smoke.yaml").read_text()))["pendulum"]
+    default = datasets(yaml.safe_load((conf / "pipeline/default.yaml").read_text()))["pendulum"]
+    assert smoke.dir != default.dir
+    with pytest.raises(PipelineError, match=r"'data.manifest': dataset 'pendulum' \(spec of .*smoke.yaml\) is not "
+                                            r"built .*snakemake --cores 2 --configfile .*smoke.yaml --until seal"):
+        locate_dataset("pendulum", "smoke", conf)
+    for dataset in (smoke, default):
+        Path(dataset.dir).mkdir(parents=True)
+        (Path(dataset.dir) / paths.MANIFEST_NAME).write_text("{}")
+    assert locate_dataset("pendulum", "smoke", conf) == smoke          # the pipeline that trains `smoke`
+    assert locate_dataset("pendulum", "pendulum_gru", conf) == default  # default.yaml trains it
+    assert locate_dataset("pendulum", None, conf) == default           # else default.yaml first
+    with pytest.raises(PipelineError, match=r"'data.name': dataset 'cartpole' is declared in no conf/pipeline"):
+        locate_dataset("cartpole", "cartpole_rssm", conf)

@@ -15,9 +15,12 @@ BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", 
 
 
 def register(sub) -> None:
-    bench = sub.add_parser("bench", help=f"benchmarks; writes JSON and plots under {BENCH_DIR}/")
-    bench.add_argument("name", choices=sorted(BENCHMARKS))
-    bench.set_defaults(handler=_bench, accepts_overrides=True, overrides=[])
+    # No help flag of its own: `worldpipe bench NAME --help` is the benchmark's help (its options), passed on.
+    bench = sub.add_parser("bench", help=f"benchmarks; writes JSON and plots under {BENCH_DIR}/", add_help=False,
+                           usage="worldpipe bench NAME [--help | the benchmark's options]")
+    bench.add_argument("name", nargs="?", choices=sorted(BENCHMARKS),
+                       help="the benchmark; `worldpipe bench NAME --help` lists its options")
+    bench.set_defaults(handler=lambda args: _bench(args, bench), accepts_overrides=True, overrides=[])
 
 
 def cli_options(settings: Mapping[str, object]) -> list[str]:
@@ -36,7 +39,10 @@ def cli_options(settings: Mapping[str, object]) -> list[str]:
     return argv
 
 
-def _bench(args) -> int:
+def _bench(args, parser) -> int:
+    if args.name is None:
+        parser.print_help()
+        return 0 if {"-h", "--help"} & set(args.overrides) else 2
     script = PROJECT_ROOT / "benchmarks" / BENCHMARKS[args.name]
     sys.argv = [str(script), *args.overrides]
     try:

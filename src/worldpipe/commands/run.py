@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 from worldpipe.core.atomic import write_text_atomic
 
-# A multi-node run started by hand: every node's `worldpipe train` joins this rendezvous.
-RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "WORLDPIPE_RDZV_ENDPOINT", "WORLDPIPE_RDZV_ID"
-
 
 def register(sub) -> None:
-    train = sub.add_parser("train", help="train under torchrun (Hydra overrides follow, e.g. trainer.steps=100); "
-                                         "in a SLURM batch step, as a job step of its own on parallel.nnodes nodes")
+    # `worldpipe train ...` never reaches argparse (worldpipe.cli hands it to the Hydra app, commands/train.py);
+    # registered so that `worldpipe --help` lists it.
+    train = sub.add_parser("train", help="train under torchrun: a Hydra app (overrides such as trainer.steps=100, "
+                                         "--cfg job, --help, -m)")
     train.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
-    train.add_argument("--dataset-spec-hash", help="(pipeline) the run directory must be named by the hash of this "
-                       "config and this dataset spec; the attempt and how it ended go into its run.json")
-    train.add_argument("--rdzv-endpoint", default=os.environ.get(RDZV_ENDPOINT_ENV) or None,
-                       help=f"HOST:PORT of the nodes' c10d rendezvous (multi-node; default ${RDZV_ENDPOINT_ENV})")
-    train.add_argument("--rdzv-id", default=os.environ.get(RDZV_ID_ENV) or None,
-                       help=f"id the nodes of one run share (default ${RDZV_ID_ENV}, else 'worldpipe')")
-    train.add_argument("--snakemake-rule", help="tag the MLflow run with the Snakemake rule that started it")
-    train.add_argument("--snakemake-job", help="tag the MLflow run with the Snakemake job (experiment, point)")
     train.set_defaults(handler=_train, accepts_overrides=True)
 
     ev = sub.add_parser("evaluate", help="open-loop prediction error vs the repeat-last-observation baseline")
@@ -45,31 +35,9 @@ def register(sub) -> None:
 
 
 def _train(args) -> int:
-    # Imported here, not at the top: with numpy they cost every other command ~0.15 s of start-up.
-    from worldpipe.launch.launcher import prepared_config, start_training
-    from worldpipe.tracking.records import JOB_ENV, RULE_ENV
+    from worldpipe.commands.train import launch
 
-    # Read by the trainer's tracking records, in this process and in its workers.
-    for name, value in ((RULE_ENV, args.snakemake_rule), (JOB_ENV, args.snakemake_job)):
-        if value:
-            os.environ[name] = value
-    if args.dataset_spec_hash is None:
-        return start_training(args.overrides, args.rdzv_endpoint, args.rdzv_id)
-    from worldpipe.core.errors import EXIT_FAILURE, classify
-    from worldpipe.pipeline.run_index import begin, end
-
-    cfg = prepared_config(args.overrides)  # composed once: the run directory's check and the launch share it
-    record = begin(cfg.run_dir, args.dataset_spec_hash, args.overrides, cfg)
-    print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}", flush=True)
-    code = EXIT_FAILURE
-    try:
-        code = start_training(args.overrides, args.rdzv_endpoint, args.rdzv_id, cfg)
-    except Exception as err:
-        code = classify(err) or EXIT_FAILURE
-        raise
-    finally:
-        end(cfg.run_dir, code)
-    return code
+    return launch(args.overrides)
 
 
 def _evaluate(args) -> int:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import ArgumentDefaultsHelpFormatter
 from pathlib import Path
 
 
 def register(sub) -> None:
-    srv = sub.add_parser("serve", help="serve imagination rollouts of the newest loadable checkpoint over HTTP")
-    srv.add_argument("checkpoint_dir", help="checkpoints/ of a run (or one step-NNNNNN directory: no reloads)")
+    srv = sub.add_parser("serve", help="serve imagination rollouts of the newest loadable checkpoint over HTTP",
+                         formatter_class=ArgumentDefaultsHelpFormatter)
+    srv.add_argument("checkpoint_dir", help="checkpoints/ of a run, resolved once at start (or one step-NNNNNN directory)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     srv.add_argument("--port-file", help="write the bound port here once listening")
@@ -22,7 +24,9 @@ def register(sub) -> None:
     srv.add_argument("--cache-mb", type=float, default=64)
     srv.add_argument("--session-budget-mb", type=float, default=64, help="memory budget of all session state")
     srv.add_argument("--session-idle-s", type=float, default=600, help="close sessions idle this long")
-    srv.add_argument("--poll-s", type=float, default=2.0, help="how often to look for a newer checkpoint")
+    srv.add_argument("--poll-s", type=float, default=0.0,
+                     help="look for a newer step of the same run this often; 0: serve the version resolved at "
+                          "start until POST /reload or a restart")
     srv.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     srv.set_defaults(handler=_serve)
 

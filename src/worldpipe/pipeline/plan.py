@@ -164,3 +164,54 @@ def launch_overrides(run: Run) -> list[str]:
 def comparison_id(runs: Mapping[str, Run]) -> str:
     """Directory name of a comparison of these runs: an edit and its undo return to the same name."""
     return paths.short(canonical_hash({"runs": sorted((r.experiment, r.run_hash, r.eval_hash) for r in runs.values())}))
+
+
+def _pipeline_configs(conf: Path, experiment: str | None) -> list[tuple[Path, dict[str, Any]]]:
+    """conf/pipeline/*.yaml, those that train ``experiment`` first, then default.yaml, then by name."""
+    from omegaconf import OmegaConf
+
+    found = []
+    for file in sorted((conf / "pipeline").glob("*.yaml")):
+        config = OmegaConf.to_container(OmegaConf.load(file), resolve=True)
+        if isinstance(config, dict) and isinstance(config.get("datasets"), dict):
+            found.append((file, config))
+
+    def rank(item: tuple[Path, dict[str, Any]]) -> tuple[int, int]:
+        file, config = item
+        trained = [*(config.get("experiments") or []), (config.get("sweep") or {}).get("experiment")]
+        return (0 if experiment in trained else 1, 0 if file.stem == "default" else 1)
+
+    return sorted(found, key=rank)
+
+
+def locate_dataset(name: str, experiment: str | None, conf: Path | None = None) -> Dataset:
+    """The built dataset ``name`` as the pipeline addresses it: by the spec hash of its `datasets:` entry.
+
+    The pipeline configs that train ``experiment`` are asked first, then conf/pipeline/default.yaml, then the
+    others; the first whose dataset directory holds a manifest wins. PipelineError (one line) says which
+    command builds the dataset when none is built, or where to declare it when no pipeline config does.
+    """
+    conf = conf or paths.conf_dir()
+    declared: list[tuple[Path, Dataset]] = []
+    for file, config in _pipeline_configs(conf, experiment):
+        if name in config["datasets"]:
+            dataset = datasets(config)[name]
+            if (Path(dataset.dir) / paths.MANIFEST_NAME).is_file():
+                return dataset
+            declared.append((file, dataset))
+    if not declared:
+        raise PipelineError(f"config key 'data.name': dataset {name!r} is declared in no conf/pipeline/*.yaml "
+                            "(datasets:); declare it there beside an experiment that trains on it and build it "
+                            "with `snakemake --cores 2 --configfile FILE --until seal_dataset`, or pass "
+                            "data.store=... data.manifest=...")
+    file, dataset = declared[0]
+    raise PipelineError(f"config key 'data.manifest': dataset {name!r} (spec of {_relative(file)}) is not built "
+                        f"at {dataset.dir}; build it with `snakemake --cores 2 --configfile {_relative(file)} "
+                        "--until seal_dataset`, or pass data.store=... data.manifest=...")
+
+
+def _relative(file: Path) -> str:
+    try:
+        return str(file.relative_to(Path.cwd()))
+    except ValueError:
+        return str(file)

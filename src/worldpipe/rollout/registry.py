@@ -4,8 +4,10 @@ The *model version* of a checkpoint is its state digest (:func:`worldpipe.checkp
 ``worldpipe ckpt digest`` prints): a content hash of the whole training state, so two directories holding the
 same bits are the same version and a newly published step under the same run is a different one.
 
-The registry follows a checkpoint directory: :meth:`ModelRegistry.refresh` loads the newest loadable step when it
-changed. Older versions stay loaded while a session still uses them (:meth:`ModelRegistry.pin`); a version
+The registry resolves its checkpoint path once (a ``latest`` link is followed when the server starts, never
+again: a pipeline that moves ``latest`` to another run does not change what is served) and
+:meth:`ModelRegistry.refresh` loads the newest loadable step of that run when it changed. Older versions stay
+loaded while a session still uses them (:meth:`ModelRegistry.pin`); a version
 nobody pins is dropped at the next refresh.
 """
 
@@ -95,7 +97,8 @@ class ModelRegistry:
     """The models a server holds: the newest loadable checkpoint of a directory plus versions still pinned."""
 
     def __init__(self, checkpoint_path: str | Path, device: str = "cpu") -> None:
-        self.root, self.fixed_step = split_checkpoint_path(checkpoint_path)
+        root, self.fixed_step = split_checkpoint_path(checkpoint_path)
+        self.root = root.resolve()  # pinned to the run `latest` names now, whatever `latest` names later
         self.device = device
         self._lock = threading.Lock()
         self._models: dict[str, ServedModel] = {}
@@ -126,7 +129,7 @@ class ModelRegistry:
             self._drop_unpinned()
         changed = previous is None or previous.version != self._latest.version
         if changed:
-            log.info("serving step %d, model version %s", step, served.version[:16])
+            log.info("serving %s step %d, model version %s", self.root, step, served.version)
         return changed
 
     def _choose(self) -> int | None:

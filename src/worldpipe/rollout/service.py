@@ -51,7 +51,11 @@ class ServiceConfig:
     cache_bytes: int = 64 << 20
     session_budget_bytes: int = 64 << 20
     session_idle_s: float = 600.0
-    poll_s: float = 2.0
+    poll_s: float = 0.0  # > 0: look for a newer step of the same run this often; 0: serve one version until reload
+
+
+# How often idle sessions are looked for when no checkpoint polling sets the pace.
+SESSION_SWEEP_S = 2.0
 
 
 def _check_matrix(t: torch.Tensor, loc: tuple[str, ...], width: int, max_rows: int, min_rows: int = 1) -> None:
@@ -100,12 +104,20 @@ class RolloutService:
         self.batcher.close()
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.config.poll_s):
-            try:
-                self.registry.refresh()
-            except Exception as exc:  # a bad new checkpoint must not stop serving the current one
-                log.warning("checkpoint refresh failed, still serving %s: %s", self.registry.latest().version, exc)
+        while not self._stop.wait(self.config.poll_s or SESSION_SWEEP_S):
+            if self.config.poll_s > 0:
+                self.reload()
             self.sessions.sweep()
+
+    def reload(self) -> bool:
+        """Serve the newest intact step of the same run if it is newer (POST /reload); True when it changed.
+
+        A checkpoint that fails to load leaves the current version served (warning logged)."""
+        try:
+            return self.registry.refresh()
+        except Exception as exc:  # noqa: BLE001 - a bad new checkpoint must not stop serving the current one
+            log.warning("checkpoint refresh failed, still serving %s: %s", self.registry.latest().version, exc)
+            return False
 
     def _check_context(self, served: ServedModel, obs: torch.Tensor, action: torch.Tensor) -> None:
         limit = self.config.limits.max_context

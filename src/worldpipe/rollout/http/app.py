@@ -121,6 +121,12 @@ def _routes(app: FastAPI) -> None:
                 "obs_dim": latest.obs_dim, "act_dim": latest.act_dim,
                 "limits": service().config.limits.__dict__}
 
+    @app.post("/reload")
+    def reload() -> dict:
+        """Serve the newest intact step of the run the server was started on (never another run)."""
+        changed = service().reload()
+        return {**health(), "changed": changed}
+
     @app.get("/stats")
     def stats() -> dict:
         return service().stats()

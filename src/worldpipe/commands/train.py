@@ -1,0 +1,227 @@
+"""`worldpipe train`: the Hydra application that launches training (preflight, run lock, torchrun).
+
+Plain overrides (``worldpipe train experiment=smoke trainer.lr=3e-4``) go straight to the launcher; Hydra's own
+flags (``--cfg job``, ``--help``, ``--hydra-help``, ``--info``, ``-m``/``--multirun``, ``--shell-completion``)
+run the same launch as a ``@hydra.main`` task, so they behave as in any Hydra app. A multirun (basic sweeper,
+jobs one after the other on this machine) trains each job into its own directory below ``hydra.sweep.dir``
+unless the overrides name a ``run_dir``.
+
+Without ``data.store``/``data.manifest`` the dataset is found by spec, as the pipeline finds it
+(:func:`worldpipe.pipeline.plan.locate_dataset`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+PROG = "worldpipe train"
+# Hydra's flags (hydra._internal.utils.get_args_parser); anything else is an override.
+HYDRA_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package",
+                         "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path",
+                         "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info",
+                         "-i"})
+# conf/ directories that are not training config: the pipeline's configs (Snakemake's, not Hydra's).
+NOT_TRAINING_GROUPS = frozenset({"pipeline"})
+HELP_GROUPS_RESOLVER = "worldpipe_train_groups"
+# A multi-node run started by hand: every node's `worldpipe train` joins this rendezvous.
+RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "WORLDPIPE_RDZV_ENDPOINT", "WORLDPIPE_RDZV_ID"
+
+
+def own_options(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """worldpipe's own options of `worldpipe train` (pipeline and multi-node runs), and the rest (Hydra's)."""
+    parser = argparse.ArgumentParser(prog=PROG, add_help=False, allow_abbrev=False)
+    parser.add_argument("--dataset-spec-hash", help="(pipeline) the run directory must be named by the hash of "
+                        "this config and this dataset spec; the attempt and how it ended go into its run.json")
+    parser.add_argument("--rdzv-endpoint", default=os.environ.get(RDZV_ENDPOINT_ENV) or None,
+                        help=f"HOST:PORT of the nodes' c10d rendezvous (multi-node; default ${RDZV_ENDPOINT_ENV})")
+    parser.add_argument("--rdzv-id", default=os.environ.get(RDZV_ID_ENV) or None,
+                        help=f"id the nodes of one run share (default ${RDZV_ID_ENV}, else 'worldpipe')")
+    parser.add_argument("--snakemake-rule", help="tag the MLflow run with the Snakemake rule that started it")
+    parser.add_argument("--snakemake-job", help="tag the MLflow run with the Snakemake job (experiment, point)")
+    options, rest = parser.parse_known_args(list(argv))
+    return options, rest
+
+
+def wants_hydra(argv: Sequence[str]) -> bool:
+    """True when the command line holds one of Hydra's flags (not only overrides)."""
+    return any(arg.split("=", 1)[0] in HYDRA_FLAGS for arg in argv)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`worldpipe train ARGS`: launch the overrides, or run Hydra's app when a Hydra flag is given."""
+    options, rest = own_options(argv)
+    from worldpipe.tracking.records import JOB_ENV, RULE_ENV
+
+    # Read by the trainer's tracking records, in this process and in its workers.
+    for name, value in ((RULE_ENV, options.snakemake_rule), (JOB_ENV, options.snakemake_job)):
+        if value:
+            os.environ[name] = value
+    if wants_hydra(rest):
+        return _hydra_app(rest)
+    return launch(rest, options)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_dataset(overrides: list[str]) -> list[str]:
+    """``overrides`` plus data.store/data.manifest of the dataset found by spec, when neither is given."""
+    given = {_key(o) for o in overrides if "=" in o}
+    if "data.store" in given and "data.manifest" in given:
+        return overrides
+    from omegaconf import OmegaConf
+
+    from worldpipe.core.errors import UsageError
+    from worldpipe.launch.preflight import checked_config
+    from worldpipe.pipeline.plan import locate_dataset
+
+    data = checked_config(overrides).data  # a bad value is named before a missing dataset
+    missing = [key for key in ("store", "manifest") if OmegaConf.is_missing(data, key)]
+    if not missing:
+        return overrides
+    if len(missing) == 1:
+        raise UsageError(f"config key 'data.{missing[0]}': missing; pass data.store and data.manifest together "
+                         "(or neither: the dataset is then found by spec)")
+    experiment = next((o.split("=", 1)[1] for o in overrides if _key(o) == "experiment" and "=" in o), None)
+    dataset = locate_dataset(str(data.name), experiment)
+    from worldpipe.config import paths
+
+    print(f"data: {dataset.dir} (dataset {dataset.name!r}, found by spec)", file=sys.stderr)
+    return [*overrides, f"data.store={dataset.dir}/{paths.STORE_NAME}",
+            f"data.manifest={dataset.dir}/{paths.MANIFEST_NAME}"]
+
+
+def launch(overrides: list[str], options: argparse.Namespace | None = None) -> int:
+    """Find the dataset if needed, preflight and train (:func:`worldpipe.launch.launcher.start_training`; with
+    ``--dataset-spec-hash``, as an attempt recorded in the run's run.json), then one line naming the run directory
+    and the MLflow run's page (in the UI's Model training view)."""
+    options = options if options is not None else own_options([])[0]
+    # MLflow's own "View run" line opens the UI's GenAI layout; the closing line below links the right view.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    overrides = with_dataset(overrides)
+    if options.dataset_spec_hash is None:
+        from worldpipe.launch.launcher import start_training
+
+        code = start_training(overrides, options.rdzv_endpoint, options.rdzv_id)
+    else:
+        code = _pipeline_attempt(overrides, options)
+    if code == 0:
+        print(closing_line(overrides), flush=True)
+    return code
+
+
+def _pipeline_attempt(overrides: list[str], options: argparse.Namespace) -> int:
+    """A pipeline job's attempt: the run directory checked against the config's hash, begin and end recorded."""
+    from worldpipe.core.errors import EXIT_FAILURE, classify
+    from worldpipe.launch.launcher import prepared_config, start_training
+    from worldpipe.pipeline.run_index import begin, end
+
+    cfg = prepared_config(overrides)  # composed once: the run directory's check and the launch share it
+    record = begin(cfg.run_dir, options.dataset_spec_hash, overrides, cfg)
+    print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}", flush=True)
+    code = EXIT_FAILURE
+    try:
+        code = start_training(overrides, options.rdzv_endpoint, options.rdzv_id, cfg)
+    except Exception as err:
+        code = classify(err) or EXIT_FAILURE
+        raise
+    finally:
+        end(cfg.run_dir, code)
+    return code
+
+
+def closing_line(overrides: list[str]) -> str:
+    """`run directory: R; MLflow run: URL` for the finished run the overrides describe."""
+    import json
+    from pathlib import Path
+
+    from worldpipe.config import paths
+    from worldpipe.config.compose import compose_config
+
+    cfg = compose_config(overrides)
+    run_dir = Path(str(cfg.run_dir))
+    try:
+        run_id = json.loads((run_dir / paths.COMPLETION_RECORD).read_text()).get("mlflow_run_id")
+    except (OSError, ValueError):
+        run_id = None
+    return f"run directory: {run_dir}; MLflow run: {_run_link(cfg, run_id) if run_id else 'none (tracking off)'}"
+
+
+def _run_link(cfg, run_id: str) -> str:
+    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.links import run_url
+    from worldpipe.tracking.recorder import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg.tracking.uri)
+    try:
+        experiment_id = client_for(uri).get_run(run_id).info.experiment_id
+    except Exception as err:  # noqa: BLE001 - an unreachable server still gets the run named
+        return f"{run_id} (at {uri}; not reachable now: {type(err).__name__})"
+    return run_url(uri, experiment_id, run_id)
+
+
+def training_groups() -> str:
+    """The training config groups and their options, one line each (what `worldpipe train --help` lists)."""
+    from worldpipe.config.paths import CONF_DIR
+    from worldpipe.config.schema import SCHEMA_NAME
+
+    lines = []
+    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in NOT_TRAINING_GROUPS):
+        options = sorted(f.stem for f in group.glob("*.yaml") if f.stem != SCHEMA_NAME)
+        lines.append(f"{group.name}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+def _hydra_app(argv: list[str]) -> int:
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from worldpipe.config.paths import CONF_DIR
+    from worldpipe.config.schema import register_schemas
+    from worldpipe.core.errors import report
+
+    register_schemas()
+    if not OmegaConf.has_resolver(HELP_GROUPS_RESOLVER):
+        OmegaConf.register_new_resolver(HELP_GROUPS_RESOLVER, training_groups)
+    codes: list[int] = []
+
+    def task(_cfg) -> None:
+        hydra_cfg = HydraConfig.get()
+        overrides = list(hydra_cfg.overrides.task)
+        if hydra_cfg.mode == RunMode.MULTIRUN and "run_dir" not in {_key(o) for o in overrides}:
+            overrides.append(f"run_dir={hydra_cfg.runtime.output_dir}")  # one run directory per job
+        hydra_state = GlobalHydra.instance().hydra  # the launcher composes with Hydra's compose API, which needs
+        GlobalHydra.instance().clear()             # it uninitialized; the sweep needs it back for the next job
+        try:
+            codes.append(launch(overrides))
+        except Exception as err:  # noqa: BLE001 - one line per failed job (errors.report); the sweep goes on
+            codes.append(report(err, getattr(err, "log_file", None)))
+        finally:
+            GlobalHydra.instance().clear()
+            GlobalHydra.instance().initialize(hydra_state)
+
+    # Hydra parses sys.argv; its help names the command, and its completion script the executable it binds to
+    # (the script then calls `worldpipe -sc query=bash`, see worldpipe.cli).
+    completion = any(a.split("=", 1)[0] in ("-sc", "--shell-completion") for a in argv)
+    sys.argv = ["worldpipe" if completion else PROG, *argv]
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
+    return max(codes, default=0)
+
+
+def complete(argv: list[str], commands: Sequence[str]) -> int:
+    """`worldpipe -sc query=bash`, as the completion script calls it: `worldpipe train`'s overrides (Hydra's
+    completion of groups, options and keys), or the names of the ``commands``."""
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()
+    if len(words) >= 2 and words[1] == "train" and (len(words) > 2 or line.endswith(" ")):
+        os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]]) + (" " if line.endswith(" ") else "")
+        return _hydra_app(argv)
+    print(" ".join(sorted(commands)))
+    return 0

@@ -1,0 +1,34 @@
+"""Links into the MLflow UI that open the *Model training* view.
+
+The UI opens an experiment in its GenAI layout unless the URL says ``workflowType=machine_learning`` (it remembers
+the last choice per browser, so a first visit from a link would otherwise land in the wrong layout). Every link
+worldpipe prints carries it.
+"""
+
+from __future__ import annotations
+
+WORKFLOW_QUERY = "workflowType=machine_learning"
+# Where `mlflow ui` listens by default: the link for a local (file or SQLite) store opened with it.
+LOCAL_UI = "http://127.0.0.1:5000"
+
+
+def ui_base(tracking_uri: str) -> str:
+    """The UI's address for a tracking URI: the server itself, or `mlflow ui`'s default for a local store."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    return LOCAL_UI
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in the Model training view."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's run list in the Model training view."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}"
+
+
+def model_url(tracking_uri: str, experiment_id: str, model_id: str) -> str:
+    """A logged model's page in the Model training view."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/models/{model_id}?{WORKFLOW_QUERY}"
