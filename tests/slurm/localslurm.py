@@ -2,7 +2,7 @@
 
 One slurmctld and one slurmd per node name (`slurmd -N NAME`, each on its own port, all on 127.0.0.1):
 ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no accounting (no slurmdbd, `sacct` does not
-work: status queries go through squeue, so MinJobAge stays >= 300), SelectType=select/cons_tres, no cgroups.
+work: status queries go through squeue, so MinJobAge is an hour, longer than a test session), SelectType=select/cons_tres, no cgroups.
 
 The config is written to /etc/slurm/slurm.conf because that is the only place a nested `srun` finds it:
 the executor plugin's job-step wrapper strips every SLURM_* variable (SLURM_CONF included). An existing
@@ -156,7 +156,7 @@ class LocalSlurmCluster:
             "MpiDefault=none",
             "SwitchType=switch/none",
             "ReturnToService=2",
-            "MinJobAge=300",  # finished jobs stay visible to squeue (the status command: no sacct here)
+            "MinJobAge=3600",  # finished jobs stay visible to squeue for the whole test session (no sacct here)
             f"KillWait={self.kill_wait}",
             "JobRequeue=1",
             "SlurmdParameters=config_overrides",  # several slurmd on one host each declare the host's CPUs
@@ -389,7 +389,7 @@ def sbatch(*args: str, cwd: Path | None = None) -> str:
 
 
 def job_state(job_id: str) -> str:
-    """The job's state as squeue reports it ('' once the controller forgot it; MinJobAge is 300 s here)."""
+    """The job's state as squeue reports it ('' once the controller forgot it; MinJobAge is 3600 s here)."""
     out = run(["squeue", "--states=all", "--noheader", "--format=%T", "--jobs", job_id], check=False)
     return out.stdout.strip()
 

@@ -14,7 +14,7 @@ def test_cluster_answers(slurm_cluster):
     assert run(["scontrol", "ping"]).returncode == 0
     assert slurm_cluster.node_states() == {"wp1": "idle"}
     config = run(["scontrol", "show", "config"]).stdout
-    assert "MinJobAge               = 300 sec" in config
+    assert "MinJobAge               = 3600 sec" in config
     assert "accounting_storage/none" in config
 
 
