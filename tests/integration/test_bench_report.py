@@ -31,10 +31,10 @@ PLOTS = {
     "comm_ring_bytes.png": "counted at the send calls",
     "comm_bubble.png": "(P-1)/(M+P-1)",
     "comm_memory.png": "ZeRO per-parameter formulas",
-    "checkpoint.png": "the device's limit, measured in the same rounds",
+    "checkpoint.png": "limit of the device, measured in the same rounds",
     "rollout.png": "the star is the knee",
     "startup.png": "a bare script plus 2 s",
-    "loop.png": "where each trainer run's loop wall time went",
+    "loop.png": "where the loop wall time of each trainer run went",
 }
 
 

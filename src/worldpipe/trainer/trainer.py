@@ -50,10 +50,11 @@ def use_compile_cache(path: str | None) -> None:
     By default they live in a per-user folder of the node's /tmp, which a restart on another node (a requeued
     job) or a cleaned /tmp does not have: every such process compiles from cold (minutes). Under the results
     folder, reruns and resumes find the compiled artifacts wherever they start. The caches key every entry by the
-    graph, the torch version and its settings, so a changed model never gets stale code. An explicit
-    TORCHINDUCTOR_CACHE_DIR in the environment wins.
+    graph, the torch version and its settings, so a changed model never gets stale code. The config decides:
+    torch fills TORCHINDUCTOR_CACHE_DIR with its default as soon as anything touches Inductor (before this runs),
+    so the variable is overwritten here; set ``paths.compile_cache`` to choose another folder.
     """
-    if path and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    if path:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(path)
 
 
