@@ -127,8 +127,8 @@ def test_pipeline_overrides_reach_the_shell_quoted(repo, tmp_path, env_with_venv
     hostile = "experiment_name='a b; touch PWNED #'"
     proc = snakemake(repo, tmp_path / "wd", env_with_venv, [hostile], "-n", "-p", "--forceall")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "WORLDPIPE_LAUNCH_TRAINING" in line]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "worldpipe train --dataset-spec-hash" in line]
     assert lines, proc.stdout[-3000:]
-    argv = shlex.split(lines[0].split(">>")[0].split('"$WORLDPIPE_LAUNCH_TRAINING"', 1)[1])
+    argv = shlex.split(lines[0].split(" > ")[0])
     assert hostile in argv  # one argument, exactly as written: nothing for the shell to interpret
     assert "touch" not in argv
