@@ -60,7 +60,7 @@ def test_full_checkpoint_with_sliced_tensors_every_reader_takes_the_step_before(
     registry = ModelRegistry(checkpoints)  # what `worldpipe serve` would serve
     registry.refresh()
     assert registry.latest().step == 20
-    assert load_model(str(checkpoints), 3, 1)[1]["step"] == 20  # what evaluation would evaluate
+    assert load_model(str(checkpoints))[1]["step"] == 20  # what evaluation would evaluate
 
     assert _resume(run_dir, smoke_dataset, env_with_venv) == "20"
     assert checkpoint_digest(checkpoints) == final
