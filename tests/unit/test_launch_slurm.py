@@ -98,7 +98,10 @@ def test_multi_node_training_inside_a_job_step_is_one_line_and_writes_nothing(tm
     env = {**env_with_venv, "SLURM_JOB_ID": "3", "SLURM_STEP_ID": "0"}
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "worldpipe.cli", "train", "experiment=smoke", "parallel.nnodes=2",
-                           "parallel.nproc_per_node=1", f"run_dir={run_dir}"], env=env, capture_output=True,
+                           "parallel.nproc_per_node=1", f"run_dir={run_dir}",
+                           # a dataset is named, so the node count is what is refused (not a missing dataset)
+                           f"data.store={tmp_path}/store.zarr", f"data.manifest={tmp_path}/manifest.json"],
+                          env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
