@@ -22,13 +22,23 @@ system-deps:
 
 pipeline: install
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(SNAKE_ARGS)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(SNAKE_ARGS) --report results/report.html
+	$(MAKE) report
+
+# The report of what the last successful pipeline run made, whatever its config (recorded by that run); with
+# CONFIGFILE=..., that config's results instead.
+report: install
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(if $(CONFIGFILE),--configfile $(CONFIGFILE),) --report results/report.html
 
 # --no-skips: a tier that cannot run here (no SLURM cluster, no strace, ...) fails the target instead of skipping.
+# Two xdist workers: most slow tests wait (on servers, schedulers, fsync, a peer's checkpoint) more than they
+# compute; tests/conftest.py groups them so each module's fixtures, the SLURM cluster and the README pipelines
+# are built once.
+TEST_WORKERS ?= 2
 test: install system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow" --no-skips --durations=40
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "slow or not slow" --no-skips --durations=40 \
+		-n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks workflow

@@ -26,6 +26,12 @@ include: "workflow/rules/bench.smk"
 include: "workflow/rules/sweep.smk"
 
 
+# What a later `snakemake --report` with no --configfile renders (worldpipe.pipeline.report_config).
+onsuccess:
+    if report_config.built_the_pipeline(workflow.dag_settings.targets):
+        report_config.record(config, PATHS["pipeline_config"])
+
+
 # The current config's run of every experiment (earlier runs stay on disk, outside the DAG).
 rule all:
     default_target: True

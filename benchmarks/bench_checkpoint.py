@@ -23,7 +23,7 @@ its own fresh directory, interleaved round by round (median of ``--repeat`` roun
 * ``ours_async_added``  the whole cost of an async save to the training timeline: from ``save`` until the
                      publication is complete, simulated steps run back to back (each waiting for the copy as
                      the optimizer would); added time = that wall time - the same number of idle steps
-                     (measured just before, in the same round). Stall plus the slowdown of every overlapped
+                     (measured just before and just after, in the same round). Stall plus the slowdown of every overlapped
                      step: the headline ``async_added_over_sync`` (target <= 0.3 of a synchronous save)
 * sharded rows (``--ranks N`` > 0): ``benchmarks/bench_checkpoint_sharded.py`` under torchrun, N gloo ranks
   each holding 1/N of the same state: our sharded save vs N ranks' raw write+fsync of the same bytes vs DCP's
@@ -53,6 +53,7 @@ import torch
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import fsync_dir, write_text_atomic
+from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_direct, write_raw
 
@@ -122,9 +123,10 @@ def optimizer_over(state: dict) -> torch.optim.Optimizer:
 def added_time(manager, step: int, state: dict, optimizer, simulated: SimulatedStep) -> tuple[float, int, float]:
     """(time added to the timeline, steps overlapped, idle step) of one async save, steps run until it is published.
 
-    The idle step is measured right before (two steps, their mean), so load drift hits both sides alike.
+    The idle step is the mean of two steps right before the save and as many steps right after its publication as
+    it overlapped (at least two): load drift during a long publication hits both sides alike.
     """
-    idle = (simulated.run() + simulated.run()) / 2
+    before = [simulated.run(), simulated.run()]
     t0 = time.perf_counter()
     manager.save(step, state, optimizer=optimizer)
     steps = 0
@@ -135,7 +137,10 @@ def added_time(manager, step: int, state: dict, optimizer, simulated: SimulatedS
         if not manager.publishing():
             break
     manager.wait()  # raises a failed publication
-    return time.perf_counter() - t0 - steps * idle, steps, idle
+    wall = time.perf_counter() - t0
+    after = [simulated.run() for _ in range(max(2, steps))]
+    idle = (statistics.fmean(before) + statistics.fmean(after)) / 2
+    return wall - steps * idle, steps, idle
 
 
 def overlapped_stall(manager, step: int, state: dict, optimizer, simulated: SimulatedStep) -> tuple[float, float]:
@@ -468,10 +473,7 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle("worldpipe bench checkpoint: writers vs raw write+fsync (x raw: raw time / writer time), "
                  "async stall / sync save", fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=90)
 
 
 def _print(result: dict) -> None:

@@ -6,11 +6,12 @@ Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures,
 
 * ``all_reduce`` of 1 KB .. ``--max-mb`` MB (x4 steps), every sample a batch of calls lasting >= 5 ms (a
   1 KB call takes microseconds: one call per sample would time the clock and the barrier), ``--repeat`` samples
-  per size (median, spread p10..p90 kept). Fitted with the ring model T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G in
-  two regimes, small messages (latency- and cache-bound) and large ones (bandwidth-bound), each with its own
-  alpha and beta, split at the size that minimizes the largest relative error (least squares on relative
-  error within each regime); the fit error per size and the largest error at >= 1 MB (target 15%) are
-  reported, beside the one-line fit over all sizes for comparison; plot ``comm_allreduce.png``.
+  per size (median, spread p10..p90 kept), sizes x2 apart and interleaved round by round. Fitted with the ring
+  model T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G piecewise, up to three regimes (latency-bound, cache-resident,
+  memory-bound copies), each with its own alpha and beta and >= 3 sizes, breakpoints where the largest relative
+  error is least (least squares on relative error within each regime); the fit error per size, the largest
+  error at >= 1 MB (target 15%) beside the measurement's own spread there, alpha fitted to odd and even samples
+  separately (its stability), and the one-line fit over all sizes for comparison; plot ``comm_allreduce.png``.
 * ring attention: bytes sent per rank (counted at the send calls) vs the model (N-1)·S·d_kv/N, with S the
   sequence length and d_kv the key+value bytes per position; forward time vs dense attention over the
   whole sequence on one rank (the baseline); plot ``comm_ring_bytes.png``.
@@ -42,6 +43,7 @@ import torch.distributed as dist
 
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 
 KB = 1 << 10
@@ -71,38 +73,49 @@ def _calls_per_sample(fn) -> int:
     return min(int(calls), 10_000)
 
 
-def measure_all_reduce(max_mb: int, repeat: int, device: torch.device) -> list[dict]:
-    """all_reduce seconds per call per message size (bytes of fp32): median and p10/p90 over ``repeat`` samples,
-    each the slowest rank's (the collective ends when its last rank does)."""
-    rows, size = [], KB
+def measure_all_reduce(max_mb: int, repeat: int, device: torch.device, step: int = 2) -> list[dict]:
+    """all_reduce seconds per call per message size (bytes of fp32, 1 KB .. ``max_mb`` MB, x``step``): median and
+    p10/p90 over ``repeat`` samples, each the slowest rank's (the collective ends when its last rank does).
+
+    Sizes are interleaved: every round takes one sample of every size, so a change of the machine's load during
+    the run shifts all sizes alike instead of bending the curve between neighbouring sizes.
+    """
     for _ in range(10):  # gloo connects its pairs lazily: keep the first calls out of the smallest size
         dist.all_reduce(torch.ones(KB, device=device))
+    sizes, size = [], KB
     while size <= max_mb << 20:
-        values, calls = _all_reduce_samples(torch.ones(size // 4, device=device), repeat, device)
-        rows.append({"bytes": size, "seconds": float(np.median(values)), "calls_per_sample": calls,
+        sizes.append(size)
+        size *= step
+    buffers = {g: torch.ones(g // 4, device=device) for g in sizes}
+    calls = {g: _calls_per_sample(_one_all_reduce(buffers[g], device)) for g in sizes}
+    samples: dict[int, list[float]] = {g: [] for g in sizes}
+    for _ in range(repeat):
+        for g in sizes:
+            samples[g].append(_sample(_one_all_reduce(buffers[g], device), calls[g]))
+    slowest = torch.tensor([samples[g] for g in sizes], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    rows = []
+    for g, values in zip(sizes, slowest.tolist(), strict=True):
+        rows.append({"bytes": g, "seconds": float(np.median(values)), "calls_per_sample": calls[g],
                      "samples_s": values, "p10_s": float(np.percentile(values, 10)),
                      "p90_s": float(np.percentile(values, 90))})
-        size *= 4
     return rows
 
 
-def _all_reduce_samples(buf: torch.Tensor, repeat: int, device: torch.device) -> tuple[list[float], int]:
-    """``repeat`` samples of seconds per all_reduce of ``buf`` (the slowest rank's), and the calls per sample."""
+def _one_all_reduce(buf: torch.Tensor, device: torch.device):
     def one() -> None:
         dist.all_reduce(buf)
         _sync(device)
+    return one
 
-    calls = _calls_per_sample(one)
-    samples = []
-    for _ in range(repeat):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            one()
-        samples.append((time.perf_counter() - start) / calls)
-    slowest = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.tolist(), calls
+
+def _sample(one, calls: int) -> float:
+    """Seconds per call of ``calls`` back-to-back calls of ``one``, every rank starting together."""
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        one()
+    return (time.perf_counter() - start) / calls
 
 
 def _sync(device: torch.device) -> None:
@@ -298,32 +311,68 @@ def fit_ring_model(rows: list[dict], n: int) -> dict:
             "max_abs_fit_error": float(np.max(np.abs(errors)))}
 
 
-def fit_two_regimes(rows: list[dict], n: int) -> dict:
-    """The ring model fitted separately to small and large messages, split where the worst error is least.
+MAX_REGIMES = 3  # latency-bound, cache-resident copies, memory-bound copies (the CPU's L2 and L3 bound them)
+MIN_SIZES_PER_REGIME = 3  # a line through two points fits them exactly and says nothing
+# A partition with more regimes must cut the worst error by this much (absolute) to be preferred.
+REGIME_GAIN = 0.01
 
-    Each regime keeps at least two sizes; with fewer than four sizes there is one regime. Writes ``model_s``,
-    ``fit_error`` and ``regime`` into every row; returns both regimes' fits, the split and the errors.
+
+def _partitions(count: int, regimes: int, least: int):
+    """Every split of ``count`` ordered sizes into ``regimes`` contiguous runs of >= ``least`` sizes (start indices)."""
+    if regimes == 1:
+        yield (0,)
+        return
+    for first in range(least, count - least * (regimes - 1) + 1):
+        for rest in _partitions(count - first, regimes - 1, least):
+            yield (0, *(first + i for i in rest))
+
+
+def fit_regimes(rows: list[dict], n: int) -> dict:
+    """The ring model fitted piecewise: up to MAX_REGIMES size ranges, each with its own alpha and beta.
+
+    Breakpoints are fitted: every split into contiguous ranges of >= MIN_SIZES_PER_REGIME sizes is tried and the one
+    whose worst relative error is least wins (a partition with more regimes only if it gains REGIME_GAIN). Writes
+    ``model_s``, ``fit_error`` and ``regime`` (index) into every row; returns every regime's fit, the breakpoints,
+    the errors, and the measurement's own spread at >= 1 MB (half the p10..p90 width over the median), the bound
+    below which no model of medians can be told from the noise.
     """
     best = None
-    for split in range(2, len(rows) - 1) if len(rows) >= 4 else [len(rows)]:
-        parts = [fit_ring_model(rows[:split], n)] + ([fit_ring_model(rows[split:], n)] if split < len(rows) else [])
-        worst = max(p["max_abs_fit_error"] for p in parts)
-        if best is None or worst < best[0]:
-            best = (worst, split, parts)
-    _, split, parts = best
-    predicted = [m for p in parts for m in p["model_s"]]
-    for i, (row, model_s) in enumerate(zip(rows, predicted, strict=True)):
-        row.update(model_s=float(model_s), fit_error=float(model_s / row["seconds"] - 1.0),
-                   regime="small" if i < split or len(parts) == 1 else "large")
-    small, large = parts[0], parts[-1]
-    large_errors = [abs(r["fit_error"]) for r in rows if r["bytes"] >= LARGE_MESSAGE]
-    return {"alpha_s": small["alpha_s"], "beta_s_per_byte": small["beta_s_per_byte"],
-            "bandwidth_GBps": small["bandwidth_GBps"], "regimes": len(parts),
-            "split_bytes": rows[split]["bytes"] if split < len(rows) else None,
-            "small": _regime_summary(small), "large": _regime_summary(large),
+    for regimes in range(1, MAX_REGIMES + 1):
+        for starts in _partitions(len(rows), regimes, MIN_SIZES_PER_REGIME):
+            bounds = [*starts, len(rows)]
+            parts = [fit_ring_model(rows[a:b], n) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            worst = max(p["max_abs_fit_error"] for p in parts)
+            if best is None or worst < best[0] - (REGIME_GAIN if regimes > len(best[1]) else 0):
+                best = (worst, starts, parts)
+    if best is None:  # too few sizes for even one regime of MIN_SIZES_PER_REGIME: one line through them
+        best = (None, (0,), [fit_ring_model(rows, n)])
+    _, starts, parts = best
+    bounds = [*starts, len(rows)]
+    for index, (a, b, part) in enumerate(zip(bounds[:-1], bounds[1:], parts, strict=True)):
+        for row, model_s in zip(rows[a:b], part["model_s"], strict=True):
+            row.update(model_s=float(model_s), fit_error=float(model_s / row["seconds"] - 1.0), regime=index)
+    large = [r for r in rows if r["bytes"] >= LARGE_MESSAGE]
+    spread = [max(r["seconds"] - r["p10_s"], r["p90_s"] - r["seconds"]) / r["seconds"] for r in large]
+    regimes = [{**_regime_summary(part), "from_bytes": rows[a]["bytes"], "to_bytes": rows[b - 1]["bytes"]}
+               for a, b, part in zip(bounds[:-1], bounds[1:], parts, strict=True)]
+    return {"alpha_s": parts[0]["alpha_s"], "beta_s_per_byte": parts[0]["beta_s_per_byte"],
+            "bandwidth_GBps": parts[0]["bandwidth_GBps"], "regimes": len(parts), "per_regime": regimes,
+            "split_bytes": [rows[a]["bytes"] for a in starts[1:]],
             "max_abs_fit_error": max(abs(r["fit_error"]) for r in rows),
-            "max_abs_fit_error_ge_1MB": max(large_errors) if large_errors else None,
+            "max_abs_fit_error_ge_1MB": max(abs(r["fit_error"]) for r in large) if large else None,
+            "measurement_spread_ge_1MB": max(spread) if spread else None,
             "target_fit_error_ge_1MB": TARGET_FIT_ERROR}
+
+
+def alpha_halves(rows: list[dict], n: int) -> dict:
+    """Is alpha stable? The first regime fitted to the medians of the odd and of the even samples separately."""
+    fit = {}
+    for name, pick in (("odd", slice(0, None, 2)), ("even", slice(1, None, 2))):
+        half = [{"bytes": r["bytes"], "seconds": float(np.median(r["samples_s"][pick]))} for r in rows
+                if r["samples_s"][pick]]
+        fit[name] = fit_ring_model(half[:MIN_SIZES_PER_REGIME], n)["alpha_s"] if len(half) == len(rows) else None
+    ratio = fit["odd"] / fit["even"] if fit["odd"] and fit["even"] else None
+    return {"alpha_s_odd_samples": fit["odd"], "alpha_s_even_samples": fit["even"], "ratio": ratio}
 
 
 def _regime_summary(fit: dict) -> dict:
@@ -332,9 +381,9 @@ def _regime_summary(fit: dict) -> dict:
 
 def describe_fit(fit: dict) -> str:
     """The fitted ring model in words; a bandwidth the timings cannot resolve is said so, not printed as a number."""
-    if fit.get("regimes") == 2:
-        return (f"small: {describe_fit(fit['small'])}; large (>= {fit['split_bytes'] / KB:.0f} KB): "
-                f"{describe_fit(fit['large'])}")
+    if "per_regime" in fit:
+        return "; ".join(f"{r['from_bytes'] / KB:.0f} KB..{r['to_bytes'] / KB:.0f} KB: {describe_fit(r)}"
+                         for r in fit["per_regime"])
     bandwidth = (f"{fit['bandwidth_GBps']:.2f} GB/s" if fit["bandwidth_GBps"] is not None
                  else "bandwidth not resolved by these sizes")
     return f"alpha {fit['alpha_s'] * 1e6:.1f} us, {bandwidth}"
@@ -346,7 +395,8 @@ def summarize(raw: dict) -> dict:
     result = dict(raw)
     one_line = fit_ring_model(raw["all_reduce"], n)
     result["all_reduce_fit_one_line"] = {k: v for k, v in one_line.items() if k != "model_s"}
-    result["all_reduce_fit"] = fit_two_regimes(raw["all_reduce"], n)
+    result["all_reduce_fit"] = fit_regimes(raw["all_reduce"], n)
+    result["all_reduce_fit"]["alpha_stability"] = alpha_halves(raw["all_reduce"], n)
     for row in raw["ring_attention"]:
         row["bytes_ratio_to_model"] = row["bytes_sent"] / row["model_bytes"] if row["model_bytes"] else None
         row["ring_over_dense_full"] = row["ring_s"] / row["dense_full_s"]
@@ -368,10 +418,7 @@ def _figure(folder: Path, name: str, draw) -> str:
     ax.legend()
     fig.tight_layout()
     path = folder / name
-    tmp = path.with_name(f".{name}.tmp")  # readers (the report) never see a half-drawn plot
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=110)
     return str(path)
 
 
@@ -384,20 +431,20 @@ def _draw_all_reduce(result: dict):
         spread = [median - [r.get("p10_s", r["seconds"]) for r in rows],
                   np.array([r.get("p90_s", r["seconds"]) for r in rows]) - median]
         ax.errorbar(sizes, median, yerr=spread, fmt="o", capsize=3, label="measured (median, p10..p90)")
-        for regime, style in (("small", "-"), ("large", "--")):
-            part = [r for r in rows if r["regime"] == regime]
-            if part:
-                ax.plot([r["bytes"] for r in part], [r["model_s"] for r in part], style,
-                        label=f"ring model, {regime} messages")
+        for index, regime in enumerate(fit["per_regime"]):
+            part = [r for r in rows if r["regime"] == index]
+            ax.plot([r["bytes"] for r in part], [r["model_s"] for r in part], ("-", "--", ":")[index % 3],
+                    label=f"ring model, {regime['from_bytes'] / KB:.0f}..{regime['to_bytes'] / KB:.0f} KB")
         ax.set_xscale("log")
         ax.set_yscale("log")
         for r in rows:
             ax.annotate(f"{r['fit_error']:+.0%}", (r["bytes"], r["model_s"]), fontsize=7,
                         textcoords="offset points", xytext=(0, 6), ha="center")
-        worst = fit["max_abs_fit_error_ge_1MB"]
+        worst, spread = fit["max_abs_fit_error_ge_1MB"], fit["measurement_spread_ge_1MB"]
         ax.set(xlabel="message size (bytes)", ylabel="all_reduce time per call (s)",
                title=f"all_reduce on {result['world_size']} ranks ({result['backend']}): "
-                     + (f"worst error >= 1 MB {worst:.0%}" if worst is not None else "no message >= 1 MB"))
+                     + (f"worst model error >= 1 MB {worst:.0%}, measurement spread there {spread:.0%}"
+                        if worst is not None else "no message >= 1 MB"))
         ax.title.set_fontsize(9)
     return draw
 
@@ -452,7 +499,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
-    parser.add_argument("--repeat", type=int, default=5, help="timed repetitions per point (median)")
+    parser.add_argument("--repeat", type=int, default=15, help="timed repetitions per point (median; all_reduce: rounds)")
     parser.add_argument("--out", default=f"{BENCH_DIR}/comm.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -483,11 +530,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     worst = fit["max_abs_fit_error_ge_1MB"]
     print(f"all_reduce ring model on {result['world_size']} ranks, {fit['regimes']} regime(s): {describe_fit(fit)}; "
           f"max fit error {fit['max_abs_fit_error']:.0%}, at >= 1 MB "
-          + (f"{worst:.0%} (target <= {TARGET_FIT_ERROR:.0%})" if worst is not None else "n/a")
-          + f"; one line over all sizes: {result['all_reduce_fit_one_line']['max_abs_fit_error']:.0%}")
+          + (f"{worst:.0%} (target <= {TARGET_FIT_ERROR:.0%}; the measurement's own spread there: "
+             f"{fit['measurement_spread_ge_1MB']:.0%})" if worst is not None else "n/a")
+          + f"; one line over all sizes: {result['all_reduce_fit_one_line']['max_abs_fit_error']:.0%}; "
+          f"alpha from odd / even samples: {fit['alpha_stability']['ratio'] or float('nan'):.2f}")
     for row in result["all_reduce"]:
         print(f"  {row['bytes']:>10} B  {row['seconds'] * 1e6:10.1f} us  model {row['model_s'] * 1e6:10.1f} us  "
-              f"error {row['fit_error']:+.1%}  ({row['regime']}, p10..p90 {row['p10_s'] * 1e6:.1f}..{row['p90_s'] * 1e6:.1f})")
+              f"error {row['fit_error']:+.1%}  (regime {row['regime']}, p10..p90 {row['p10_s'] * 1e6:.1f}..{row['p90_s'] * 1e6:.1f})")
     for row in result["ring_attention"]:
         if row["rank"] == 0:
             print(f"ring attention S={row['seq']}: bytes/model {row['bytes_ratio_to_model']:.3f}, "

@@ -13,7 +13,7 @@ Cold must precede warm, so the runs are not rotated; ``--rounds`` repeats the wh
 Break-even: the steps after which the compiled run has caught up with eager,
 (first step compiled - first step eager) / (eager step - compiled step), cold and warm.
 
-    worldpipe bench compile [--experiment smoke] [--steps 200] [--rounds 1] [--out results/bench/compile.json]
+    worldpipe bench compile [--experiment smoke] [--steps 200] [--rounds 1] [--window T] [--out results/bench/compile.json]
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from worldpipe.config.paths import BENCH_DIR
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
+from worldpipe.measure.publish import publish_result
 from worldpipe.measure.startup import TRACE_ENV
 
 CONTENDERS = ("eager", "compiled, cold", "compiled, warm")
@@ -47,9 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--experiment", default="smoke")
     p.add_argument("--steps", type=int, default=200, help="steps per run (the step time is their mean)")
     p.add_argument("--rounds", type=int, default=1, help="cold-then-warm sequences, each on a fresh cache")
+    p.add_argument("--window", type=int, default=None,
+                   help="data.window of the runs (default: the experiment's); the compiled graph unrolls the "
+                        "recurrence over it, so a short window compiles in a fraction of the time")
     args = p.parse_args(argv)
-    if args.steps < 4 or args.rounds < 1:
-        p.error("--steps must be >= 4 and --rounds >= 1")
+    if args.steps < 4 or args.rounds < 1 or (args.window is not None and args.window < 2):
+        p.error("--steps must be >= 4, --rounds >= 1 and --window >= 2")
     return args
 
 
@@ -72,6 +76,8 @@ def commands(work: Path, args, round_: int) -> dict[str, list[str]]:
              f"data.store={work}/store.zarr", f"data.manifest={work}/manifest.json", f"trainer.steps={args.steps}",
              "trainer.progress_bar=false", "tracking.enabled=false", f"checkpoint.every={args.steps}",
              f"paths.compile_cache={work}/cache-{round_}"]
+    if args.window is not None:
+        train.append(f"data.window={args.window}")
     return {name: [*train, f"run_dir={work}/{name.replace(', ', '-')}-{round_}",
                    f"trainer.compile={'false' if name == 'eager' else 'true'}"] for name in CONTENDERS}
 
@@ -100,6 +106,7 @@ def main(argv=None) -> int:
     summary = {name: {key: statistics.median(r[key] for r in rs) for key in ("first_step_s", "step_ms")}
                for name, rs in runs.items()}
     report = {"benchmark": "compile", "experiment": args.experiment, "steps": args.steps, "rounds": args.rounds,
+              "window": args.window,
               "machine": {"cpus": os.cpu_count(), "load_average_before": list(load_before),
                           "load_average_after": list(os.getloadavg()), "python": platform.python_version()},
               "contenders": {name: {**summary[name], "runs": runs[name]} for name in CONTENDERS},
@@ -112,11 +119,34 @@ def main(argv=None) -> int:
           f"{summary['compiled, warm']['first_step_s']:.1f} s, eager {summary['eager']['first_step_s']:.1f} s; "
           f"compiled step {report['compiled_over_eager_step']:.2f}x eager; break-even after "
           + ", ".join(f"{k} {'never' if v is None else f'{v:.0f} steps'}" for k, v in report["break_even_steps"].items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    publish_result(report, args.out, plot)
     return 0
+
+
+def plot(report: dict, path: Path) -> None:
+    """Time to the first step and time per step of each contender, side by side. Written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contenders = report["contenders"]
+    names = list(contenders)
+    fig, (first, step) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for ax, key, unit in ((first, "first_step_s", "s"), (step, "step_ms", "ms")):
+        values = [contenders[n][key] for n in names]
+        ax.barh(names, values, color=["tab:blue", "tab:orange", "tab:green"][:len(names)])
+        for i, value in enumerate(values):
+            ax.text(value, i, f" {value:.1f} {unit}", va="center", fontsize=8)
+        ax.set_xlim(0, max(values) * 1.35)
+        ax.invert_yaxis()
+    first.set(xlabel="seconds from launch to the end of the first step", title="first step: cold vs warm cache")
+    even = ", ".join(f"{k} {'never' if v is None else f'{v:.0f}'}" for k, v in report["break_even_steps"].items())
+    step.set(xlabel="ms per step (steps 2..N-1, mean)", title=f"step time\nbreak-even after steps: {even}")
+    fig.suptitle(f"worldpipe bench compile: experiment {report['experiment']}, {report['steps']} steps per run",
+                 fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=90)
 
 
 if __name__ == "__main__":

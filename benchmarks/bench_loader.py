@@ -9,6 +9,10 @@ Baselines:
 
 Targets: loader/mmap >= 0.5 and loader/demand >= 10.
 
+Pixel windows (``pixels``): frames/s the loader delivers from a store of rendered frames (``--pixel-size``,
+zstd) against frames/s a PixelRSSM training step consumes (``conf/model/pixel_rssm.yaml``: forward + backward
++ Adam on the same [batch, window] frames, including the uint8 -> float normalization the trainer does).
+
     python benchmarks/bench_loader.py [--out results/bench/loader.json]
 """
 
@@ -50,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=3000, help="batches timed per loader measurement")
     p.add_argument("--demand", type=float, default=None, help="training demand in windows/s (else measured)")
     p.add_argument("--repeats", type=int, default=3, help="best-of repeats for each throughput number")
+    p.add_argument("--pixel-size", type=int, default=64, help="frame side of the pixel-window rows (0: skip them)")
+    p.add_argument("--pixel-episodes", type=int, default=16, help="episodes of the pixel store")
+    p.add_argument("--pixel-demand", type=float, default=None,
+                   help="pixel training demand in frames/s (else measured with PixelRSSM)")
     return p.parse_args(argv)
 
 
@@ -107,6 +115,54 @@ def _training_overhead(
             fed.append(t1 - t0)
             alone.append(t2 - t1)
     return float(np.median(fed) / np.median(alone) - 1.0)
+
+
+def pixel_training_demand_frames_per_s(size: int, batch: int, window: int, steps: int = 5) -> float:
+    """Frames/s consumed by forward + backward + Adam of the configured PixelRSSM on [batch, window] frames."""
+    from worldpipe.config.compose import compose_config
+    from worldpipe.models import build_model, flat_observations
+
+    torch.manual_seed(0)
+    model_cfg = compose_config(["model=pixel_rssm", f"model.image_size={size}"]).model
+    model = build_model(model_cfg, 3 * size * size, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    frames = torch.randint(0, 256, (batch, window, size, size, 3), dtype=torch.uint8)
+    action, reward, mask = torch.randn(batch, window, 1), torch.randn(batch, window), torch.ones(batch, window)
+    noise = torch.randn(batch, *model.noise_shape(window))
+
+    def step() -> None:
+        obs = (flat_observations({"pixels": frames}, "pixels") - model.obs_mean) / model.obs_std
+        loss = model(obs, action, reward, mask, noise)["total"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * window * steps / (time.perf_counter() - start)
+
+
+def _pixel_rows(tmp: str, args: argparse.Namespace) -> dict:
+    """Loader frames/s over a store of rendered frames vs the frames/s a PixelRSSM step consumes."""
+    spec = DatasetSpec(name="bench-pixels", env_id="Pendulum-v1", policy="noisy_controller",
+                       episodes=args.pixel_episodes, max_steps=args.max_steps,
+                       episodes_per_shard=min(args.episodes_per_shard, args.pixel_episodes), seed=0, pixels=True,
+                       pixel_size=args.pixel_size)
+    url = os.path.join(tmp, "pixels.zarr")
+    t0 = time.perf_counter()
+    build_dataset(url, spec)
+    build_s = time.perf_counter() - t0
+    store = TrajectoryStore.open(url)
+    loader = _loader_windows_per_s(store, args, store.obs_stats())
+    demand = (args.pixel_demand if args.pixel_demand is not None
+              else pixel_training_demand_frames_per_s(args.pixel_size, args.batch, args.window))
+    frames = loader["windows_per_s"] * args.window
+    return {"pixel_size": args.pixel_size, "build_s": build_s,
+            "store_bytes": sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(url) for f in fs),
+            "loader_frames_per_s": frames, "loader_first_batch_s": loader["first_batch_s"],
+            "training_demand_frames_per_s": demand, "loader_vs_demand": frames / demand}
 
 
 def _loader_windows_per_s(store: TrajectoryStore, args: argparse.Namespace, stats: dict) -> dict:
@@ -224,6 +280,8 @@ def run(args: argparse.Namespace | dict | None = None) -> dict:
                 "loader_vs_demand": loader["windows_per_s"] / demand,
                 "training_loop_overhead": _training_overhead(store, args, stats),
             }
+        if args.pixel_size:
+            result["pixels"] = _pixel_rows(tmp, args)
     result["meets_targets"] = all(
         c["loader_vs_mmap"] >= TARGET_VS_MMAP and c["loader_vs_demand"] >= TARGET_VS_DEMAND
         for c in result["compressors"].values()
@@ -248,6 +306,11 @@ def _print(result: dict) -> None:
             f" | first batch {c['loader_first_batch_s'] * 1e3:.1f} ms | store {c['store_bytes'] / 1e6:.2f} MB"
             f" | GRU loop slowdown when fed by loader {c['training_loop_overhead'] * 100:+.1f}%"
         )
+    if "pixels" in result:
+        p = result["pixels"]
+        print(f"[pixels {p['pixel_size']}x{p['pixel_size']}] loader {p['loader_frames_per_s']:,.0f} frames/s | "
+              f"PixelRSSM training demand {p['training_demand_frames_per_s']:,.0f} frames/s | "
+              f"loader/demand {p['loader_vs_demand']:.1f}")
     print("meets targets:", result["meets_targets"])
 
 

@@ -42,9 +42,10 @@ from pathlib import Path
 import numpy as np
 
 from worldpipe.config.paths import BENCH_DIR
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
+from worldpipe.measure.publish import publish_result
 from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
 
@@ -214,11 +215,7 @@ def main(argv=None) -> int:
             w = c["wall_split"]
             print(f"{name:34s} wall: compute {w['compute']:.1%}, waiting on I/O {w['waiting_io']:.1%}, "
                   f"waiting on ranks {w['waiting_ranks']:.1%}, other {w['other']:.1%}; CPU/wall {w['cpu_over_wall']:.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(report, indent=2))
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    publish_result(report, args.out, plot)
     return 0
 
 
@@ -251,10 +248,7 @@ def plot(report: dict, path: Path) -> None:
                                             for n in split], fontsize=8)
     split_ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=90)
 
 
 

@@ -29,10 +29,11 @@ import requests
 import torch
 
 from worldpipe.config.paths import BENCH_DIR
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.figures import save_figure
 from worldpipe.measure.energy import EnergyMeter
 from worldpipe.measure.load import run_open_loop
 from worldpipe.measure.memory import LiveTensorPeak
+from worldpipe.measure.publish import publish_result
 from worldpipe.measure.timers import Timeline
 from worldpipe.models import build_model, state_nbytes
 from worldpipe.rollout.demo import MODEL_CONF_DIR, model_config, publish_demo_checkpoint
@@ -208,11 +209,14 @@ def state_growth() -> dict:
     out = {}
     for path in sorted(MODEL_CONF_DIR.glob("*.yaml")):
         torch.manual_seed(0)
-        model = build_model(model_config(path.stem), 3, 1).eval()
+        cfg = model_config(path.stem)
+        # Frame models observe flattened frames (image_size² × 3 values a step); the others a 3-vector.
+        obs_dim = int(cfg["image_size"]) ** 2 * 3 if "image_size" in cfg else 3
+        model = build_model(cfg, obs_dim, 1).eval()
         noise_shape = model.rollout_noise_shape()
         sizes = []
         with torch.no_grad():
-            state = model.observe_context(torch.zeros(1, CONTEXT, 3), torch.zeros(1, CONTEXT, 1))
+            state = model.observe_context(torch.zeros(1, CONTEXT, obs_dim), torch.zeros(1, CONTEXT, 1))
             for h in range(max(HORIZONS) + 1):
                 if h in HORIZONS:
                     sizes.append(state_nbytes(state))
@@ -269,10 +273,7 @@ def plot(result: dict, path: Path) -> None:
     loop.set_title("Serial control loop budget")
     loop.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=90)
 
 
 def main(argv=None) -> int:
@@ -315,11 +316,7 @@ def main(argv=None) -> int:
             result["state_growth_note"] = ("no model in conf/model/ keeps a KV cache yet: only fixed-size recurrent "
                                            "state is shown; a transformer config appears here when it lands")
     summarize(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(result, indent=2))
-    plot(result, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    publish_result(result, args.out, plot)
     return 0
 
 

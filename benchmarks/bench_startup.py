@@ -38,10 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from worldpipe.config.paths import BENCH_DIR
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.launch.local_run import LAUNCHER_ENV
+from worldpipe.measure.publish import publish_result
 from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
 from worldpipe.tracking.recorder import START_ENV, SYNC_START
@@ -177,11 +178,7 @@ def main(argv=None) -> int:
 
         results = run_rounds(args.repeats, runs, measure)
     report = summarize(results, args.repeats)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(report, indent=2))
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    publish_result(report, args.out, plot)
     return 0
 
 
@@ -258,10 +255,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_title("Start-up breakdown (timestamps written by the processes)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=90)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ FLOPs of one step come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul
 counted), so ``fraction of peak = FLOPs / step time / peak``. Contenders run in rounds whose order rotates
 (:mod:`worldpipe.measure.rounds`); each is the median over rounds of its per-round mean. Target: the model's
 step at >= 0.4 of the same run's peak. The peak is a best-of (the fastest call); on a busy machine a mean step
-time is not, so ``fraction_of_peak_best`` (the fastest step against the same peak) is reported beside it.
+time is not, so ``fraction_of_peak_best`` (the fastest step against the same peak) is reported beside it, and
+``fraction_of_peak_cpu``: the step's FLOPs over its thread CPU time against the peak by CPU time (both the calling
+thread's ``time.thread_time``), which time other processes take from this one does not enter.
 
     worldpipe bench step [--experiment pendulum_rssm] [--rounds 5] [--steps 20] [--out results/bench/step.json]
 """
@@ -21,7 +23,6 @@ time is not, so ``fraction_of_peak_best`` (the fastest step against the same pea
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -31,7 +32,8 @@ from pathlib import Path
 import torch
 
 from worldpipe.config.paths import BENCH_DIR
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.figures import save_figure
+from worldpipe.measure.publish import publish_result
 from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.models import build_model
 from worldpipe.models.rssm import RSSM
@@ -103,25 +105,31 @@ def step_flops(step) -> int:
     return int(counter.get_total_flops())
 
 
-def timed(fn, calls: int, warmup: int = 3) -> list[float]:
-    """Seconds of each of ``calls`` calls of ``fn`` after ``warmup`` untimed ones."""
+def timed(fn, calls: int, warmup: int = 3, cpu: list[float] | None = None) -> list[float]:
+    """Seconds of each of ``calls`` calls of ``fn`` after ``warmup`` untimed ones; the calling thread's CPU seconds
+    of each call are appended to ``cpu`` when given."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(calls):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn()
         out.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.thread_time() - start_cpu)
     return out
 
 
-def mm_peak(sizes: list[int]) -> dict[str, float]:
-    """GFLOP/s of fp32 ``torch.mm`` per square size (best of a few calls each)."""
+def mm_peak(sizes: list[int], cpu_rates: dict[str, float] | None = None) -> dict[str, float]:
+    """GFLOP/s of fp32 ``torch.mm`` per square size (best of a few calls each); by CPU time into ``cpu_rates``."""
     rates = {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        best = min(timed(lambda a=a, b=b: torch.mm(a, b), calls=max(3, int(2e9 / n**3)), warmup=2))
+        cpu: list[float] = []
+        best = min(timed(lambda a=a, b=b: torch.mm(a, b), calls=max(3, int(2e9 / n**3)), warmup=2, cpu=cpu))
         rates[str(n)] = 2 * n**3 / best / 1e9
+        if cpu_rates is not None:
+            cpu_rates[str(n)] = 2 * n**3 / max(min(cpu), 1e-6) / 1e9
     return rates
 
 
@@ -147,27 +155,37 @@ def contenders(args) -> tuple[dict, dict]:
     return steps, about
 
 
-def measure_rounds(args, steps: dict) -> dict[str, list]:
-    """Per contender, one sample per round: mean seconds per step, or the matmul rates of that round."""
+def measure_rounds(args, steps: dict, cpu: dict[str, list]) -> dict[str, list]:
+    """Per contender, one sample per round: mean seconds per step, or the matmul rates of that round.
+
+    ``cpu`` receives the same by the thread's CPU time (a step's CPU seconds, the peak's CPU-time rates): on a
+    machine other processes keep busy, wall time counts the time the scheduler gave them and CPU time does not.
+    """
     sizes = [int(n) for n in args.mm_sizes.split(",")]
     specs = {"peak": None, **steps}
 
     def measure(name, step, round_):
         if name == "peak":
-            rates = mm_peak(sizes)
+            cpu_rates: dict[str, float] = {}
+            rates = mm_peak(sizes, cpu_rates)
+            cpu.setdefault(name, []).append(cpu_rates)
             print(f"round {round_}: peak {max(rates.values()):7.1f} GFLOP/s  {rates}")
             return rates
-        times = timed(step, args.steps)
+        cpu_times: list[float] = []
+        times = timed(step, args.steps, cpu=cpu_times)
+        cpu.setdefault(name, []).append(cpu_times)
         print(f"round {round_}: {name:14s} {1e3 * sum(times) / len(times):7.2f} ms/step (best {1e3 * min(times):.2f})")
         return times
 
     return run_rounds(args.rounds, lambda round_: specs, measure)
 
 
-def summarize(samples: dict, flops: dict, about: dict, args, load_before) -> dict:
-    """The report: per contender its step time, FLOPs, GFLOP/s and fraction of the same run's peak."""
+def summarize(samples: dict, flops: dict, about: dict, args, load_before, cpu: dict) -> dict:
+    """The report: per contender its step time, FLOPs, GFLOP/s and fraction of the same run's peak (by wall time,
+    and by the thread's CPU time)."""
     peak_rounds = [max(r.values()) for r in samples.pop("peak")]
     peak = median_of_means(peak_rounds)
+    peak_cpu = median_of_means(max(r.values()) for r in cpu.pop("peak"))
     report = {"benchmark": "step", "experiment": args.experiment, **about, "threads": args.threads,
               "rounds": args.rounds, "steps_per_round": args.steps,
               "machine": {"cpus": os.cpu_count(), "load_average_before": list(load_before),
@@ -180,9 +198,14 @@ def summarize(samples: dict, flops: dict, about: dict, args, load_before) -> dic
         report["contenders"][name] = {"step_ms": 1e3 * step_s, "round_step_ms": [1e3 * sum(r) / len(r) for r in rounds],
                                       "flops": flops[name], "gflops": gflops, "fraction_of_peak": gflops / peak,
                                       "best_step_ms": 1e3 * best_s,
-                                      "fraction_of_peak_best": flops[name] / best_s / 1e9 / peak}
+                                      "fraction_of_peak_best": flops[name] / best_s / 1e9 / peak,
+                                      "cpu_step_ms": 1e3 * median_of_means(cpu[name]),
+                                      "fraction_of_peak_cpu": flops[name] / median_of_means(cpu[name]) / 1e9
+                                      / peak_cpu}
     model = report["contenders"]["model"]
     report["fraction_of_peak"] = model["fraction_of_peak"]
+    report["peak_gflops_cpu"] = peak_cpu
+    report["fraction_of_peak_cpu"] = model["fraction_of_peak_cpu"]
     report["target_fraction_of_peak"] = TARGET_FRACTION_OF_PEAK
     report["meets_target"] = model["fraction_of_peak"] >= TARGET_FRACTION_OF_PEAK
     if BASELINE in report["contenders"]:
@@ -196,20 +219,17 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     steps, about = contenders(args)
     flops = {name: step_flops(step) for name, step in steps.items()}
-    samples = measure_rounds(args, steps)
-    report = summarize(samples, flops, about, args, load_before)
+    cpu: dict[str, list] = {}
+    samples = measure_rounds(args, steps, cpu)
+    report = summarize(samples, flops, about, args, load_before, cpu)
     for name, c in report["contenders"].items():
         print(f"{name:14s} {c['step_ms']:7.2f} ms/step  {c['flops'] / 1e6:7.1f} MFLOP  {c['gflops']:6.1f} GFLOP/s"
               f"  {c['fraction_of_peak']:.3f} of peak (best step {c['best_step_ms']:.2f} ms: "
-              f"{c['fraction_of_peak_best']:.3f})")
+              f"{c['fraction_of_peak_best']:.3f}; by CPU time {c['cpu_step_ms']:.2f} ms: {c['fraction_of_peak_cpu']:.3f})")
     print(f"peak {report['peak_gflops']:.1f} GFLOP/s (fp32 mm, {args.threads} thread(s)); model step at "
-          f"{report['fraction_of_peak']:.3f} of peak (target >= {TARGET_FRACTION_OF_PEAK})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report["plot"] = str(out.with_suffix(".png"))
-    plot(report, out.with_suffix(".png"))
-    write_text_atomic(out, json.dumps(report, indent=2))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+          f"{report['fraction_of_peak']:.3f} of peak (target >= {TARGET_FRACTION_OF_PEAK}); by CPU time "
+          f"{report['fraction_of_peak_cpu']:.3f} of the CPU-time peak {report['peak_gflops_cpu']:.1f} GFLOP/s")
+    publish_result(report, args.out, plot)
     return 0
 
 
@@ -231,10 +251,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_title(f"{report['experiment']}: eager forward+backward, B={report['batch']} T={report['window']}")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=90, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=90)
 
 
 if __name__ == "__main__":

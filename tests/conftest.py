@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,85 @@ def smoke_dataset(tmp_path_factory, env_with_venv) -> tuple[Path, Path]:
     from datasets import build_dataset
 
     return build_dataset(tmp_path_factory.mktemp("smoke_data"), env_with_venv)
+
+
+@pytest.fixture(scope="session")
+def readme_pipelines(tmp_path_factory, env_with_venv) -> tuple[Path, dict[str, str]]:
+    """A fresh copy of the project after the README's smoke and sweep pipelines ran in it, as the README says.
+
+    Run once per session: the pipeline tests read these results and the README test then works on them.
+    Readers must not change them; the one test that does asks for ``readme_pipelines_last_reader``.
+    """
+    from readme_support import project_env, run_readme_pipelines
+
+    project, env = project_env(tmp_path_factory.mktemp("readme"), env_with_venv)
+    run_readme_pipelines(project, env)
+    return project, env
+
+
+@pytest.fixture(scope="session")
+def readme_pipelines_last_reader(readme_pipelines) -> tuple[Path, dict[str, str]]:
+    """The shared README pipelines' results for a test that changes them (ordered after every other reader)."""
+    return readme_pipelines
+
+
+# Under `pytest -n N --dist loadgroup` (make test) a group runs whole on one worker, in collection order. A
+# module is a group, so its module-scoped fixtures (a pipeline, a server, a cluster) are built once; the SLURM
+# tests share one cluster's system daemons and the modules that read the README pipelines share one session
+# fixture, so each of those is one group. The longest groups go first so that no worker idles at the end.
+# xdist's own loadgroup reads `xdist_group` marks by rewriting node ids, which pytest 9 no longer allows; the
+# scheduler below groups by node id instead (the controller has no items, only their ids).
+FIRST_GROUPS = ("slurm", "readme")
+SHARED_FIXTURE = "readme_pipelines"
+
+
+@functools.cache
+def _module_group(module: str) -> str:
+    if module.startswith("tests/slurm/"):
+        return "slurm"
+    try:
+        source = (REPO / module).read_text()
+    except OSError:
+        return module
+    return "readme" if SHARED_FIXTURE in source else module
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under `--dist loadgroup`: its module's, or a shared one (slurm, readme)."""
+    return _module_group(nodeid.split("::", 1)[0])
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `--dist loadgroup`, schedule whole groups (see xdist_group) on one worker each."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    # Groups go out in collection order (the longest first, see pytest_collection_modifyitems), not by their
+    # number of tests: the SLURM group has few tests and the longest wall time.
+    config.option.loadscopereorder = False
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest groups first; the test that changes the README pipelines' results after their readers."""
+    rank = {group: index for index, group in enumerate(FIRST_GROUPS)}
+    last = {item for item in items if "readme_pipelines_last_reader" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: (rank.get(xdist_group(item.nodeid), len(rank)), item in last))
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A one-rank gloo process group (FSDP2 and DCP need one), destroyed after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ conf/ tree, so editing the copy changes what runs without touching the checkout.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -68,6 +69,54 @@ class Project:
         text = path.read_text()
         assert old in text, f"{old!r} not in {rel}"
         path.write_text(text.replace(old, new, 1))
+
+
+def bare_report(repo: Path, workdir: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """`snakemake --report results/report.html` in ``workdir`` naming no config (-s and --directory only locate)."""
+    cmd = ["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--report", "results/report.html"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _report_var(html: str, name: str) -> dict:
+    """A JSON object the Snakemake HTML report embeds as `var NAME = {...};`."""
+    match = re.search(rf"^\s*var {name} = (\{{.*\}});\s*$", html, re.M)
+    assert match, f"the report embeds no `var {name}`"
+    return json.loads(match.group(1))
+
+
+def _toggle_labels(labels_of: list[dict]) -> set[str]:
+    """Labels Snakemake's report turns into a toggle (rows hidden behind a switch: one more click).
+
+    Its rule (report template, AbstractResults.getData): every label but the first whose values, over the rows
+    that have it, are exactly two, each on half of all the rows.
+    """
+    order: dict[str, int] = {}
+    for labels in labels_of:
+        for i, key in enumerate(labels):
+            order.setdefault(key, i)
+    toggles = set()
+    for key in sorted(order, key=order.get)[1:]:
+        values = [labels[key] for labels in labels_of if key in labels]
+        if len(set(values)) == 2 and all(values.count(v) * 2 == len(labels_of) for v in set(values)):
+            toggles.add(key)
+    return toggles
+
+
+def report_clicks(html: str) -> dict[str, tuple[int, str, dict]]:
+    """Each result of a Snakemake HTML report: (clicks from the opened report to its plot, category, labels).
+
+    The menu lists the categories (one click); a category with several subcategories lists them (one more); the
+    result table's row opens the plot (one more); a row behind a toggle needs the toggle too.
+    """
+    categories, results = _report_var(html, "categories"), _report_var(html, "results")
+    clicks = {}
+    for category, subcategories in categories.items():
+        for paths in subcategories.values():
+            labels_of = [results[path].get("labels") or {} for path in paths]
+            hidden = 1 if _toggle_labels(labels_of) else 0
+            for path, labels in zip(paths, labels_of, strict=True):
+                clicks[path] = (1 + (len(subcategories) > 1) + 1 + hidden, category, labels)
+    return clicks
 
 
 def planned_jobs(dry_run_output: str) -> set[tuple[str, str]]:

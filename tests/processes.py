@@ -7,14 +7,20 @@ import time
 from pathlib import Path
 
 
-def pids_with_arg(fragment: str) -> set[int]:
-    """PIDs of live processes with an argv entry containing ``fragment`` (e.g. a unique run_dir)."""
+def pids_with_arg(fragment: str, cwd: Path | None = None) -> set[int]:
+    """PIDs of live processes with an argv entry containing ``fragment`` (e.g. a unique run_dir).
+
+    ``cwd``: only processes working below that directory. A Snakemake job's argv names paths relative to the
+    working directory, so a run hash alone also matches another test's pipeline of the same config.
+    """
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if cwd is not None and not Path(os.readlink(entry / "cwd")).is_relative_to(cwd):
+                continue
         except OSError:
             continue
         if any(fragment.encode() in arg for arg in argv) and is_alive(int(entry.name)):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import torch
+from torch.distributed.fsdp import fully_shard
+
 from worldpipe.launch.torchrun import torchrun_argv
 
 WORKER = Path(__file__).parent / "integration" / "sharded_worker.py"
@@ -21,3 +24,16 @@ def torchrun(env: dict, nproc: int, *args, fault: str | None = None,
     cmd = torchrun_argv(nproc, [str(WORKER), *map(str, args)])
     # torchrun waits for its ranks and stops the others when one dies; the timeout bounds a hang.
     return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def fsdp_toy_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Two FSDP2-sharded linear layers and their AdamW after one step (needs a process group)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Linear(7, 2))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 6)).square().mean().backward()
+    opt.step()
+    return model, opt

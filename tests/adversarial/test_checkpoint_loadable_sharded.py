@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-from torch.distributed.fsdp import fully_shard
 
 from checkpoint_states import rehash_step
+from sharded_support import fsdp_toy_model
 from worldpipe.checkpoint import CheckpointCorruptError, CheckpointManager, checkpoint_digest
 from worldpipe.checkpoint.resharding import load_resharded
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
@@ -30,29 +29,12 @@ def model_shapes(model) -> dict[str, list[int]]:
     return {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def _model(seed: int = 0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Linear(7, 2))
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model(torch.randn(4, 6)).square().mean().backward()
-    opt.step()
-    return model, opt
 
 
 @pytest.fixture
 def run(one_rank_group, tmp_path) -> Path:
     """Sharded steps 1 and 2 of one model; returns the checkpoints directory."""
-    model, opt = _model()
+    model, opt = fsdp_toy_model()
     root = tmp_path / "ck"
     saver = ShardedSaver(CheckpointManager(root, keep_last=3))
     for step in (1, 2):
@@ -145,7 +127,7 @@ def test_forged_sharded_step_fails_verify_and_every_reader_falls_back(case, run,
 
     with caplog.at_level(logging.WARNING, logger="worldpipe.checkpoint"):
         assert checkpoint_digest(run) == intact
-        model, opt = _model(seed=3)
+        model, opt = fsdp_toy_model(seed=3)
         assert CheckpointManager(run).latest_loadable(model_shapes(model)) == 1
     skipped = [r.getMessage() for r in caplog.records]
     assert len(skipped) == 2 and all(m.startswith(f"skipping checkpoint {run}/step-000002: ") for m in skipped)
@@ -161,7 +143,7 @@ def test_the_model_being_loaded_decides_even_without_a_recorded_table(run):
     (step_dir / "MANIFEST.json").write_text(json.dumps(manifest))
     rehash_step(step_dir)
     assert CheckpointManager(run).latest_loadable() == 2  # nothing to compare with but itself
-    model, _ = _model(seed=3)
+    model, _ = fsdp_toy_model(seed=3)
     assert CheckpointManager(run).latest_loadable(model_shapes(model)) == 1
 
 
@@ -169,6 +151,6 @@ def test_loading_never_reads_a_piece_outside_its_step(run):
     """Even when asked for the forged step directly, the reader refuses the escaping path instead of reading it."""
     _escaping_piece(run / "step-000002")
     rehash_step(run / "step-000002")
-    model, opt = _model(seed=3)
+    model, opt = fsdp_toy_model(seed=3)
     with pytest.raises(CheckpointCorruptError, match="resolves outside its step directory"):
         load_resharded(CheckpointManager(run), 2, model, opt)

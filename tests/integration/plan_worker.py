@@ -1,7 +1,7 @@
 """torchrun worker for the planner test: trains the smoke transformer two steps in each named layout and writes
 rank 0's measured memory by category and the bytes and calls of every collective of the second step.
 
-    torchrun --nproc-per-node 2 plan_worker.py OUT.json LAYOUT=STRATEGY,TP,CP ...
+    torchrun --nproc-per-node 2 plan_worker.py OUT.json LAYOUT=STRATEGY,TP,CP[,sp][,rc] ...
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from worldpipe.parallel.runtime import init_runtime, shutdown_runtime
 # own bookkeeping are kept under their op name, not predicted).
 NAMES = {"c10d.allreduce_.default": "all_reduce(gradients)", "c10d._allgather_base_.default": "all_gather(parameters)",
          "c10d._reduce_scatter_base_.default": "reduce_scatter(gradients)",
-         "_c10d_functional.all_reduce.default": "all_reduce(activations)", "c10d.send.default": "send(kv ring)"}
+         "_c10d_functional.all_reduce.default": "all_reduce(activations)", "c10d.send.default": "send(kv ring)",
+         "_c10d_functional.all_gather_into_tensor.default": "all_gather(activations)",
+         "_c10d_functional.reduce_scatter_tensor.default": "reduce_scatter(activations)"}
 
 
 class CollectiveCounter(TorchDispatchMode):
@@ -44,10 +46,11 @@ class CollectiveCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def run_layout(runtime, strategy: str, tp: int, cp: int) -> dict:
+def run_layout(runtime, strategy: str, tp: int, cp: int, options: list[str]) -> dict:
     torch.manual_seed(0)
     model = CausalTransformer(3, 1, width=16, heads=2, layers=1)
-    layout = build_layout({"strategy": strategy, "tensor_parallel": tp, "context_parallel": cp}, runtime)
+    layout = build_layout({"strategy": strategy, "tensor_parallel": tp, "context_parallel": cp,
+                           "sequence_parallel": "sp" in options, "recompute": "rc" in options}, runtime)
     model = layout.wrap(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **layout.optimizer_kwargs)
     gen = torch.Generator().manual_seed(1)
@@ -74,8 +77,8 @@ def main() -> None:
     results = {}
     for spec in specs:
         name, _, rest = spec.partition("=")
-        strategy, tp, cp = rest.split(",")
-        results[name] = run_layout(runtime, strategy, int(tp), int(cp))
+        strategy, tp, cp, *options = rest.split(",")
+        results[name] = run_layout(runtime, strategy, int(tp), int(cp), options)
     if runtime.rank == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)

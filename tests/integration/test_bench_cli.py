@@ -32,6 +32,7 @@ def _positive_numbers(mapping: dict, keys: set[str]) -> None:
         assert isinstance(value, int | float) and value > 0, (key, value)
 
 
+@pytest.mark.slow  # 21 s on a quiet 2-core machine: the default tier's 5-minute budget
 def test_bench_checkpoint_writes_its_json(tmp_path, env_with_venv):
     out, work = tmp_path / "bench" / "checkpoint.json", tmp_path / "scratch"
     proc = bench(env_with_venv, tmp_path, "checkpoint", "--mb", "1", "--repeat", "2", "--dir", str(work),
@@ -76,12 +77,17 @@ def test_bench_loader_writes_its_json(tmp_path, env_with_venv):
     out = tmp_path / "bench" / "loader.json"
     proc = bench(env_with_venv, tmp_path, "loader", "--out", str(out), "--episodes", "8", "--max-steps", "24",
                  "--episodes-per-shard", "4", "--window", "8", "--batch", "4", "--batches", "4", "--repeats", "1",
-                 "--demand", "1000")
+                 "--demand", "1000", "--pixel-size", "16", "--pixel-episodes", "2", "--pixel-demand", "500")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["benchmark"] == "loader"
     assert result["config"] == {"batch": 4, "batches": 4, "demand": 1000.0, "episodes": 8, "episodes_per_shard": 4,
-                                "max_steps": 24, "repeats": 1, "window": 8}
+                                "max_steps": 24, "repeats": 1, "window": 8, "pixel_size": 16, "pixel_episodes": 2,
+                                "pixel_demand": 500.0}
+    pixels = result["pixels"]  # pixel windows: frames/s against the frames/s a PixelRSSM step consumes
+    assert set(pixels) == {"pixel_size", "build_s", "store_bytes", "loader_frames_per_s", "loader_first_batch_s",
+                           "training_demand_frames_per_s", "loader_vs_demand"}
+    assert pixels["loader_vs_demand"] == pytest.approx(pixels["loader_frames_per_s"] / 500.0)
     assert set(result["compressors"]) == {"none", "zstd"}
     for fields in result["compressors"].values():
         assert set(fields) == LOADER_FIELDS
@@ -115,6 +121,9 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
         # The fraction is computed from the numbers beside it, against the same run's peak.
         assert c["fraction_of_peak"] == pytest.approx(c["flops"] / (c["step_ms"] / 1e3) / 1e9 / result["peak_gflops"])
         assert c["best_step_ms"] <= c["step_ms"] and c["fraction_of_peak_best"] >= c["fraction_of_peak"]
+        # By the thread's CPU time too, against the peak by CPU time (what other processes take does not enter).
+        assert c["fraction_of_peak_cpu"] == pytest.approx(
+            c["flops"] / (c["cpu_step_ms"] / 1e3) / 1e9 / result["peak_gflops_cpu"])
     # Same model, same FLOPs (up to the split first layers): the baseline differs only in how it loops.
     per_step, model = result["contenders"]["per-step RSSM"], result["contenders"]["model"]
     assert model["flops"] == pytest.approx(per_step["flops"], rel=0.02)

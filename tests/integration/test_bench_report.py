@@ -1,7 +1,7 @@
 """`snakemake collect_benchmarks` with tiny settings, then `snakemake --report`: every benchmark's plot is in the report,
 and what `bench comm` counts exactly (ring bytes, ZeRO memory) equals its closed form.
 
-A real Snakemake run of every benchmark (comm, checkpoint, rollout, startup, loop) on a copy of the project, the
+A real Snakemake run of every benchmark (comm, checkpoint, rollout, startup, loop, pipeline, activations) on a copy of the project, the
 report built as a zip and opened. Structure only: benchmarks measure speed, tests never assert on it.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from pipeline_project import Project, planned_jobs
 
-# Five benchmarks, each starting processes (torchrun ranks, servers, training runs): minutes on a busy 2-core box.
+# Seven benchmarks, each starting processes (torchrun ranks, servers, training runs): minutes on a busy 2-core box.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -24,6 +24,10 @@ TINY = {
     "rollout": {"duration_s": 0.5, "loop_steps": 3},
     "startup": {"repeats": 1},
     "loop": {"steps": 6, "rounds": 1, "no_compile": True},
+    "step": {"rounds": 1, "steps": 1, "mm_sizes": "128"},
+    "compile": {"steps": 4, "window": 2},  # a 2-step unroll: its cold compile is the shortest there is
+    "pipeline": {"nproc": 2, "repeat": 1},
+    "activations": {"nproc": 2, "rounds": 1},
 }
 # Every plot of the target, and a phrase of the caption that says how to read it.
 PLOTS = {
@@ -35,6 +39,10 @@ PLOTS = {
     "rollout.png": "the star is the knee",
     "startup.png": "a bare script plus 2 s",
     "loop.png": "where the loop wall time of each trainer run went",
+    "step.png": "label: ms per step",
+    "compile.png": "compiled run has caught up with eager",
+    "pipeline.png": "the idle time communication does not explain",
+    "activations.png": "every block keeps only its input for backward",
 }
 
 
@@ -61,9 +69,23 @@ def _ratio_fields(bench: dict) -> None:
     assert bench["loop"]["loop_ratio"] > 0 and bench["loop"]["steps"] == TINY["loop"]["steps"]
     assert "trainer, compiled" not in bench["loop"]["contenders"]  # no_compile: true reached the CLI
     assert "run_level_checkpoint_overhead" in bench["loop"]
+    pipeline = bench["pipeline"]["rows"]
+    assert [r["microbatches"] for r in pipeline] == [1, 2, 4, 8]
+    assert [r["idle_model"] for r in pipeline] == [1 / 2, 1 / 3, 1 / 5, 1 / 9]  # P = 2
+    assert all(len(r["per_stage"]) == 2 and r["per_stage"][1]["transfers"] == 2 * r["microbatches"] for r in pipeline)
+    activations = bench["activations"]
+    assert set(activations["contenders"]) == {"tp", "tp_sp", "tp_sp + recompute", "ddp", "ddp + recompute"}
+    # Counted, not timed: sequence shards and recomputation hold fewer bytes for backward on any machine.
+    assert activations["ratios"]["tp_sp_over_tp_activations"] < 1
+    assert activations["ratios"]["recompute_over_ddp_activations"] < 0.5
     split = bench["loop"]["contenders"]["trainer + tracking + checkpoints"]["wall_split"]
     # The parts of the trainer's clock cover its loop: the kinds add up to the whole wall time.
     assert sum(split[k] for k in ("compute", "waiting_io", "waiting_ranks", "other")) == pytest.approx(1.0)
+    step = bench["step"]
+    assert step["fraction_of_peak"] > 0 and step["speedup_vs_per_step"] > 0
+    compile_ = bench["compile"]
+    assert set(compile_["contenders"]) == {"eager", "compiled, cold", "compiled, warm"}
+    assert compile_["warm_over_cold_first_step"] > 0 and set(compile_["break_even_steps"]) == {"cold", "warm"}
 
 
 STARTUP_CONTENDERS = {"bare script", "torchrun", "in-process", "in-process, sync run start", "in-process, resume",
@@ -92,7 +114,7 @@ def _startup_shows_sync_and_background_run_start(report: dict) -> None:
 
 def _comm_agrees_with_its_exact_models(comm: dict) -> None:
     # Not speed: quantities the benchmark counts exactly, which must equal their closed forms on any machine.
-    assert [r["bytes"] for r in comm["all_reduce"]] == [1024, 4096, 16384, 65536, 262144, 1048576]
+    assert [r["bytes"] for r in comm["all_reduce"]] == [1024 * 2**k for k in range(11)]  # 1 KB .. 1 MB, x2
     assert all("fit_error" in r for r in comm["all_reduce"])
     # Counted bytes are what the ring sends: exactly the model (N-1)·S·d_kv/N on every rank.
     assert all(r["bytes_sent"] == r["model_bytes"] for r in comm["ring_attention"])

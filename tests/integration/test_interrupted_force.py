@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -65,9 +66,16 @@ def test_plain_run_after_killed_force_refuses_then_resumes(repo, env_with_venv, 
     try:
         # Past the old end (40): the raised run is training; it then waits inside publishing step 60.
         _wait_for(lambda: _latest_step(run_dir) >= PAUSE_STEP - 10, 900, "the forced training to pass step 40")
+        # While Snakemake runs it (its console goes to a log file), the training's progress is on show.
+        status = subprocess.run(["worldpipe", "runs", "status", "--runs-dir", str(project.work / "results/runs")],
+                                env=env_with_venv, capture_output=True, text=True, timeout=120)
+        (row,) = [line for line in status.stdout.splitlines() if run_dir.name in line]
+        step, target = (int(n) for n in row.split()[1].split("/"))
+        assert target == RAISED_STEPS and step >= PAUSE_STEP - 10 and "running" in row, status.stdout
+        assert row.split()[4] != "-", row  # an ETA
         os.kill(forced.pid, signal.SIGKILL)
         forced.wait(timeout=60)
-        orphans = pids_with_arg(run_dir.name)
+        orphans = pids_with_arg(run_dir.name, cwd=project.work)
         holder = json.loads((run_dir / ".run.lock").read_text())["pid"]
         assert holder in orphans and is_alive(holder), "the training must outlive the killed Snakemake"
 
@@ -80,10 +88,10 @@ def test_plain_run_after_killed_force_refuses_then_resumes(repo, env_with_venv, 
         assert not (run_dir / "train_done.json").exists()
         assert not list((run_dir / "eval").glob("*/metrics.json")), "stale evaluation of step 40 still present"
     finally:
-        for pid in orphans | pids_with_arg(run_dir.name):  # the test stops what it started, by PID
+        for pid in orphans | pids_with_arg(run_dir.name, cwd=project.work):  # the test stops what it started, by PID
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        assert not wait_gone(orphans | pids_with_arg(run_dir.name), timeout=60)
+        assert not wait_gone(orphans | pids_with_arg(run_dir.name, cwd=project.work), timeout=60)
 
     # The holder is gone: a plain run resumes the run and evaluates where it ends.
     resumed = project.snakemake()

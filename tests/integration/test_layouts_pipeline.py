@@ -4,12 +4,14 @@ Real Snakemake on a throwaway copy of the project (tests/pipeline_project.py), r
 are built once, by the first invocation; each layout then trains an experiment of its own (`layout_<name>`:
 a smoke overlay under another name), because a layout is resume-safe: it is not part of a run's identity, so
 the same experiment under another layout is the same run, and a finished run has nothing left to train. That
-is asserted too: changing only the layout of a finished run plans no job.
+is asserted too: changing only the layout of a finished run plans no job. A pp run also resumes through
+Snakemake after losing its last checkpoint, to the same digest.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,14 @@ LAYOUTS = {
     "dp_tp": ("smoke_transformer", 4, {"strategy": "fsdp2", "dp": 2, "tp": 2, "cp": 1}),
     "dp_cp": ("smoke_ssm", 4, {"strategy": "ddp", "dp": 2, "tp": 1, "cp": 2}),
     "tp_cp": ("smoke_transformer", 4, {"strategy": "fsdp2", "dp": 1, "tp": 2, "cp": 2}),
+    "pp": ("smoke_transformer", 2, {"strategy": "none", "dp": 1, "tp": 1, "cp": 1, "pp": 2, "microbatches": 4,
+                                    "schedule": "gpipe"}),
+    "dp_pp": ("smoke_transformer", 4, {"strategy": "ddp", "dp": 2, "tp": 1, "cp": 1, "pp": 2, "microbatches": 2,
+                                       "schedule": "1f1b"}),
 }
-SHARDED = ("fsdp2", "tp", "dp_tp", "tp_cp")  # parameters are DTensors: every rank writes its own pieces
+# Parameters are DTensors, or each pipeline stage's own: every rank writes its own pieces.
+SHARDED = ("fsdp2", "tp", "dp_tp", "tp_cp", "pp", "dp_pp")
+PIPELINES = ("pp", "dp_pp")  # the smoke transformer has one block: their experiments get two (one per stage)
 
 
 def layout_config(repo: Path, layout: str, world_size: int | None = None) -> dict:
@@ -43,7 +51,9 @@ def layout_config(repo: Path, layout: str, world_size: int | None = None) -> dic
     config["train"]["nproc_per_node"] = world_size or LAYOUTS[layout][1]
     # Tracking off (resume-safe too): what is tested here is the layout; tests/integration/test_run_identity.py
     # covers the pipeline's MLflow records.
-    config["train"]["overrides"] = [f"parallel={layout}", f"trainer.steps={STEPS}", f"checkpoint.every={STEPS}",
+    # Pipelines also save half-way, so that a resume has a checkpoint to start from.
+    every = STEPS // 2 if layout in PIPELINES else STEPS
+    config["train"]["overrides"] = [f"parallel={layout}", f"trainer.steps={STEPS}", f"checkpoint.every={every}",
                                     "tracking.enabled=false"]
     return config
 
@@ -55,6 +65,9 @@ def project(repo, env_with_venv, tmp_path_factory) -> Project:
         text = (project.src / f"conf/experiment/{base}.yaml").read_text()
         assert f"experiment_name: {base}\n" in text
         overlay = text.replace(f"experiment_name: {base}\n", f"experiment_name: layout_{layout}\n")
+        if layout in PIPELINES:
+            assert "  layers: 1\n" in overlay
+            overlay = overlay.replace("  layers: 1\n", "  layers: 2\n")
         (project.src / f"conf/experiment/layout_{layout}.yaml").write_text(overlay)
     return project
 
@@ -99,3 +112,29 @@ def test_changing_only_the_layout_of_a_finished_run_trains_nothing(repo, project
     dry = project.snakemake(f"{after.dir}/train_done.json", "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+
+
+# pp only: dp×pp resumes bit-exactly on its layout in test_layouts_resume.py (one Snakemake run less).
+@pytest.mark.parametrize("layout", ["pp"])
+def test_pipeline_run_resumes_through_the_pipeline(repo, project, layout):
+    """A pipeline run that lost its last checkpoint and completion record (killed after the half-way save)
+    resumes from the half-way one when Snakemake runs again, and ends with the same digest."""
+    config = layout_config(repo, layout)
+    project.write_config(config)
+    (run,) = project.plan()[1].values()
+    done_file = project.work / run.dir / "train_done.json"
+    if not done_file.is_file():  # not trained above (run alone)
+        train_with_snakemake(project, config)
+    straight = json.loads(done_file.read_text())
+    checkpoints = project.work / run.dir / "checkpoints"
+    assert (checkpoints / f"step-{STEPS // 2:06d}" / INDEX_FILE).is_file()
+    half = checkpoints / f"step-{STEPS // 2:06d}"
+    written = {p.name: p.stat().st_mtime_ns for p in half.rglob("*") if p.is_file()}
+    shutil.rmtree(checkpoints / f"step-{STEPS:06d}")
+    done_file.unlink()
+    train_with_snakemake(project, config)
+    resumed = json.loads(done_file.read_text())
+    assert resumed["final_step"] == STEPS
+    # Resumed, not retrained: the half-way checkpoint is the one published before.
+    assert {p.name: p.stat().st_mtime_ns for p in half.rglob("*") if p.is_file()} == written
+    assert resumed["digest"] == straight["digest"] == checkpoint_digest(checkpoints)

@@ -67,19 +67,23 @@ def evaluated(tmp_path_factory, smoke_dataset, env_with_venv):
 def test_metrics_by_horizon_are_on_the_training_run_once(evaluated):
     client, run_id = evaluated["client"], evaluated["run_id"]
     result = json.loads((evaluated["root"] / "first.json").read_text())
+    step = result["checkpoint_step"]
     history = histories(client, run_id)
-    for key, values in (("eval/model_mse", result["model_mse"]), ("eval/baseline_mse", result["baseline_mse"]),
-                        ("eval/mse_ratio", result["ratio"])):
-        assert [(s, v) for s, _, v in history[key]] == list(enumerate(values, start=1)), key
-    assert [v for *_, v in history["eval/one_step_ratio"]] == [result["ratio"][0]]
-    assert [v for *_, v in history["eval/final_ratio"]] == [result["ratio"][-1]]
+    for name, values in (("model_mse", result["model_mse"]), ("baseline_mse", result["baseline_mse"]),
+                         ("mse_ratio", result["ratio"])):
+        assert name not in history  # a horizon is never a step: every eval/ metric is at the training step
+        for horizon, value in enumerate(values, start=1):
+            assert [(s, v) for s, _, v in history[f"eval/per_horizon/{name}/h{horizon:02d}"]] == [(step, value)]
+    assert [(s, v) for s, _, v in history["eval/one_step_ratio"]] == [(step, result["ratio"][0])]
+    assert [(s, v) for s, _, v in history["eval/final_ratio"]] == [(step, result["ratio"][-1])]
     assert not duplicate_steps(history)
     tags = client.get_run(run_id).data.tags
     assert tags["worldpipe.eval.checkpoint_digest"] == evaluated["done"]["digest"]
     assert tags["worldpipe.eval.heldout_dataset_hash"] == result["heldout_dataset_hash"]
     assert tags["worldpipe.eval.complete"] == tags["worldpipe.eval.key"]
     files = {a.path for a in client.list_artifacts(run_id, "evaluation")}
-    assert files == {"evaluation/first.json", "evaluation/first.png"}  # the second evaluation was a no-op
+    # the second evaluation was a no-op
+    assert files == {"evaluation/first.json", "evaluation/first.png", "evaluation/by_horizon.json"}
     assert "already on" in evaluated["second"].stderr
 
 
@@ -120,8 +124,27 @@ def test_another_horizon_goes_to_a_nested_child_run(evaluated):
     children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
     assert len(children) == 1
     child = children[0]
-    assert [s for s, _, _ in histories(client, child.info.run_id)["eval/model_mse"]] == list(range(1, OTHER_HORIZON + 1))
-    assert len(histories(client, run_id)["eval/model_mse"]) == HORIZON  # the training run's evaluation is untouched
+    child_history = histories(client, child.info.run_id)
+    assert sorted(k for k in child_history if k.startswith("eval/per_horizon/model_mse/")) == [
+        f"eval/per_horizon/model_mse/h{h:02d}" for h in range(1, OTHER_HORIZON + 1)]
+    # the training run's evaluation is untouched
+    assert len([k for k in histories(client, run_id) if k.startswith("eval/per_horizon/model_mse/")]) == HORIZON
+
+
+def test_the_logged_model_carries_its_evaluation_and_datasets(evaluated):
+    client, run_id = evaluated["client"], evaluated["run_id"]
+    experiment_id = client.get_run(run_id).info.experiment_id
+    (model,) = client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    metrics = {(m.key, m.run_id): m for m in model.metrics}
+    result = json.loads((evaluated["root"] / "first.json").read_text())
+    assert metrics[("eval/one_step_ratio", run_id)].value == result["ratio"][0]
+    assert metrics[("eval/per_horizon/mse_ratio/h08", run_id)].value == result["ratio"][-1]
+    assert not any(key.startswith("system/") for key, _ in metrics)
+    assert metrics[("loss/total", run_id)].step == result["checkpoint_step"]
+    assert {(m.dataset_name, m.key.startswith("eval/")) for m in model.metrics if m.run_id == run_id} == {
+        ("smoke", False), ("smoke-heldout", True)}
+    link = f"/#/experiments/{experiment_id}/models/{model.model_id}?workflowType=machine_learning"
+    assert f"logged model: http://127.0.0.1:5000{link}" in evaluated["first"].stdout  # `mlflow ui` on SQLite
 
 
 def test_system_metrics_were_sampled_on_the_training_run(evaluated):

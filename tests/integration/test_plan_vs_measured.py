@@ -1,4 +1,4 @@
-"""`worldpipe plan` against measurement: 2 gloo ranks train the smoke transformer in ddp, fsdp2, tp and cp
+"""`worldpipe plan` against measurement: 2 gloo ranks train the smoke transformer in ddp, fsdp2, tp, cp and tp_sp
 (tests/integration/plan_worker.py); the planner's parameters, gradients and optimizer state per rank are
 within 15% of the measured tensors, and its communication bytes and calls per step are exact."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYOUTS = {"ddp": "ddp,1,1", "fsdp2": "fsdp2,1,1", "tp": "none,2,1", "cp": "ddp,1,2"}
+LAYOUTS = {"ddp": "ddp,1,1", "fsdp2": "fsdp2,1,1", "tp": "none,2,1", "cp": "ddp,1,2", "tp_sp": "none,2,1,sp",
+           "tp+rc": "none,2,1,rc", "cp+rc": "ddp,1,2,rc"}
 
 
 @pytest.mark.slow

@@ -3,14 +3,18 @@ plots average seeds with error bars, evaluations are idempotent per key."""
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from worldpipe.tracking.comparison import ComparisonError, comparison_table, plot_comparison, resolve
-from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation
-from worldpipe.tracking.sweep_runs import link_point, open_parent_run, point_runs
+from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
+from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation, log_model_evaluation
+from worldpipe.tracking.history import duplicate_steps, histories
+from worldpipe.tracking.sweep_runs import link_point, open_parent_run, point_runs, summarize_sweep
 
 pytestmark = pytest.mark.integration  # a real SQLite MLflow store (its schema migrations take a few seconds)
 
@@ -20,13 +24,15 @@ RATIO = {(1e-3, 0): 0.9, (1e-3, 1): 0.7, (3e-3, 0): 0.5, (3e-3, 1): 0.4}
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     client = MlflowClient(f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}")
-    parent = open_parent_run(client, "worldpipe", "lr", ["trainer.lr", "seed"], len(RATIO))
+    parent = open_parent_run(client, "worldpipe", "lr", ["trainer.lr", "seed"], len(RATIO),
+                             {"trainer.lr": [1e-3, 3e-3], "seed": [0, 1]})
     experiment_id = client.get_run(parent).info.experiment_id
     for (lr, seed), ratio in RATIO.items():
         run_id = client.create_run(experiment_id, run_name=f"lr{lr}-s{seed}").info.run_id
         for key, value in {"trainer.lr": lr, "seed": seed, "model.stoch": 4, "run_dir": f"r/{lr}/{seed}"}.items():
             client.log_param(run_id, key, value)
-        client.log_metric(run_id, "eval/one_step_ratio", ratio)
+        client.log_metric(run_id, "eval/one_step_ratio", ratio, step=40)
+        client.log_metric(run_id, "loss/total", 10 * ratio, step=40)
         link_point(client, parent, run_id, "lr", f"trainer.lr-{lr}__seed-{seed}", {"trainer.lr": lr, "seed": seed})
     return client, parent
 
@@ -75,11 +81,66 @@ def test_the_same_evaluation_twice_logs_once_and_another_key_goes_to_a_child(swe
     record = EvaluationRecord(run.info.run_id, "d" * 64, 40, result)
     first, again = log_evaluation(client.tracking_uri, record), log_evaluation(client.tracking_uri, record)
     assert (first.logged, again.logged, first.child) == (True, False, False)
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/model_mse")] == [1, 2, 3]
+    assert _evaluation_steps(client, run.info.run_id) == {40}
     other = log_evaluation(client.tracking_uri, EvaluationRecord(run.info.run_id, "e" * 64, 50, result))
     assert other.child and other.run_id != run.info.run_id
     assert client.get_run(other.run_id).data.tags["mlflow.parentRunId"] == run.info.run_id
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/model_mse")] == [1, 2, 3]
+    assert _evaluation_steps(client, run.info.run_id) == {40}
+    assert _evaluation_steps(client, other.run_id) == {50}
+
+
+def _evaluation_steps(client, run_id: str) -> set[int]:
+    """Steps of every eval/ metric of a run (the training step evaluated: never a horizon)."""
+    return {step for key, points in histories(client, run_id).items() if key.startswith("eval/")
+            for step, _, _ in points}
+
+
+def test_error_by_horizon_is_named_by_horizon_and_tabled_not_stepped(sweep, tmp_path):
+    client, parent = sweep
+    run_id = client.create_run(client.get_run(parent).info.experiment_id, run_name="by-horizon").info.run_id
+    result = {**_result(horizon=3), "model_mse": [1.0, 2.0, 3.0], "ratio": [0.5, 1.0, 1.5]}
+    log_evaluation(client.tracking_uri, EvaluationRecord(run_id, "d" * 64, 40, result))
+    history = histories(client, run_id)
+    assert {k: [(s, v) for s, _, v in points] for k, points in history.items() if "/h" in k} == {
+        **{f"eval/per_horizon/model_mse/h0{h}": [(40, float(h))] for h in (1, 2, 3)},
+        **{f"eval/per_horizon/baseline_mse/h0{h}": [(40, 2.0)] for h in (1, 2, 3)},
+        **{f"eval/per_horizon/mse_ratio/h0{h}": [(40, r)] for h, r in ((1, 0.5), (2, 1.0), (3, 1.5))}}
+    assert not {"eval/model_mse", "eval/baseline_mse", "eval/mse_ratio"} & set(history)
+    table = json.loads(Path(client.download_artifacts(run_id, "evaluation/by_horizon.json", str(tmp_path))).read_text())
+    assert table == {"columns": ["horizon", "model_mse", "baseline_mse", "mse_ratio"],
+                     "data": [[1, 1.0, 2.0, 0.5], [2, 2.0, 2.0, 1.0], [3, 3.0, 2.0, 1.5]]}
+
+
+def test_the_logged_model_carries_the_evaluation_and_its_datasets(sweep):
+    client, parent = sweep
+    experiment_id = client.get_run(parent).info.experiment_id
+    run_id = client.create_run(experiment_id, run_name="modelled").info.run_id
+    client.log_metric(run_id, "loss/total", 3.0, step=40)
+    client.log_metric(run_id, "loss/total", 9.0, step=50)  # after the checkpoint: not the model's loss
+    arrays = {"obs": {"shape": [6, 10, 3], "dtype": "float32"}}
+    datasets = (DatasetRecord("train-set", "/d/train", "t" * 64, arrays, context=TRAINING),
+                DatasetRecord("heldout-set", "/d/heldout", "h" * 64, arrays, context=EVALUATION))
+    record = EvaluationRecord(run_id, "d" * 64, 40, _result(), datasets=datasets)
+    log_evaluation(client.tracking_uri, record)
+    model_id = client.create_logged_model(experiment_id, source_run_id=run_id, name="world_model").model_id
+    assert log_model_evaluation(client.tracking_uri, record, run_id, model_id) == 3 * 3 + 2 + 1
+    assert log_model_evaluation(client.tracking_uri, record, run_id, model_id) == 0  # once
+    metrics = {m.key: m for m in client.get_logged_model(model_id).metrics}
+    assert metrics["loss/total"].value == 3.0 and metrics["loss/total"].step == 40
+    assert (metrics["loss/total"].dataset_name, metrics["loss/total"].dataset_digest) == ("train-set", "t" * 32)
+    assert {(m.dataset_name, m.dataset_digest) for k, m in metrics.items() if k.startswith("eval/")} == {
+        ("heldout-set", "h" * 32)}
+    assert not duplicate_steps(histories(client, run_id))  # the model's metrics are the run's, not new ones
+
+
+def test_the_parent_holds_the_swept_values_and_the_best_point(sweep):
+    client, parent = sweep
+    best = summarize_sweep(client, parent, "eval/one_step_ratio", ["loss/total"])
+    run = client.get_run(parent)
+    assert run.data.params == {"sweep.points": "4", "trainer.lr": "[0.001, 0.003]", "seed": "[0, 1]"}
+    assert best.info.run_name == "lr0.003-s1" == run.data.tags["worldpipe.sweep.best_run"]
+    assert run.data.metrics == {"eval/one_step_ratio": 0.4, "loss/total": 4.0}
+    assert "lr0.003-s1" in run.data.tags["mlflow.note.content"]
 
 
 def _result(heldout: str = "h" * 64, context: int = 4, horizon: int = 3) -> dict:

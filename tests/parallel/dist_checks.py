@@ -77,16 +77,19 @@ MODELS = {
                     "layers": 2, "mlp_ratio": 2},
     "ssm": {"_target_": "worldpipe.models.ssm.LinearSSM", "width": 16, "state": 8, "layers": 2},
     "rssm": {"_target_": "worldpipe.models.rssm.RSSM", "embed": 8, "deter": 8, "stoch": 4, "hidden": 16},
+    "pixel_rssm": {"_target_": "worldpipe.models.pixel_rssm.PixelRSSM", "image_size": 16, "depth": 4, "embed": 8,
+                   "deter": 8, "stoch": 4, "classes": 4, "hidden": 16},
 }
 OBS_DIM, ACT_DIM = 3, 1
+OBS_DIMS = {"pixel_rssm": 16 * 16 * 3}  # flat frames; every other model observes OBS_DIM-wide states
 
 
-def synthetic_batch(batch: int, window: int, seed: int, noise_shape) -> dict:
+def synthetic_batch(batch: int, window: int, seed: int, noise_shape, obs_dim: int = OBS_DIM) -> dict:
     """Random windows whose valid lengths differ (some end early), as the loader pads them."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(window // 2, window + 1, (batch,), generator=gen)
     mask = (torch.arange(window)[None, :] < lengths[:, None]).float()
-    out = {"obs": torch.randn(batch, window, OBS_DIM, generator=gen) * mask[..., None],
+    out = {"obs": torch.randn(batch, window, obs_dim, generator=gen) * mask[..., None],
            "action": torch.randn(batch, window, ACT_DIM, generator=gen) * mask[..., None],
            "reward": torch.randn(batch, window, generator=gen) * mask, "mask": mask,
            "noise": None if noise_shape is None else torch.randn(batch, *noise_shape, generator=gen)}
@@ -119,12 +122,15 @@ def _diffs(a: dict, b: dict) -> float:
 
 
 def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: int, window: int,
-                 micro: int) -> dict:
+                 micro: int, pp: int = 1, schedule: str = "gpipe", sp: bool = False) -> dict:
     """One training step of a layout vs the single-process reference on the same global batch.
 
     The layout's step runs ``micro`` micro-batches (gradients accumulated, each loss normalized by the valid
-    steps of the whole global batch); the reference runs the whole batch at once.
+    steps of the whole global batch; a pipeline (``pp`` > 1) runs them inside its ``schedule``); the reference
+    runs the whole batch at once.
     """
+    from torch.distributed.tensor import DTensor
+
     from worldpipe.data.sampler import GlobalWindowSampler
     from worldpipe.models import build_model
     from worldpipe.parallel.layout import build_layout
@@ -132,10 +138,11 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
 
     runtime = init_runtime("gloo")
     torch.manual_seed(0)
-    reference = build_model(MODELS[model_name], OBS_DIM, ACT_DIM)
+    obs_dim = OBS_DIMS.get(model_name, OBS_DIM)
+    reference = build_model(MODELS[model_name], obs_dim, ACT_DIM)
     torch.manual_seed(0)
-    core = build_model(MODELS[model_name], OBS_DIM, ACT_DIM)
-    batch = synthetic_batch(batch_size, window, 1, reference.noise_shape(window))
+    core = build_model(MODELS[model_name], obs_dim, ACT_DIM)
+    batch = synthetic_batch(batch_size, window, 1, reference.noise_shape(window), obs_dim)
     keys = ("obs", "action", "reward", "mask", "noise")
 
     ref_sums = reference(*(batch[k] for k in keys))
@@ -143,18 +150,20 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
     ref_grads = _full_grads(reference)
     torch.optim.AdamW(reference.parameters(), lr=1e-2, eps=1.0).step()  # eps: no sign() of tiny grads
 
-    layout = build_layout({"strategy": strategy, "tensor_parallel": tp, "context_parallel": cp}, runtime)
+    layout = build_layout({"strategy": strategy, "tensor_parallel": tp, "context_parallel": cp,
+                           "pipeline_parallel": pp, "microbatches": micro, "pipeline_schedule": schedule,
+                           "sequence_parallel": sp}, runtime)
     model = layout.wrap(core)
+    accumulate = 1 if pp > 1 else micro  # a pipeline's microbatches are its schedule's
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1.0, **layout.optimizer_kwargs)
     mine = {k: (v[GlobalWindowSampler.rank_slice(batch_size, layout.dp_rank, layout.dp_size)] if v is not None else None)
             for k, v in batch.items() if k in keys}
     total = torch.zeros(())
     rows = mine["obs"].shape[0]
-    for index in range(micro):
-        piece = {k: (v[index * rows // micro:(index + 1) * rows // micro] if v is not None else None)
+    for index in range(accumulate):
+        piece = {k: (v[index * rows // accumulate:(index + 1) * rows // accumulate] if v is not None else None)
                  for k, v in mine.items()}
-        sums = model(*(layout.shard_batch(piece)[k] for k in keys))
-        (sums["total"] * layout.loss_scale(batch["global_valid"])).backward()
+        sums = layout.forward_backward(model, layout.shard_batch(piece), batch["global_valid"], core.loss_terms)
         total = total + sums["total"].detach()
     dist.all_reduce(total)
     grads = _full_grads(model)
@@ -166,6 +175,10 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
         "grad_scale": max(float(g.abs().max()) for g in ref_grads.values()),
         "param_diff_after_step": _diffs(_full_params(model), _full_params(reference)),
         "layout": layout.describe, "dp_rank": layout.dp_rank, "rows": rows,
+        # Sequence parallelism puts the norms' parameters on the tp mesh (plain tp leaves them whole; FSDP2
+        # shards them over dp, which is not what is asked).
+        "norms_on_mesh": any(isinstance(m.weight, DTensor) and "tp" in (m.weight.device_mesh.mesh_dim_names or ())
+                             for m in core.modules() if isinstance(m, torch.nn.LayerNorm)),
     }
 
 
@@ -274,8 +287,11 @@ def main(argv: list[str]) -> None:
     check, out_dir, *args = argv
     torch.set_num_threads(1)
     if check == "layout":
-        model_name, strategy, tp, cp, batch, window, micro = args
-        result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro))
+        model_name, strategy, tp, cp, batch, window, micro, *pipeline = args
+        pp, schedule = (int(pipeline[0]), pipeline[1]) if pipeline else (1, "gpipe")
+        sp = len(pipeline) > 2 and pipeline[2] == "sp"
+        result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro), pp,
+                              schedule, sp)
         Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
         return

@@ -69,6 +69,11 @@ TWO_RANKS = {
     "cp-transformer": ("transformer", "ddp", 1, 2, 5, 8, 1),
     "cp-ssm-accumulated": ("ssm", "ddp", 1, 2, 5, 8, 2),
     "fsdp2-transformer": ("transformer", "fsdp2", 1, 1, 5, 8, 1),
+    # pipeline: 2 stages, GPipe over 4 microbatches of windows with different valid counts (+ pp, schedule)
+    "pp-transformer-gpipe": ("transformer", "none", 1, 1, 8, 8, 4, 2, "gpipe"),
+    # sequence parallelism inside tp: norms and residual stream on sequence shards (pp 1, then the flag)
+    "tp_sp-transformer": ("transformer", "none", 2, 1, 5, 8, 1, 1, "gpipe", "sp"),
+    "fsdp2-pixel_rssm-unequal": ("pixel_rssm", "fsdp2", 1, 1, 5, 8, 1),  # conv encoder/decoder, categorical latents
 }
 
 
@@ -79,18 +84,22 @@ FAST = {"tp-transformer", "cp-ssm-accumulated"}  # the rest take ~25 s each on 2
 def test_layout_step_equals_single_process(tmp_path, env_with_venv, case):
     results = run_ranks(tmp_path, env_with_venv, 2, "layout", *map(str, TWO_RANKS[case]))
     assert_matches_reference(results)
+    assert all(r["norms_on_mesh"] == (TWO_RANKS[case][-1] == "sp") for r in results)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [("transformer", "fsdp2", 2, 1, 5, 8, 1), ("transformer", "ddp", 1, 2, 5, 8, 1),
-                                  ("ssm", "ddp", 1, 2, 6, 8, 1), ("transformer", "fsdp2", 2, 2, 5, 8, 2)],
-                         ids=["dp_tp", "dp_cp-transformer", "dp_cp-ssm", "tp_cp"])
+                                  ("ssm", "ddp", 1, 2, 6, 8, 1), ("transformer", "fsdp2", 2, 2, 5, 8, 2),
+                                  ("transformer", "ddp", 1, 1, 8, 8, 2, 2, "1f1b")],
+                         ids=["dp_tp", "dp_cp-transformer", "dp_cp-ssm", "tp_cp", "dp_pp-1f1b"])
 def test_two_dimensional_mesh_step_equals_single_process(tmp_path, env_with_venv, case):
     results = run_ranks(tmp_path, env_with_venv, 4, "layout", *map(str, case))
     assert_matches_reference(results)
-    dp = 4 // (case[2] * case[3])
+    pp = case[7] if len(case) > 7 else 1
+    dp = 4 // (case[2] * case[3] * pp)
     assert sorted({r["dp_rank"] for r in results}) == list(range(dp))
-    assert results[0]["layout"] == {"strategy": case[1], "dp": dp, "tp": case[2], "cp": case[3]}
+    stages = {"pp": pp, "microbatches": case[6], "schedule": case[8]} if pp > 1 else {}
+    assert results[0]["layout"] == {"strategy": case[1], "dp": dp, "tp": case[2], "cp": case[3], **stages}
 
 
 @pytest.mark.parametrize(("tp", "cp"), [(2, 1), pytest.param(2, 2, marks=pytest.mark.slow)], ids=["dp_tp", "tp_cp"])

@@ -23,6 +23,27 @@ def _cfg(*overrides):
       "trainer.batch_size=9"], 3, "data.window"),                                      # 16 steps in 3 chunks
     (["experiment=smoke", "parallel=tp"], 2, "parallel.tensor_parallel"),             # RSSM: no plan
     (["experiment=smoke_transformer", "parallel=dp_cp", "parallel.strategy=none"], 4, "parallel.strategy"),
+    # pipelines: the smoke transformer has 1 block (2 stages need 2); 8 windows are not 3 microbatches;
+    # microbatches without a pipeline; a model without stage boundaries; fsdp2 over the stages' replicas
+    (["experiment=smoke_transformer", "parallel=pp"], 2, "parallel.pipeline_parallel"),
+    (["experiment=smoke_transformer", "parallel=pp", "model.layers=2", "parallel.microbatches=3"], 2,
+     "parallel.microbatches"),
+    (["experiment=smoke_transformer", "parallel=dp_pp", "model.layers=2", "parallel.microbatches=8"], 4,
+     "parallel.microbatches"),                                                          # 4 per rank, not 8
+    (["experiment=smoke_transformer", "parallel=ddp", "parallel.microbatches=2"], 2, "parallel.microbatches"),
+    (["experiment=smoke_ssm", "parallel=pp"], 2, "parallel.pipeline_parallel"),
+    (["experiment=smoke_transformer", "parallel=dp_pp", "model.layers=2", "parallel.strategy=fsdp2"], 4,
+     "parallel.strategy"),
+    (["experiment=smoke_transformer", "parallel=pp", "model.layers=2", "parallel.tensor_parallel=2",
+      "parallel.nproc_per_node=4"], 4, "parallel.pipeline_parallel"),
+    (["experiment=smoke_transformer", "parallel=dp_pp", "model.layers=2"], 2, "parallel.nproc_per_node"),
+    # sequence parallelism: needs the tensor-parallel group, not with cp, a window of tp equal shards
+    (["experiment=smoke_transformer", "parallel=ddp", "parallel.sequence_parallel=true"], 2,
+     "parallel.sequence_parallel"),
+    (["experiment=smoke_transformer", "parallel=tp_cp", "parallel.sequence_parallel=true"], 4,
+     "parallel.sequence_parallel"),
+    (["experiment=smoke_transformer", "parallel=tp_sp", "data.window=15", "data.stride=5"], 2, "data.window"),
+    (["experiment=smoke", "parallel=ddp", "parallel.recompute=true"], 2, "parallel.recompute"),  # RSSM: no blocks
 ])
 def test_invalid_layout_names_the_key(overrides, world, key):
     with pytest.raises(ConfigError, match=rf"config key '{key}'"):
@@ -35,6 +56,9 @@ def test_invalid_layout_names_the_key(overrides, world, key):
     ["experiment=smoke_transformer", "parallel=cp"], ["experiment=smoke_ssm", "parallel=cp"],
     ["experiment=smoke_transformer", "parallel=dp_tp"], ["experiment=smoke_ssm", "parallel=dp_cp"],
     ["experiment=smoke_transformer", "parallel=tp_cp"],
+    ["experiment=smoke_transformer", "parallel=pp", "model.layers=2"], ["experiment=smoke_transformer", "parallel=tp_sp"],
+    ["experiment=smoke_transformer", "parallel=fsdp2", "parallel.recompute=true"],
+    ["experiment=smoke_transformer", "parallel=dp_pp", "model.layers=2"],
 ])
 def test_valid_layouts_pass(overrides):
     cfg = _cfg(*overrides)

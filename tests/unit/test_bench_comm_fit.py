@@ -17,7 +17,8 @@ def bench_comm():
 
 
 def _rows(seconds_of, sizes=(1024, 4096, 16384, 65536, 262144, 1048576)):
-    return [{"bytes": size, "seconds": seconds_of(size)} for size in sizes]
+    return [{"bytes": size, "seconds": seconds_of(size), "p10_s": seconds_of(size), "p90_s": seconds_of(size)}
+            for size in sizes]
 
 
 def test_fit_recovers_alpha_and_bandwidth_from_model_timings(bench_comm):
@@ -38,30 +39,59 @@ def test_timings_that_fall_with_size_give_no_negative_bandwidth(bench_comm):
     assert "not resolved" in bench_comm.describe_fit(fit)
 
 
+def _ring(n, alpha, beta, g):
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * beta * g
+
+
 def test_two_regimes_fit_a_latency_bound_and_a_bandwidth_bound_line(bench_comm):
-    # Small messages on one alpha-beta line, large ones on another (cache-bound vs memory-bound copies): one
-    # line over all sizes misses the large ones badly; the two-regime fit recovers both lines and the split.
+    # Small messages on one alpha-beta line, large ones on another: one line over all sizes misses the large ones
+    # badly; the piecewise fit recovers both lines and the split, and adds no third regime it does not need.
     n = 2
-    sizes = [1024 * 4**k for k in range(9)]  # 1 KB .. 64 MB, as the benchmark measures
+    sizes = [1024 * 4**k for k in range(9)]  # 1 KB .. 64 MB
 
     def seconds(g):
-        alpha, beta = (30e-6, 1 / 8e9) if g < (1 << 20) else (400e-6, 1 / 1.5e9)
-        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * beta * g
+        return _ring(n, *((30e-6, 1 / 8e9) if g < (1 << 20) else (400e-6, 1 / 1.5e9)), g)
 
     rows = _rows(seconds, sizes)
     one_line = bench_comm.fit_ring_model(rows, n)
-    fit = bench_comm.fit_two_regimes(rows, n)
+    fit = bench_comm.fit_regimes(rows, n)
     assert one_line["max_abs_fit_error"] > 0.3  # what the single line did
-    assert fit["regimes"] == 2 and fit["split_bytes"] == 1 << 20
-    assert fit["small"]["alpha_s"] == pytest.approx(30e-6, rel=1e-6)
-    assert fit["large"]["bandwidth_GBps"] == pytest.approx(1.5, rel=1e-6)
+    assert fit["regimes"] == 2 and fit["split_bytes"] == [1 << 20]
+    assert fit["alpha_s"] == pytest.approx(30e-6, rel=1e-6)
+    assert fit["per_regime"][1]["bandwidth_GBps"] == pytest.approx(1.5, rel=1e-6)
     assert fit["max_abs_fit_error_ge_1MB"] < 1e-6
-    assert [r["regime"] for r in rows] == ["small"] * 5 + ["large"] * 4
+    assert [r["regime"] for r in rows] == [0] * 5 + [1] * 4
     assert all(abs(r["fit_error"]) < 1e-6 for r in rows)
+
+
+def test_three_regimes_when_cache_and_memory_bound_copies_differ(bench_comm):
+    # Latency-bound, cache-resident and memory-bound messages, sizes x2 apart as the benchmark measures them:
+    # two regimes leave one range badly fitted, three recover every line and both breakpoints.
+    n = 2
+    sizes = [1024 * 2**k for k in range(17)]  # 1 KB .. 64 MB
+
+    def seconds(g):
+        if g < (64 << 10):
+            return _ring(n, 20e-6, 1 / 10e9, g)
+        return _ring(n, 60e-6, 1 / 6e9, g) if g < (4 << 20) else _ring(n, 900e-6, 1 / 1.2e9, g)
+
+    rows = _rows(seconds, sizes)
+    fit = bench_comm.fit_regimes(rows, n)
+    assert fit["regimes"] == 3 and fit["split_bytes"] == [64 << 10, 4 << 20]
+    assert fit["max_abs_fit_error"] < 1e-6
+    assert [r["bandwidth_GBps"] for r in fit["per_regime"]] == pytest.approx([10, 6, 1.2], rel=1e-6)
+
+
+def test_spread_of_the_measurement_is_reported_beside_the_error(bench_comm):
+    rows = _rows(lambda g: 1e-4 + g * 1e-9, sizes=[1024 * 4**k for k in range(8)])
+    for row in rows:
+        row["p10_s"], row["p90_s"] = 0.9 * row["seconds"], 1.2 * row["seconds"]
+    fit = bench_comm.fit_regimes(rows, 2)
+    assert fit["measurement_spread_ge_1MB"] == pytest.approx(0.2)
 
 
 def test_few_sizes_fall_back_to_one_regime(bench_comm):
     rows = _rows(lambda g: 1e-4 + g * 1e-9, sizes=(1024, 4096, 16384))
-    fit = bench_comm.fit_two_regimes(rows, 2)
-    assert fit["regimes"] == 1 and fit["split_bytes"] is None and fit["max_abs_fit_error_ge_1MB"] is None
-    assert {r["regime"] for r in rows} == {"small"}
+    fit = bench_comm.fit_regimes(rows, 2)
+    assert fit["regimes"] == 1 and fit["split_bytes"] == [] and fit["max_abs_fit_error_ge_1MB"] is None
+    assert {r["regime"] for r in rows} == {0}

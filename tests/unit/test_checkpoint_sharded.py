@@ -10,34 +10,14 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-from torch.distributed.fsdp import fully_shard
 
 from checkpoint_states import flip_byte
+from sharded_support import fsdp_toy_model
 from worldpipe.checkpoint import CheckpointManager, CheckpointWriteError, checkpoint_digest
 from worldpipe.checkpoint.resharding import load_resharded
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
 from worldpipe.checkpoint.shards import INDEX_FILE, shard_file
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def _model(seed: int = 0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Linear(7, 2))
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model(torch.randn(4, 6)).square().mean().backward()
-    opt.step()
-    return model, opt
 
 
 def _state(model, opt, step: int = 1) -> dict:
@@ -48,14 +28,14 @@ def _state(model, opt, step: int = 1) -> dict:
 
 
 def test_sharded_save_loads_back_and_damage_is_named(one_rank_group, tmp_path, env_with_venv):
-    model, opt = _model()
+    model, opt = fsdp_toy_model()
     cm = CheckpointManager(tmp_path / "ck")
     ShardedSaver(cm).save(1, _state(model, opt))
     assert cm.verify(1) == []
     manifest = json.loads((tmp_path / "ck" / "step-000001" / "MANIFEST.json").read_text())
     assert {shard_file(0), INDEX_FILE} <= {f["path"] for f in manifest["files"]}
     expected = {k: v.full_tensor() for k, v in get_model_state_dict(model).items()}
-    fresh, fresh_opt = _model(seed=1)
+    fresh, fresh_opt = fsdp_toy_model(seed=1)
     rest = load_resharded(cm, 1, fresh, fresh_opt)
     assert rest["progress"]["step"] == 1 and rest["sampler"] == {"cursor": 4}
     for name, tensor in get_model_state_dict(fresh).items():
@@ -72,7 +52,7 @@ def test_sharded_save_loads_back_and_damage_is_named(one_rank_group, tmp_path, e
 
 def test_fault_on_another_rank_does_not_fire_and_on_this_rank_keeps_previous(one_rank_group, tmp_path,
                                                                                 monkeypatch):
-    model, opt = _model()
+    model, opt = fsdp_toy_model()
     cm = CheckpointManager(tmp_path / "ck", keep_last=2)
     saver = ShardedSaver(cm)
     monkeypatch.setenv("WORLDPIPE_CKPT_FAULT", "after_files@1#1:raise")  # rank 1: not this process
@@ -85,7 +65,7 @@ def test_fault_on_another_rank_does_not_fire_and_on_this_rank_keeps_previous(one
 
 
 def test_sharded_save_on_an_object_store_commits_with_the_manifest(one_rank_group):
-    model, opt = _model()
+    model, opt = fsdp_toy_model()
     cm = CheckpointManager("memory://sharded-test/ck")
     background = ShardedSaver(cm, async_save=True)
     background.save(3, _state(model, opt, 3), opt)
@@ -94,7 +74,7 @@ def test_sharded_save_on_an_object_store_commits_with_the_manifest(one_rank_grou
     ShardedSaver(cm).save(4, _state(model, opt, 4))
     assert [i.step for i in cm.list()] == [3, 4]
     assert cm.verify(3) == [] and cm.verify(4) == []
-    fresh, fresh_opt = _model(seed=2)
+    fresh, fresh_opt = fsdp_toy_model(seed=2)
     load_resharded(cm, 4, fresh, fresh_opt)
     for (name, a), b in zip(get_model_state_dict(model).items(), get_model_state_dict(fresh).values(), strict=True):
         assert torch.equal(a.full_tensor(), b.full_tensor()), name

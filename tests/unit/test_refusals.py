@@ -63,6 +63,15 @@ def test_window_longer_than_the_episodes_is_refused_from_the_manifest(smoke_data
                                f"data.manifest={manifest}"]))
 
 
+def test_a_frame_model_on_a_dataset_without_frames_is_refused_naming_the_model(smoke_dataset):
+    store, manifest = smoke_dataset  # pixels: false
+    cfg = checked_config(["experiment=pendulum_pixels", "data.window=16", f"data.store={store}",
+                          f"data.manifest={manifest}"])
+    with pytest.raises(ConfigError, match=r"config key 'model._target_': .*PixelRSSM learns from frames, but "
+                                          r"dataset 'smoke' .* stores none \(set pixels: true"):
+        check_data(cfg)
+
+
 def test_window_longer_than_the_pipeline_datasets_episodes_is_refused_while_planning():
     config = smoke_pipeline()
     config["train"]["overrides"] = ["data.window=100000"]

@@ -128,3 +128,42 @@ def test_begin_refuses_a_run_another_process_trains_in_and_changes_nothing(workd
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def _progress(run_dir: Path, lines: list[dict], cut_tail: bool = False) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(line) + "\n" for line in lines) + ('{"step": 9' if cut_tail else "")
+    (run_dir / paths.PROGRESS_RECORD).write_text(text)
+
+
+def test_runs_status_shows_running_and_recent_runs_from_their_progress_records(workdir, capsys):
+    import time
+
+    from worldpipe.tracking.spool import Spool
+
+    now = time.time()
+    running = workdir / "results/runs/smoke/aaaaaaaaaaaa"
+    _progress(running, [{"step": s, "target_steps": 40, "loss": 1.0 / s, "steps_per_s": 2.0, "time": now - 2}
+                        for s in (5, 10)], cut_tail=True)  # a line a crash cut short is skipped
+    spool = Spool(running)
+    spool.hold_active()  # what a live training process holds
+    old = workdir / "results/runs/smoke/bbbbbbbbbbbb"
+    _progress(old, [{"step": 40, "target_steps": 40, "loss": 0.5, "steps_per_s": 3.0, "time": now - 3 * 3600}])
+    (old / paths.COMPLETION_RECORD).write_text(json.dumps({"final_step": 40}))
+    point = workdir / "results/sweeps/lr/trainer.lr-0.001"
+    _progress(point, [{"step": 20, "target_steps": 20, "loss": 0.25, "steps_per_s": 4.0, "time": now - 60}])
+    (point / paths.COMPLETION_RECORD).write_text(json.dumps({"final_step": 20}))
+    try:
+        assert main(["runs", "status"]) == 0
+        rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+        assert set(rows) == {str(running.relative_to(workdir)), str(point.relative_to(workdir))}
+        assert rows[str(running.relative_to(workdir))].split()[1:6] == ["10/40", "0.1", "2", "15s", "2s"]
+        assert "running" in rows[str(running.relative_to(workdir))]
+        assert "finished at step 20" in rows[str(point.relative_to(workdir))]
+        assert main(["runs", "status", "--recent", "600"]) == 0
+        assert str(old.relative_to(workdir)) in capsys.readouterr().out
+    finally:
+        spool.release_active()
+    assert main(["runs", "status", str(workdir / "nothing")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no progress record" in err and "nothing" in err

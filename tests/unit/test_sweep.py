@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from worldpipe.pipeline.sweep import SweepError, expand_sweep, swept_keys
+from worldpipe.pipeline.sweep import SweepError, expand_sweep, short_value, swept_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,3 +61,13 @@ def test_the_smoke_sweep_config_is_a_2x2_sweep():
     config = yaml.safe_load((REPO / "conf/pipeline/sweep_smoke.yaml").read_text())
     assert len(expand_sweep(config["sweep"])) == 4
     assert swept_keys(config["sweep"]) == ["trainer.lr", "model.stoch"]
+
+
+def test_a_points_run_name_states_its_values_in_short_form():
+    lr_bs, shared = expand_sweep({"grid": {"trainer.lr": [3e-4], "data.batch_size": [32], "seed": [0]}}) + \
+        expand_sweep({"points": [{"trainer.lr": 0.5, "model.lr": 1.5e-5, "model.act": "silu"}]})
+    assert lr_bs.label == "lr=3e-4,batch_size=32,seed=0"
+    assert shared.label == "trainer.lr=0.5,model.lr=1.5e-5,act=silu"  # two keys end in 'lr': both in full
+    assert lr_bs.label_override == "tracking.run_name='lr=3e-4,batch_size=32,seed=0'"
+    assert [short_value(v) for v in (1e-3, 0.01, 100.0, 0.123456, 8, True)] == [
+        "1e-3", "0.01", "100.0", "0.123456", "8", "true"]

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -22,7 +23,8 @@ os.environ.update({"WORLDPIPE_CONF_DIR": CONF_DIR})
 
 from worldpipe.config import paths
 from worldpipe.launch import slurm
-from worldpipe.pipeline.sweep import sweep_targets
+from worldpipe.pipeline.sweep import format_value, sweep_targets
+from worldpipe.pipeline import report_config
 from worldpipe.pipeline.plan import PipelineError, comparison_id, launch_overrides, plan, training_settings
 
 if paths.CONF_DIR != Path(CONF_DIR).resolve():
@@ -31,6 +33,18 @@ PATHS = paths.layout(Path(CONF_DIR))
 RESULTS, DATA, RUNS, LOGS, RULE_BENCHMARKS = (
     PATHS[key] for key in ("results", "data", "runs", "logs", "rule_benchmarks")
 )
+# `snakemake --report` that names no config renders what the last successful run made: that run's whole config,
+# recorded by the Snakefile's onsuccess (worldpipe.pipeline.report_config). Snakemake's own argv is the only
+# place that says a report, not a run, is asked for while this file is parsed.
+try:
+    RECORDED_CONFIG = report_config.config_to_render(
+        sys.argv, bool(workflow.overwrite_configfiles or workflow.config_settings.config), PATHS["pipeline_config"]
+    )
+except report_config.ReportConfigError as err:
+    raise WorkflowError(str(err)) from None
+if RECORDED_CONFIG is not None:
+    config.clear()
+    config.update(RECORDED_CONFIG)
 # Every experiment's training config (with the pipeline's overrides) is composed and validated now, while the
 # Snakefile is parsed: a bad value stops the pipeline before the data stages run.
 try:
@@ -69,6 +83,17 @@ def run_of(wildcards):
             f"{wildcards.experiment} ({paths.short(run.run_hash)}): earlier runs are kept, not retrained"
         )
     return run
+
+
+def run_labels(wildcards, figure):
+    """The report's labels of a run's plot, in its experiment's category (one level: two clicks to any plot)."""
+    return {"figure": figure, "model": run_of(wildcards).model, "run": wildcards.run_hash}
+
+
+def point_labels(point):
+    """The report's labels of a sweep point's plot (sweep.smk): its name, the figure, and each swept value."""
+    values = {key: format_value(value) for key, value in SWEEP_POINTS[point].values}
+    return {"point": point, "figure": "error vs horizon"} | values
 
 
 def dataset_file(rule_output, dataset):

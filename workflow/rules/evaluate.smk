@@ -11,8 +11,16 @@ rule evaluate_model:
         plot=report(
             f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.EVAL_DIR}/{{eval_hash}}/error_vs_horizon.png",
             caption="../report/error_vs_horizon.rst",
-            category="Evaluation",
+            category="{experiment}",
+            labels=lambda wildcards: run_labels(wildcards, "error vs horizon") | {"evaluation": wildcards.eval_hash},
+        ),
+        pictures=report(
+            directory(f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.EVAL_DIR}/{{eval_hash}}/pictures"),
+            patterns=["{model}-{kind}-{episode}.{ext}"],
+            caption="../report/pictures.rst",
+            category="Pictures",
             subcategory="{experiment}",
+            labels={"experiment": "{experiment}", "model": "{model}", "picture": "{kind}", "episode": "{episode}"},
         ),
     params:
         store=lambda wildcards: dataset_file(rules.init_store.output.store, run_of(wildcards).heldout),
@@ -30,6 +38,7 @@ rule evaluate_model:
     shell:
         "worldpipe evaluate --checkpoints {params.checkpoints} --store {params.store} --manifest {input.manifest}"
         " --context {params.context} --horizon {params.horizon} --out {output.metrics} --plot {output.plot}"
+        " --pictures {output.pictures}"
         " > {log} 2>&1"
 
 
@@ -40,8 +49,8 @@ rule plot_loss_curve:
         plot=report(
             f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.LOSS_CURVE}",
             caption="../report/loss_curve.rst",
-            category="Training",
-            subcategory="{experiment}",
+            category="{experiment}",
+            labels=lambda wildcards: run_labels(wildcards, "training loss"),
         ),
     params:
         tracking=tracking_uri(),
@@ -61,6 +70,10 @@ rule plot_loss_curve:
 MODELS_VS_BASELINE_HASH = comparison_id(RUNS_PLANNED)
 
 
+# The report's category of the comparison across experiments (each experiment has a category of its own).
+ALL_EXPERIMENTS = "All experiments"
+
+
 rule plot_models_vs_baseline:
     input:
         metrics=[run_file(rules.evaluate_model.output.metrics, run) for run in RUNS_PLANNED.values()],
@@ -68,7 +81,8 @@ rule plot_models_vs_baseline:
         plot=report(
             f"{RESULTS}/models_vs_baseline/{MODELS_VS_BASELINE_HASH}.png",
             caption="../report/models_vs_baseline.rst",
-            category="Evaluation",
+            category=ALL_EXPERIMENTS,
+            labels={"figure": "models vs baseline", "experiments": ", ".join(RUNS_PLANNED)},
         ),
     params:
         experiments=list(RUNS_PLANNED),

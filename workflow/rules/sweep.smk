@@ -33,6 +33,11 @@ SWEEP_DATA = (
 )
 
 
+# The report shows a sweep in one category: the comparison, then each point's plot labelled by its values. Only
+# the points carry the other labels, so Snakemake never folds two rows into a toggle (an extra click).
+SWEEP_CATEGORY = f"Sweep {SWEEP_NAME}"
+
+
 wildcard_constraints:
     point="|".join(re.escape(name) for name in SWEEP_POINTS) or "no-sweep",
 
@@ -65,6 +70,8 @@ rule train_sweep_point:
     params:
         run_dir=lambda wildcards, output: os.path.dirname(output.done),
         run_name=lambda wildcards: SWEEP_POINTS[wildcards.point].run_name(SWEEP_NAME),
+        # the MLflow run's name: the point's values in short form (lr=3e-4,stoch=8)
+        label=lambda wildcards: SWEEP_POINTS[wildcards.point].label_override,
         # the base experiment and the pipeline's identity overrides, then the point's values
         overrides=lambda wildcards: shlex.join(
             [*identity_overrides(config, SWEEP["experiment"]), *SWEEP_POINTS[wildcards.point].overrides]
@@ -81,7 +88,7 @@ rule train_sweep_point:
         f"{RULE_BENCHMARKS}/train_sweep_point/{SWEEP_NAME}/{{point}}.tsv"
     shell:
         "worldpipe train --snakemake-rule train_sweep_point --snakemake-job {wildcards.point:q} {params.overrides}"
-        " experiment_name={params.run_name:q} run_dir={params.run_dir:q} data.store={input.store}"
+        " experiment_name={params.run_name:q} {params.label:q} run_dir={params.run_dir:q} data.store={input.store}"
         " data.manifest={input.manifest} tracking.experiment={params.mlflow_experiment:q} {resources.resume_safe_overrides}"
         " > {log} 2>&1"
 
@@ -93,7 +100,12 @@ rule evaluate_sweep_point:
         manifest=SWEEP_DATA.get("heldout_manifest", []),
     output:
         metrics=f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/metrics.json",
-        plot=f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/error_vs_horizon.png",
+        plot=report(
+            f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/error_vs_horizon.png",
+            caption="../report/error_vs_horizon.rst",
+            category=SWEEP_CATEGORY,
+            labels=lambda wildcards: point_labels(wildcards.point),
+        ),
     params:
         store=SWEEP_DATA.get("heldout_store"),
         checkpoints=lambda wildcards, input: paths.checkpoints_dir(os.path.dirname(input.done)),
@@ -123,7 +135,12 @@ rule compare_sweep:
         metrics=expand(f"{SWEEP_DIR}/{{point}}/{paths.EVAL_DIR}/metrics.json", point=list(SWEEP_POINTS)),
     output:
         table=f"{SWEEP_DIR}/compare.txt",
-        plot=report(f"{SWEEP_DIR}/compare.png", caption="../report/sweep_compare.rst", category="Sweep"),
+        plot=report(
+            f"{SWEEP_DIR}/compare.png",
+            caption="../report/sweep_compare.rst",
+            category=SWEEP_CATEGORY,
+            labels={"point": "all points (comparison)"},
+        ),
     params:
         tracking=tracking_uri(),
     conda:
@@ -135,5 +152,6 @@ rule compare_sweep:
     benchmark:
         f"{RULE_BENCHMARKS}/compare_sweep/{SWEEP_NAME}.tsv"
     shell:
-        "worldpipe compare {input.parent} --tracking-uri {params.tracking:q} --plot {output.plot}"
-        " --out {output.table} > {log} 2>&1"
+        "(worldpipe sweep summarize --parent {input.parent} --tracking-uri {params.tracking:q}"
+        " && worldpipe compare {input.parent} --tracking-uri {params.tracking:q} --plot {output.plot}"
+        " --out {output.table}) > {log} 2>&1"

@@ -3,10 +3,13 @@
     python workflow/scripts/screenshot_mlflow_ui.py                      # results/mlflow.db -> results/mlflow_ui.png
     python workflow/scripts/screenshot_mlflow_ui.py --tracking-uri http://127.0.0.1:5000 --out /tmp/ui.png
     python workflow/scripts/screenshot_mlflow_ui.py --compare RUN_A RUN_B --expect eval/one_step_ratio  # compare view
+    python workflow/scripts/screenshot_mlflow_ui.py --page run:RUN_ID --page model:MODEL_ID --out results/ui/  # pages
 
 With a database URI (default: the embedded sqlite:///results/mlflow.db) a temporary `mlflow server` serves the
 UI on a free local port. `--install` apt-installs chromium when it is missing (needs root). The page's DOM is
-dumped too, and the run names of the experiment must appear in it: an empty or broken page is an error.
+dumped too, and the run names of the experiment must appear in it: an empty or broken page is an error. Every
+page opens in the UI's Model training view (the links worldpipe prints); `--page` screenshots each named page
+(`run:ID`, `artifacts:ID/PATH`, `model:ID`) into the `--out` directory, each checked by `--expect`/`--refuse`.
 Prints a JSON summary; exit 0 on success, 3 when Chromium is unavailable, 1 on any other failure.
 """
 
@@ -27,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from worldpipe.config.paths import default_tracking_uri
+from worldpipe.tracking.links import experiment_url, model_url, run_url
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--disable-sync", "--hide-scrollbars"]
@@ -88,7 +92,7 @@ def screenshot(url: str, experiment: str, out: Path, binary: str) -> dict:
         raise RuntimeError(f"no experiment {experiment!r} at {url}")
     runs = client.search_runs([exp.experiment_id], max_results=50)
     names = sorted({r.info.run_name for r in runs if r.info.run_name})
-    page = f"{url}/#/experiments/{exp.experiment_id}/runs"
+    page = experiment_url(url, exp.experiment_id)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="worldpipe-chromium-") as tmp:
         dom = chromium(binary, page, Path(tmp) / "profile-dom", "--dump-dom").stdout.decode(errors="replace")
@@ -127,6 +131,47 @@ def screenshot_page(page: str, out: Path, binary: str, expect: list[str], height
     return {"page": page, "screenshot": str(out), "bytes": out.stat().st_size, "shown": expect}
 
 
+def named_page(url: str, name: str) -> str:
+    """The UI address of ``run:ID``, ``artifacts:ID/PATH`` (the file selected in the run's artifacts) or
+    ``model:ID``, in the Model training view."""
+    from mlflow.tracking import MlflowClient
+
+    kind, _, ref = name.partition(":")
+    client = MlflowClient(tracking_uri=url)
+    if kind == "model":
+        return model_url(url, client.get_logged_model(ref).experiment_id, ref)
+    run_id, _, path = ref.partition("/")
+    page = run_url(url, client.get_run(run_id).info.experiment_id, run_id)
+    if kind == "artifacts":
+        base, query = page.split("?", 1)
+        return f"{base}/artifacts/{path}?{query}"
+    if kind != "run":
+        raise ValueError(f"--page {name}: expected run:ID, artifacts:ID/PATH or model:ID")
+    return page
+
+
+def screenshot_pages(url: str, names: list[str], out_dir: Path, binary: str, expect: list[str],
+                     refuse: list[str]) -> dict:
+    """One screenshot per named page (one Chromium run each: DOM and image), every one checked."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shots = []
+    with tempfile.TemporaryDirectory(prefix="worldpipe-chromium-") as tmp:
+        for index, name in enumerate(names):
+            page = named_page(url, name)
+            out = out_dir / f"{index:02d}-{name.partition(':')[0]}.png"
+            done = chromium(binary, page, Path(tmp) / f"profile-{index}", "--dump-dom", f"--screenshot={out}")
+            dom = done.stdout.decode(errors="replace")
+            if done.returncode != 0 or not out.exists():
+                raise RuntimeError(f"chromium failed on {page} ({done.returncode})")
+            out.with_suffix(".html").write_text(dom)  # the rendered page, for checks beyond --expect
+            missing = [text for text in expect if text not in dom]
+            shown = [text for text in refuse if text in dom]
+            if missing or shown:
+                raise RuntimeError(f"the UI at {page} lacks {missing} or shows {shown}")
+            shots.append({"page": page, "screenshot": str(out), "bytes": out.stat().st_size})
+    return {"pages": shots}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracking-uri", default=None,
@@ -138,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="screenshot the compare view of these runs instead of the run list")
     parser.add_argument("--expect", action="append", default=[],
                         help="text the page must show (repeatable; with --compare the run names are expected too)")
+    parser.add_argument("--refuse", action="append", default=[], help="text the page(s) must not show (repeatable)")
+    parser.add_argument("--page", action="append", default=[], metavar="KIND:ID",
+                        help="run:RUN_ID, artifacts:RUN_ID/PATH or model:MODEL_ID; --out is then a directory")
     args = parser.parse_args(argv)
 
     binary = find_chromium(args.install)
@@ -152,15 +200,18 @@ def main(argv: list[str] | None = None) -> int:
                 server, url = start_ui_server(uri, Path(tmp))
             else:
                 url = uri
-            if args.compare:
+            if args.page:
+                summary = screenshot_pages(url, args.page, Path(args.out), binary, args.expect, args.refuse)
+            elif args.compare:
                 page, names = compare_page(url, args.compare)
                 # tall: the compare view lists the runs' params and metrics below its plots
                 summary = screenshot_page(page, Path(args.out), binary, names + args.expect, height=COMPARE_HEIGHT)
             else:
                 summary = screenshot(url, args.experiment, Path(args.out), binary)
                 missing = [text for text in args.expect if text not in summary.get("dom", "")]
-                if missing:
-                    raise RuntimeError(f"the run list does not show {missing}")
+                shown = [text for text in args.refuse if text in summary.get("dom", "")]
+                if missing or shown:
+                    raise RuntimeError(f"the run list lacks {missing} or shows {shown}")
         except Exception as err:  # noqa: BLE001 - report any failure as JSON
             print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
             return 1

@@ -25,6 +25,7 @@ from .digest import state_digest
 from .manager import CheckpointManager, checkpoint_digest
 from .resharding import is_sharded, load_resharded
 from .sharded_saver import ShardedSaver, is_sharded_model, local_state_dicts
+from .stage_state import join_shapes, join_stages
 from .state import capture_rng, restore_rng
 
 log = logging.getLogger("worldpipe.checkpoint")
@@ -69,6 +70,8 @@ class TrainingComponents:
     progress: Progress
     identity: dict[str, Any]
     torch_generators: dict[str, torch.Generator] = field(default_factory=dict)
+    # True when each rank holds only its pipeline stage's tensors: saved per stage, as the whole model's state.
+    stages: bool = False
 
 
 class CheckpointListener(Protocol):
@@ -110,9 +113,10 @@ class Checkpointer:
         self.manager = CheckpointManager(cfg["dir"], keep_last=cfg["keep_last"], keep_every=cfg["keep_every"],
                                          async_save=cfg["async_save"], verify=cfg["verify"])
         self._undurable: list[Any] = []  # listener tokens of saves whose async publication may be in flight
-        # A DTensor-sharded model (FSDP2, TP) is saved sharded: every rank writes its own pieces, none gathers.
+        # A DTensor-sharded model (FSDP2, TP) or one cut into pipeline stages is saved sharded: every rank writes
+        # its own pieces, none gathers.
         self.saver = (ShardedSaver(self.manager, async_save=cfg["async_save"], digest=runtime.is_main)
-                      if is_sharded_model(components.model) else None)
+                      if components.stages or is_sharded_model(components.model) else None)
         self._records: dict[int, dict] = {}  # rank 0: what the listener needs of a sharded save in flight
 
     # ---- cadence ----
@@ -131,6 +135,8 @@ class Checkpointer:
         # Every rank names its tensors' logical shapes (no communication); rank 0 then picks the newest step that
         # loads into them (a sharded step's shards are opened and checked, never assembled in one process).
         expected = model_shapes(self.components.model)
+        if self.components.stages:  # each rank names its stage's tensors: the checkpoint holds all of them
+            expected = join_shapes(self.runtime, expected)
         chosen = self.manager.latest_loadable(expected, keep=self.saver is None) if self.runtime.is_main else None
         step = broadcast_object(self.runtime, chosen)
         if step is None:
@@ -174,6 +180,8 @@ class Checkpointer:
         c = self.components
         if sharded:
             model_state, optim_state = local_state_dicts(c.model, c.optimizer)
+            if c.stages:
+                model_state, optim_state = join_stages(self.runtime, model_state, optim_state)
         else:
             model_state = full_model_state(c.model)
             optim_state = full_optimizer_state(c.model, c.optimizer)

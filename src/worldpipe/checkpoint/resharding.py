@@ -19,6 +19,7 @@ from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError, load_error_line
 from .manifest import check_sizes
+from .stage_state import restrict_optimizer
 from .stores import PosixStore
 
 _OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
@@ -164,6 +165,8 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
         if saved_optim is None:
             raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}: holds no optimizer state"])
         target_optim = get_optimizer_state_dict(module, optimizer)
+        if set(target) < set(saved_model):  # a pipeline stage: only its parameters' optimizer state
+            saved_optim = restrict_optimizer(saved_optim, target_optim)
         set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
     return decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
 

@@ -11,7 +11,8 @@ tensors stay inline (they are replicated: rank 0's copy is the one stored). Besi
 
 Pieces are regions of the logical (unsharded) tensor, so any reader can cut any other region out of them:
 that is what makes loading onto another layout or world size possible (see :mod:`.resharding`). Replicated
-mesh dimensions are written once (by the replica at coordinate 0).
+mesh dimensions are written once (by the replica at coordinate 0). A plain tensor that only some ranks hold
+(a pipeline stage's: :class:`OwnedTensor`) is one piece covering the whole tensor, written by one of them.
 """
 
 from __future__ import annotations
@@ -88,6 +89,20 @@ def _first_copy_outside(mesh) -> bool:
 
 
 @dataclass
+class OwnedTensor:
+    """A whole tensor that only some ranks hold (a pipeline stage's parameters and optimizer state).
+
+    Every rank puts one at the same path (SPMD); ``tensor`` is None where the rank does not hold it, and
+    ``writes`` is True on exactly one rank that does.
+    """
+
+    shape: list[int]
+    dtype: str
+    writes: bool = False
+    tensor: torch.Tensor | None = None
+
+
+@dataclass
 class LocalShards:
     """One rank's view of a state being saved sharded."""
 
@@ -115,6 +130,14 @@ def split_state(state: Mapping) -> LocalShards:
 
 
 def _split(obj: Any, path: list, shards: LocalShards) -> Any:
+    if isinstance(obj, OwnedTensor):
+        ident = len(shards.tensors)
+        shards.tensors.append({"path": path, "shape": list(obj.shape), "dtype": obj.dtype})
+        if obj.writes and obj.tensor is not None and obj.tensor.numel():
+            key = str(ident)
+            shards.local[key] = obj.tensor.detach()
+            shards.pieces[ident] = {"key": key, "offset": [0] * len(obj.shape), "shape": list(obj.shape)}
+        return {PLACEHOLDER: ident}
     if is_dtensor(obj):
         ident = len(shards.tensors)
         shards.tensors.append({"path": path, "shape": list(obj.shape), "dtype": str(obj.dtype).removeprefix("torch.")})

@@ -6,21 +6,26 @@ import runpy
 import sys
 from collections.abc import Mapping
 
+import click
+
+from worldpipe.commands import PASS_ON, handled, overrides
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.provenance import PROJECT_ROOT
 
 BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py",
               "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py",
-              "step": "bench_step.py", "compile": "bench_compile.py"}
+              "step": "bench_step.py", "compile": "bench_compile.py",
+              "pipeline": "bench_pipeline.py", "activations": "bench_activations.py"}
 
 
-def register(sub) -> None:
-    # No help flag of its own: `worldpipe bench NAME --help` is the benchmark's help (its options), passed on.
-    bench = sub.add_parser("bench", help=f"benchmarks; writes JSON and plots under {BENCH_DIR}/", add_help=False,
-                           usage="worldpipe bench NAME [--help | the benchmark's options]")
-    bench.add_argument("name", nargs="?", choices=sorted(BENCHMARKS),
-                       help="the benchmark; `worldpipe bench NAME --help` lists its options")
-    bench.set_defaults(handler=lambda args: _bench(args, bench), accepts_overrides=True, overrides=[])
+def register(cli: click.Group) -> None:
+    # No help option of its own: `worldpipe bench NAME --help` is the benchmark's help (its options), passed on.
+    cli.add_command(click.Command(
+        "bench", callback=handled(_bench), params=[overrides("NAME [--help | the benchmark's options]")],
+        help=f"Run a benchmark; it writes JSON and plots under {BENCH_DIR}/.\n\nNAME: one of "
+             f"{', '.join(sorted(BENCHMARKS))}. `worldpipe bench NAME --help` lists its options.",
+        options_metavar="", short_help=f"benchmarks; writes JSON and plots under {BENCH_DIR}/",
+        context_settings={**PASS_ON, "help_option_names": []}))
 
 
 def cli_options(settings: Mapping[str, object]) -> list[str]:
@@ -39,12 +44,15 @@ def cli_options(settings: Mapping[str, object]) -> list[str]:
     return argv
 
 
-def _bench(args, parser) -> int:
-    if args.name is None:
-        parser.print_help()
-        return 0 if {"-h", "--help"} & set(args.overrides) else 2
-    script = PROJECT_ROOT / "benchmarks" / BENCHMARKS[args.name]
-    sys.argv = [str(script), *args.overrides]
+def _bench(args) -> int:
+    name, options = (args.overrides[0], args.overrides[1:]) if args.overrides else (None, [])
+    if name is None or name in ("-h", "--help"):
+        click.echo(click.get_current_context().get_help())
+        return 0 if name else 2
+    if name not in BENCHMARKS:
+        raise click.BadParameter(f"{name!r} is not one of {', '.join(sorted(BENCHMARKS))}", param_hint="'NAME'")
+    script = PROJECT_ROOT / "benchmarks" / BENCHMARKS[name]
+    sys.argv = [str(script), *options]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as done:

@@ -5,22 +5,28 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import click
 
-def register(sub) -> None:
-    ckpt = sub.add_parser("ckpt", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
+from worldpipe.commands import command, group
+
+
+def register(cli: click.Group) -> None:
+    ckpt = group("ckpt", "checkpoints")
+    run_dir = "RUN_DIR: run directory (holding checkpoints/) or the checkpoints directory."
     for name, handler, text in (
         ("list", _list, "steps, sizes, intact or not, which is latest"),
         ("verify", _verify, "each step loadable: sha256 of every file, paths, weights-only loads, shapes"),
         ("digest", _digest, "SHA-256 of the canonical state (layout- and rank-count-independent)"),
     ):
-        parser = ckpt.add_parser(name, help=text)
-        parser.add_argument("run_dir", help="run directory (holding checkpoints/) or the checkpoints directory")
+        params: list[click.Parameter] = [click.Argument(["run_dir"])]
         if name != "list":
-            parser.add_argument("--step", type=int)
+            step = "only this step (default: every step)" if name == "verify" else "this step (default: the latest loadable)"
+            params.append(click.Option(["--step"], type=int, help=step))
         if name == "verify":
-            parser.add_argument("--rng", action="store_true",
-                                help="also check the RNG files: one per rank, per-rank streams distinct")
-        parser.set_defaults(handler=handler)
+            params.append(click.Option(["--rng"], is_flag=True,
+                                       help="also check the RNG files: one per rank, per-rank streams distinct"))
+        ckpt.add_command(command(name, handler, f"{text[0].upper()}{text[1:]}.\n\n{run_dir}", params, short=text))
+    cli.add_command(ckpt)
 
 
 def _root(run_dir: str) -> str:

@@ -5,36 +5,31 @@ from __future__ import annotations
 import json
 import sys
 
+import click
 
-def register(sub) -> None:
-    data = sub.add_parser("data", help="trajectory datasets").add_subparsers(dest="data_command", required=True)
+from worldpipe.commands import command, group
 
-    init = data.add_parser("init", help="create the zarr store's arrays (metadata only)")
-    init.add_argument("--spec", required=True, help="dataset spec as JSON (see conf/pipeline/default.yaml)")
-    init.add_argument("--store", required=True)
-    init.set_defaults(handler=_init)
 
-    write = data.add_parser("write", help="simulate and write a range of shards")
-    write.add_argument("--spec", required=True)
-    write.add_argument("--store", required=True)
-    write.add_argument("--shards", required=True, help="START:STOP shard range")
-    write.add_argument("--no-progress", action="store_true")
-    write.set_defaults(handler=_write)
-
-    seal = data.add_parser("seal", help="hash every store file into manifest.json (written last, atomically)")
-    seal.add_argument("--store", required=True)
-    seal.add_argument("--manifest", required=True)
-    seal.set_defaults(handler=_seal)
-
-    verify = data.add_parser("verify", help="check every file against the manifest")
-    verify.add_argument("path", help="dataset directory (holding store.zarr and manifest.json) or store URL")
-    verify.add_argument("--manifest")
-    verify.set_defaults(handler=_verify)
-
-    info = data.add_parser("info", help="episodes, steps, shapes, size, dataset hash")
-    info.add_argument("path")
-    info.add_argument("--manifest")
-    info.set_defaults(handler=_info)
+def register(cli: click.Group) -> None:
+    data = group("data", "trajectory datasets")
+    spec = click.Option(["--spec"], required=True, help="dataset spec as JSON (see conf/pipeline/default.yaml)")
+    store = click.Option(["--store"], required=True, help="the zarr store (path or URL)")
+    path = "PATH: dataset directory (holding store.zarr and manifest.json) or store URL."
+    manifest = click.Option(["--manifest"], help="manifest.json (default: PATH/manifest.json; required for a URL)")
+    for cmd in (
+        command("init", _init, "Create the zarr store's arrays (metadata only).", [spec, store]),
+        command("write", _write, "Simulate and write a range of shards.", [
+            spec, store, click.Option(["--shards"], required=True, help="START:STOP shard range"),
+            click.Option(["--no-progress"], is_flag=True, help="no progress bar")]),
+        command("seal", _seal, "Hash every store file into manifest.json (written last, atomically).", [
+            store, click.Option(["--manifest"], required=True, help="manifest.json to write")]),
+        command("verify", _verify, f"Check every file against the manifest.\n\n{path}",
+                [click.Argument(["path"]), manifest]),
+        command("info", _info, f"Episodes, steps, shapes, size, dataset hash.\n\n{path}",
+                [click.Argument(["path"]), manifest]),
+    ):
+        data.add_command(cmd)
+    cli.add_command(data)
 
 
 def _spec(text: str):

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
+import click
+
+from worldpipe.commands import command, overrides
 from worldpipe.core.provenance import PROJECT_ROOT
 
 
-def register(sub) -> None:
-    plan = sub.add_parser("plan", help="predict per-rank memory and communication of every layout in conf/parallel/")
-    plan.add_argument("--json", action="store_true", help="print the predictions as JSON")
-    plan.add_argument("--env", default="Pendulum-v1", help="environment whose observation/action widths size the model")
-    plan.set_defaults(handler=_plan, accepts_overrides=True, overrides=[])
+def register(cli: click.Group) -> None:
+    cli.add_command(command("plan", _plan, "Predict per-rank memory and communication of every layout in "
+                            "conf/parallel/.\n\nOVERRIDES: world_size=N (required), memory_mb=M, and Hydra "
+                            "overrides (experiment=...).", [
+        click.Option(["--json"], is_flag=True, help="print the predictions as JSON"),
+        click.Option(["--env"], default="Pendulum-v1", show_default=True,
+                     help="environment whose observation/action widths size the model"),
+        overrides()], pass_on=True))
 
 
 def _split(overrides: list[str]) -> tuple[int, float | None, list[str]]:
@@ -41,26 +48,36 @@ def _measure(model, shapes, obs_dim: int, act_dim: int) -> dict:
     from worldpipe.parallel.memory import saved_activations
 
     out = {}
-    for rows, steps in sorted(shapes):
+    recomputing = None
+    for key in sorted(shapes, key=str):
+        rows, steps = key[:2]
+        if "recompute" in key and recomputing is None:  # the same weights, blocks recomputed in backward
+            recomputing = copy.deepcopy(model)
+            recomputing.enable_recompute()
+        forward = recomputing if "recompute" in key else model
         torch.manual_seed(0)
         obs, action = torch.randn(rows, steps, obs_dim), torch.randn(rows, steps, act_dim)
         reward, mask = torch.randn(rows, steps), torch.ones(rows, steps)
-        with saved_activations(model) as saved:
-            model(obs, action, reward, mask, torch.randn(rows, steps, 1))
+        with saved_activations(forward) as saved:
+            forward(obs, action, reward, mask, torch.randn(rows, steps, 1))
         with torch.no_grad():
             state = model.observe_context(obs, action)
-        out[(rows, steps)] = (sum(saved.values()), sum(t.numel() * t.element_size() for t in state.values()
+        out[key] = (sum(saved.values()), sum(t.numel() * t.element_size() for t in state.values()
                                                         if isinstance(t, torch.Tensor)))
     return out
 
 
-def layouts_from_conf() -> dict[str, dict]:
-    """Every layout of conf/parallel/ by name (the schema defaults are not needed to predict)."""
+def layouts_from_conf(recompute: bool = False) -> dict[str, dict]:
+    """Every layout of conf/parallel/ by name (the schema defaults are not needed to predict); with
+    ``recompute``, each also as ``NAME+rc`` with ``parallel.recompute=true``."""
     from omegaconf import OmegaConf
 
     folder = PROJECT_ROOT / "conf" / "parallel"
-    return {path.stem: {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
-            for path in sorted(folder.glob("*.yaml"))}
+    layouts = {path.stem: {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+               for path in sorted(folder.glob("*.yaml"))}
+    if recompute:
+        layouts.update({f"{name}+rc": {**layout, "recompute": True} for name, layout in list(layouts.items())})
+    return layouts
 
 
 def _plan(args) -> int:
@@ -73,7 +90,7 @@ def _plan(args) -> int:
     cfg = compose_config(overrides)
     dims = env_dims(args.env)
     model = build_model(cfg.model, dims.obs_dim, dims.act_dim)
-    layouts = layouts_from_conf()
+    layouts = layouts_from_conf(recompute=getattr(model.parallel, "recompute", False))
     measured = _measure(model, planner.shard_shapes(cfg, layouts, world), dims.obs_dim, dims.act_dim)
     ranked = planner.rank(planner.plan(cfg, layouts, world, planner.model_facts(model), measured),
                           None if budget_mb is None else int(budget_mb * 2**20))

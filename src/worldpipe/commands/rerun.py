@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
+import click
 
-def _common(parser) -> None:
-    parser.add_argument("run_id", metavar="RUN_ID")
-    parser.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db")
-    parser.add_argument("--allow-code-drift", action="store_true",
-                        help="proceed although code or packages differ from the recorded ones (recorded as a tag)")
-    parser.add_argument("--run-dir", help="new run directory (default: results/runs/<experiment>-<kind>-<id>-<time>)")
-    parser.add_argument("--data-dir", help="where to find or regenerate the dataset if not at its recorded path")
+from worldpipe.commands import command, overrides
 
 
-def register(sub) -> None:
-    rerun = sub.add_parser("rerun", help="retrain a recorded run from MLflow alone and compare: bit-identical? "
-                                         "(exit 0 identical, 1 different, 2 error)")
-    _common(rerun)
-    rerun.set_defaults(handler=_rerun)
+def _common() -> list[click.Parameter]:
+    return [
+        click.Argument(["run_id"], metavar="RUN_ID"),
+        click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db"),
+        click.Option(["--allow-code-drift"], is_flag=True,
+                     help="proceed although code or packages differ from the recorded ones (recorded as a tag)"),
+        click.Option(["--run-dir"], help="new run directory (default: results/runs/<experiment>-<kind>-<id>-<time>)"),
+        click.Option(["--data-dir"], help="where to find or regenerate the dataset if not at its recorded path"),
+    ]
 
-    resume = sub.add_parser("resume", help="continue a recorded run from one of its checkpoints into a new run dir "
-                                           "(resume-safe Hydra overrides may follow, e.g. trainer.steps=200)")
-    _common(resume)
-    resume.add_argument("--step", type=int, required=True, help="recorded checkpoint step to continue from")
-    resume.add_argument("overrides", nargs="*", help="Hydra overrides of resume-safe keys")
-    resume.set_defaults(handler=_resume, accepts_overrides=True)
+
+def register(cli: click.Group) -> None:
+    cli.add_command(command("rerun", _rerun, "Retrain a recorded run from MLflow alone and compare: bit-identical? "
+                            "(exit 0 identical, 1 different, 2 error)", _common()))
+    cli.add_command(command("resume", _resume, "Continue a recorded run from one of its checkpoints into a new run "
+                            "dir (resume-safe Hydra overrides may follow, e.g. trainer.steps=200).", [
+        *_common(), click.Option(["--step"], type=int, required=True, help="recorded checkpoint step to continue from"),
+        overrides()], pass_on=True))
 
 
 def _rerun(args) -> int:

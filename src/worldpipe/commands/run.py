@@ -7,31 +7,62 @@ import sys
 import tempfile
 from pathlib import Path
 
+import click
+
+from worldpipe.commands import command, handled
 from worldpipe.core.atomic import write_text_atomic
 
 
-def register(sub) -> None:
-    # `worldpipe train ...` never reaches argparse (worldpipe.cli hands it to the Hydra app, commands/train.py);
-    # registered so that `worldpipe --help` lists it.
-    train = sub.add_parser("train", help="train under torchrun: a Hydra app (overrides such as trainer.steps=100, "
-                                         "--cfg job, --help, -m)")
-    train.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
-    train.set_defaults(handler=_train, accepts_overrides=True)
+def register(cli: click.Group) -> None:
+    # `worldpipe train ...` never reaches click (worldpipe.cli hands it to the Hydra app, commands/train.py, whose
+    # --help is Hydra's); registered so that `worldpipe --help` lists it and completion names it.
+    cli.add_command(click.Command(
+        "train", callback=handled(_train), params=[click.Argument(
+            ["overrides"], nargs=-1, type=click.UNPROCESSED, metavar="[HYDRA FLAGS AND OVERRIDES]...",
+            shell_complete=_complete_overrides)],
+        help="Train under torchrun: a Hydra app (overrides such as trainer.steps=100, --cfg job, --help, -m).",
+        short_help="train under torchrun: a Hydra app (trainer.steps=100, --cfg job, --help, -m)", options_metavar="",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}))
+    cli.add_command(command("evaluate", _evaluate, "Open-loop prediction error vs the repeat-last-observation "
+                            "baseline.", [
+        click.Option(["--checkpoints"], required=True, help="checkpoint directory of the run"),
+        click.Option(["--store"], required=True, help="held-out trajectory store (path or URL)"),
+        click.Option(["--manifest"], required=True, help="held-out dataset manifest.json"),
+        click.Option(["--context"], type=int, default=8, show_default=True, help="context steps"),
+        click.Option(["--horizon"], type=int, default=16, show_default=True, help="open-loop steps predicted"),
+        click.Option(["--out"], required=True, help="metrics JSON to write"),
+        click.Option(["--plot"], help="error-vs-horizon PNG to write"),
+        click.Option(["--predictions"], help="npz to write: held-out inputs and open-loop predictions"),
+        click.Option(["--pictures"], help="folder to write pictures of the imagination to (frame grids and GIFs "
+                                          "for frame models, trajectory bands for state models)"),
+        click.Option(["--tracking-uri"], help="MLflow to log to (default: the run's recorded URI, "
+                                              "$MLFLOW_TRACKING_URI, results/mlflow.db)"),
+        click.Option(["--no-tracking"], is_flag=True, help="do not log the evaluation or the model to MLflow"),
+        click.Option(["--register-as"], help="register the model under this name (default: tracking.register_as)"),
+    ]))
 
-    ev = sub.add_parser("evaluate", help="open-loop prediction error vs the repeat-last-observation baseline")
-    ev.add_argument("--checkpoints", required=True, help="checkpoint directory of the run")
-    ev.add_argument("--store", required=True, help="held-out trajectory store (path or URL)")
-    ev.add_argument("--manifest", required=True, help="held-out dataset manifest.json")
-    ev.add_argument("--context", type=int, default=8)
-    ev.add_argument("--horizon", type=int, default=16)
-    ev.add_argument("--out", required=True, help="metrics JSON to write")
-    ev.add_argument("--plot", help="error-vs-horizon PNG to write")
-    ev.add_argument("--predictions", help="npz to write: held-out inputs and open-loop predictions")
-    ev.add_argument("--tracking-uri", help="MLflow to log to (default: the run's recorded URI, "
-                                           "$MLFLOW_TRACKING_URI, results/mlflow.db)")
-    ev.add_argument("--no-tracking", action="store_true", help="do not log the evaluation or the model to MLflow")
-    ev.add_argument("--register-as", help="register the model under this name (default: tracking.register_as)")
-    ev.set_defaults(handler=_evaluate)
+
+def _complete_overrides(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Hydra's completion of `worldpipe train`'s overrides (groups, options, keys), for click's completion script:
+    the same answers as the script of `worldpipe train -sc install=bash`."""
+    import contextlib
+    import io
+    import os
+
+    from worldpipe.commands.train import complete
+
+    before = os.environ.get("COMP_LINE")
+    os.environ["COMP_LINE"] = " ".join(["worldpipe", "train", *(ctx.params.get("overrides") or ()), incomplete])
+    answer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(answer):
+            complete(["-sc", "query=bash"], ())
+    finally:
+        if before is None:
+            os.environ.pop("COMP_LINE", None)
+        else:
+            os.environ["COMP_LINE"] = before
+    return answer.getvalue().split()
 
 
 def _train(args) -> int:
@@ -49,24 +80,41 @@ def _evaluate(args) -> int:
         write_text_atomic(Path(args.out), json.dumps(result, indent=2))
         if args.plot:
             plot_error_vs_horizon(result, args.plot)
+        pictures = _pictures(args, predictions)
         print(f"one-step MSE ratio (model / repeat-last): {result['one_step_ratio']:.4f} "
               f"over {result['segments']} segments")
+        if "pixel_ratio" in result:
+            print(f"pixel MSE ratio (model / repeat-last frame): horizon 1 {result['pixel_ratio'][0]:.4f}, "
+                  f"horizon {result['horizon']} {result['pixel_ratio'][-1]:.4f}")
         if not args.no_tracking:
-            return _track_evaluation(args, result, predictions)
+            return _track_evaluation(args, result, predictions, pictures)
     return 0
 
 
-def _track_evaluation(args, result: dict, predictions: str) -> int:
+def _pictures(args, predictions: str) -> dict[str, str]:
+    """Draw the pictures (``--pictures``) from the predictions file; {name: path} of the files written."""
+    if not args.pictures:
+        return {}
+    from worldpipe.evaluate.open_loop import load_model
+    from worldpipe.evaluate.pictures import write_pictures
+
+    model, _ = load_model(args.checkpoints)
+    return {path.stem: str(path) for path in write_pictures(model, predictions, args.context, args.pictures)}
+
+
+def _track_evaluation(args, result: dict, predictions: str, pictures: dict[str, str]) -> int:
     from worldpipe.evaluate.record import EvaluationInputs, record_evaluation
 
-    files = {"metrics": args.out, **({"plot": args.plot} if args.plot else {})}
+    files = {"metrics": args.out, **({"plot": args.plot} if args.plot else {}), **pictures}
     inputs = EvaluationInputs(args.checkpoints, args.store, args.manifest, files, predictions)
     try:
-        run_id = record_evaluation(result, inputs, args.tracking_uri, args.register_as)
+        recorded = record_evaluation(result, inputs, args.tracking_uri, args.register_as)
     except Exception as err:  # noqa: BLE001 - any MLflow failure: one line, the files are written
         print(f"error: logging the evaluation to MLflow failed ({type(err).__name__}: {err}); {args.out} is "
               "written; run the same command again to log it (nothing is logged twice)", file=sys.stderr)
         return 1
-    if run_id:
-        print(f"logged to MLflow run {run_id}")
+    if recorded:
+        print(f"logged to MLflow run {recorded.run_id}: {recorded.run_url}")
+        if recorded.model_url:
+            print(f"logged model: {recorded.model_url}")
     return 0

@@ -5,26 +5,37 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import click
 
-def register(sub) -> None:
-    runs = sub.add_parser("runs", help="runs of each experiment: config hash, status, MLflow run, what changed")
-    cmds = runs.add_subparsers(dest="runs_command", required=True)
+from worldpipe.commands import command, group, overrides
 
-    ls = cmds.add_parser("list", help="every run of each experiment, oldest first")
-    ls.add_argument("experiments", nargs="*", help="only these experiments (default: all)")
-    ls.add_argument("--runs-dir", help="default: `runs` of conf/paths/default.yaml (results/runs)")
-    ls.set_defaults(handler=_list)
 
-    begin = cmds.add_parser("begin", help="(pipeline) record an attempt at RUN_DIR and point `latest` at it")
-    begin.add_argument("run_dir")
-    begin.add_argument("--dataset-spec-hash", required=True, help="spec hash of the training dataset")
-    begin.add_argument("overrides", nargs="*", help="the Hydra overrides the training gets")
-    begin.set_defaults(handler=_begin, accepts_overrides=True)
-
-    end = cmds.add_parser("end", help="(pipeline) record how the newest attempt at RUN_DIR ended")
-    end.add_argument("run_dir")
-    end.add_argument("--exit-code", type=int, required=True)
-    end.set_defaults(handler=_end)
+def register(cli: click.Group) -> None:
+    runs = group("runs", "runs of each experiment: config hash, status, MLflow run, what changed")
+    runs_dir = click.Option(["--runs-dir"], help="default: `runs` of conf/paths/default.yaml (results/runs)")
+    for cmd in (
+        command("list", _list, "Every run of each experiment, oldest first.\n\n"
+                "EXPERIMENTS: only these experiments (default: all).",
+                [click.Argument(["experiments"], nargs=-1), runs_dir], short="every run of each experiment"),
+        command("status", _status, "Running and recently ended trainings: step, loss, steps/s, ETA.\n\n"
+                "RUN_DIRS: these run directories (default: every run and sweep point).", [
+                    click.Argument(["run_dirs"], nargs=-1), runs_dir,
+                    click.Option(["--sweeps-dir"], help="default: `sweeps` of conf/paths/default.yaml "
+                                                       "(results/sweeps)"),
+                    click.Option(["--recent"], type=float, default=60.0, metavar="MINUTES", show_default=True,
+                                 help="also show runs that ended within this many minutes")],
+                short="running and recently ended trainings: step, loss, steps/s, ETA"),
+        command("begin", _begin, "(pipeline) Record an attempt at RUN_DIR and point `latest` at it.\n\n"
+                "OVERRIDES: the Hydra overrides the training gets.", [
+                    click.Argument(["run_dir"]),
+                    click.Option(["--dataset-spec-hash"], required=True, help="spec hash of the training dataset"),
+                    overrides()], pass_on=True, short="(pipeline) record an attempt at RUN_DIR"),
+        command("end", _end, "(pipeline) Record how the newest attempt at RUN_DIR ended.", [
+            click.Argument(["run_dir"]), click.Option(["--exit-code"], type=int, required=True,
+                                                      help="the training's exit status")]),
+    ):
+        runs.add_command(cmd)
+    cli.add_command(runs)
 
 
 def _list(args) -> int:
@@ -52,6 +63,63 @@ def _list(args) -> int:
                 print(f"      {line}")
             previous = run.record
     return 0
+
+
+def _status(args) -> int:
+    import time
+
+    from worldpipe.config import paths
+    from worldpipe.pipeline.run_index import last_progress, progress_run_dirs, run_status
+
+    layout = paths.layout()
+    if args.run_dirs:
+        dirs = [Path(d) for d in args.run_dirs]
+        missing = [str(d) for d in dirs if last_progress(d) is None]
+        if missing:
+            print(f"error: no progress record ({paths.PROGRESS_RECORD}) in {', '.join(missing)}", file=sys.stderr)
+            return 1
+    else:
+        dirs = progress_run_dirs([Path(args.runs_dir or layout["runs"]), Path(args.sweeps_dir or layout["sweeps"])])
+    now, rows = time.time(), []
+    for run_dir in dirs:
+        progress = last_progress(run_dir)
+        state = run_status(run_dir, _json_or_empty(run_dir / paths.RUN_RECORD))
+        running = state.startswith("running")
+        if progress is None or not (args.run_dirs or running or now - progress["time"] <= args.recent * 60):
+            continue
+        rows.append(_status_row(run_dir, progress, state, running, now))
+    if not rows:
+        print(f"no training running or ended in the last {args.recent:g} minutes")
+        return 0
+    header = ("RUN", "STEP", "LOSS", "STEPS/S", "ETA", "UPDATED", "STATE")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    return 0
+
+
+def _json_or_empty(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"
+
+
+def _status_row(run_dir: Path, progress: dict, state: str, running: bool, now: float) -> tuple[str, ...]:
+    """One line of `runs status`: the ETA only while running (the steps left at the last measured speed)."""
+    step, target, speed = progress["step"], progress.get("target_steps"), progress.get("steps_per_s") or 0.0
+    left = (target - step) / speed if running and target and speed > 0 else None
+    eta = _duration(left) if left is not None else "-"
+    return (str(run_dir), f"{step}/{target}", f"{progress.get('loss', float('nan')):.4g}", f"{speed:.3g}", eta,
+            _duration(now - progress["time"]) + " ago", state)
 
 
 def _begin(args) -> int:

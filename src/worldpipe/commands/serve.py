@@ -4,38 +4,45 @@ from __future__ import annotations
 
 import json
 import sys
-from argparse import ArgumentDefaultsHelpFormatter
 from pathlib import Path
 
+import click
 
-def register(sub) -> None:
-    srv = sub.add_parser("serve", help="serve imagination rollouts of the newest loadable checkpoint over HTTP",
-                         formatter_class=ArgumentDefaultsHelpFormatter)
-    srv.add_argument("checkpoint_dir", help="checkpoints/ of a run, resolved once at start (or one step-NNNNNN directory)")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
-    srv.add_argument("--port-file", help="write the bound port here once listening")
-    srv.add_argument("--max-batch", type=int, default=16, help="requests per batch (1: no batching)")
-    srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill")
-    srv.add_argument("--max-horizon", type=int, default=256)
-    srv.add_argument("--max-context", type=int, default=256)
-    srv.add_argument("--max-request-bytes", type=int, default=1 << 20)
-    srv.add_argument("--cache-entries", type=int, default=4096)
-    srv.add_argument("--cache-mb", type=float, default=64)
-    srv.add_argument("--session-budget-mb", type=float, default=64, help="memory budget of all session state")
-    srv.add_argument("--session-idle-s", type=float, default=600, help="close sessions idle this long")
-    srv.add_argument("--poll-s", type=float, default=0.0,
-                     help="look for a newer step of the same run this often; 0: serve the version resolved at "
-                          "start until POST /reload or a restart")
-    srv.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    srv.set_defaults(handler=_serve)
+from worldpipe.commands import command
 
-    ro = sub.add_parser("rollout", help="imagine one trajectory from a checkpoint (JSON request in, JSON out)")
-    ro.add_argument("checkpoint", help="checkpoints/ of a run (newest loadable) or one step-NNNNNN directory")
-    ro.add_argument("--request", required=True,
-                    help="JSON file with context.obs, context.action, actions, sampling, rng (as POST /rollout)")
-    ro.add_argument("--out", help="write the result JSON here (default: stdout)")
-    ro.set_defaults(handler=_rollout)
+
+def register(cli: click.Group) -> None:
+    def opt(name: str, kind: type, default, help_text: str | None = None) -> click.Option:
+        return click.Option([name], type=kind, default=default, show_default=True, help=help_text)
+
+    cli.add_command(command("serve", _serve, "Serve imagination rollouts of the newest loadable checkpoint over "
+                            "HTTP.\n\nCHECKPOINT_DIR: checkpoints/ of a run, resolved once at start (or one "
+                            "step-NNNNNN directory).", [
+        click.Argument(["checkpoint_dir"]),
+        opt("--host", str, "127.0.0.1"),
+        opt("--port", int, 8000, "0 picks a free port (see --port-file)"),
+        click.Option(["--port-file"], help="write the bound port here once listening"),
+        opt("--max-batch", int, 16, "requests per batch (1: no batching)"),
+        opt("--max-wait-ms", float, 2.0, "how long a batch waits to fill"),
+        opt("--max-horizon", int, 256), opt("--max-context", int, 256),
+        opt("--max-request-bytes", int, 1 << 20), opt("--cache-entries", int, 4096), opt("--cache-mb", float, 64.0),
+        opt("--session-budget-mb", float, 64.0, "memory budget of all session state"),
+        opt("--session-idle-s", float, 600.0, "close sessions idle this long"),
+        opt("--poll-s", float, 0.0, "look for a newer step of the same run this often; 0: serve the version "
+                                    "resolved at start until POST /reload or a restart"),
+        opt("--threads", int, 1, "torch intra-op threads"),
+        click.Option(["--heldout-store"], help="held-out trajectory store (as `worldpipe evaluate --store`): the "
+                                               "play page (GET /play) starts sessions from its windows"),
+        click.Option(["--heldout-manifest"], help="its manifest.json (as `worldpipe evaluate --manifest`)"),
+    ], short="serve imagination rollouts of the newest loadable checkpoint over HTTP"))
+    cli.add_command(command("rollout", _rollout, "Imagine one trajectory from a checkpoint (JSON request in, JSON "
+                            "out).\n\nCHECKPOINT: checkpoints/ of a run (newest loadable) or one step-NNNNNN "
+                            "directory.", [
+        click.Argument(["checkpoint"]),
+        click.Option(["--request"], required=True, help="JSON file with context.obs, context.action, actions, "
+                                                        "sampling, rng (as POST /rollout)"),
+        click.Option(["--out"], help="write the result JSON here (default: stdout)"),
+    ], short="imagine one trajectory from a checkpoint (JSON request in, JSON out)"))
 
 
 def _config(args):
@@ -66,9 +73,14 @@ def _serve(args) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    if (args.heldout_store is None) != (args.heldout_manifest is None):
+        print("error: --heldout-store and --heldout-manifest go together (the held-out dataset and its manifest)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    heldout = (args.heldout_store, args.heldout_manifest) if args.heldout_store else None
     torch.set_num_threads(args.threads)
     try:
-        return serve(args.checkpoint_dir, args.host, args.port, config, args.port_file)
+        return serve(args.checkpoint_dir, args.host, args.port, config, args.port_file, heldout=heldout)
     except CheckpointError as err:  # nothing to serve in CHECKPOINT_DIR: the argument is what must change
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE

@@ -6,27 +6,32 @@ import json
 import sys
 from pathlib import Path
 
+import click
 
-def register(sub) -> None:
-    sweep = sub.add_parser("sweep", help="sweeps declared in a pipeline config").add_subparsers(
-        dest="sweep_command", required=True)
-    points = sweep.add_parser("points", help="print the points of the sweep a pipeline config declares")
-    points.add_argument("configfile", help="pipeline config (conf/pipeline/*.yaml) with a `sweep` section")
-    points.set_defaults(handler=_points)
+from worldpipe.commands import command, group
 
-    opened = sweep.add_parser("open", help="create (or find) the sweep's MLflow parent run; write its id")
-    opened.add_argument("--sweep-json", required=True, help="the config's `sweep` section as JSON")
-    opened.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db")
-    opened.add_argument("--out", required=True, help="JSON record of the parent run to write")
-    opened.set_defaults(handler=_open)
 
-    link = sweep.add_parser("link", help="nest a point's training run under the sweep's parent run")
-    link.add_argument("--parent", required=True, help="the parent record written by `sweep open`")
-    link.add_argument("--done", required=True, help="the point's train_done.json")
-    link.add_argument("--point", required=True, help="the point's name")
-    link.add_argument("--values-json", required=True, help="the point's swept values as JSON")
-    link.add_argument("--tracking-uri")
-    link.set_defaults(handler=_link)
+def register(cli: click.Group) -> None:
+    sweep = group("sweep", "sweeps declared in a pipeline config")
+    tracking_uri = click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db")
+    for cmd in (
+        command("points", _points, "Print the points of the sweep a pipeline config declares.\n\n"
+                "CONFIGFILE: pipeline config (conf/pipeline/*.yaml) with a `sweep` section.",
+                [click.Argument(["configfile"])], short="print the points of the sweep a pipeline config declares"),
+        command("open", _open, "Create (or find) the sweep's MLflow parent run; write its id.", [
+            click.Option(["--sweep-json"], required=True, help="the config's `sweep` section as JSON"), tracking_uri,
+            click.Option(["--out"], required=True, help="JSON record of the parent run to write")]),
+        command("summarize", _summarize, "Record the best point (its metrics and name) on the parent run.", [
+            click.Option(["--parent"], required=True, help="the parent record written by `sweep open`"),
+            click.Option(["--metric"], help="lowest wins (default: the comparison's metric)"), tracking_uri]),
+        command("link", _link, "Nest a point's training run under the sweep's parent run.", [
+            click.Option(["--parent"], required=True, help="the parent record written by `sweep open`"),
+            click.Option(["--done"], required=True, help="the point's train_done.json"),
+            click.Option(["--point"], required=True, help="the point's name"),
+            click.Option(["--values-json"], required=True, help="the point's swept values as JSON"), tracking_uri]),
+    ):
+        sweep.add_command(cmd)
+    cli.add_command(sweep)
 
 
 def _points(args) -> int:
@@ -60,12 +65,39 @@ def _open(args) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     client = client_for(args.tracking_uri)
-    run_id = open_parent_run(client, sweep.get("mlflow_experiment", "worldpipe"), sweep["name"],
-                             swept_keys(sweep), len(points))
+    keys = swept_keys(sweep)
+    values = {key: list({json.dumps(p.as_dict().get(key)): p.as_dict().get(key) for p in points}.values())
+              for key in keys}
+    run_id = open_parent_run(client, sweep.get("mlflow_experiment", "worldpipe"), sweep["name"], keys, len(points),
+                             values)
     record = {"run_id": run_id, "sweep": sweep["name"], "tracking_uri": client.tracking_uri,
               "points": [p.name for p in points]}
     write_text_atomic(Path(args.out), json.dumps(record, indent=2))
-    print(f"sweep {sweep['name']}: parent run {run_id}, {len(points)} points")
+    print(f"sweep {sweep['name']}: parent run {run_id}, {len(points)} points: {_parent_link(client, run_id)}")
+    return 0
+
+
+def _parent_link(client, run_id: str) -> str:
+    from worldpipe.tracking.links import run_url
+
+    return run_url(str(client.tracking_uri), client.get_run(run_id).info.experiment_id, run_id)
+
+
+def _summarize(args) -> int:
+    from worldpipe.tracking.comparison import DEFAULT_METRIC, TRAINING_METRICS
+    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.sweep_runs import summarize_sweep
+
+    parent = json.loads(Path(args.parent).read_text())
+    client = client_for(args.tracking_uri or parent.get("tracking_uri"))
+    metric = args.metric or DEFAULT_METRIC
+    best = summarize_sweep(client, parent["run_id"], metric, TRAINING_METRICS)
+    if best is None:
+        print(f"error: no point of sweep {parent['sweep']} has {metric} yet (evaluate the points first)",
+              file=sys.stderr)
+        return 2
+    print(f"sweep {parent['sweep']}: best by lowest {metric}: {best.info.run_name} "
+          f"({best.data.metrics[metric]:.4g}): {_parent_link(client, parent['run_id'])}")
     return 0
 
 

@@ -8,47 +8,52 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import click
+
+from worldpipe.commands import command, group, overrides
 from worldpipe.config.paths import COMPLETION_RECORD
 
 log = logging.getLogger("worldpipe.tracking")
 
 
-def register(sub) -> None:
-    tracking = sub.add_parser("tracking", help="MLflow records of a run directory").add_subparsers(
-        dest="tracking_command", required=True)
-    sync = tracking.add_parser("sync", help="replay records spooled while tracking was unreachable (idempotent)")
-    sync.add_argument("run_dir", help="run directory (holding tracking/journal.jsonl)")
-    sync.add_argument("--tracking-uri", help="default: the URI the run recorded to")
-    sync.add_argument("--mark-killed", action="store_true",
-                      help="if the training process died without ending the run, record it as KILLED")
-    sync.set_defaults(handler=_sync)
-    status = tracking.add_parser("status", help="run id, acknowledged and pending records")
-    status.add_argument("run_dir")
-    status.set_defaults(handler=_status)
-
-    server = tracking.add_parser("server", help="run an MLflow tracking server (PostgreSQL backend for clusters)")
-    server.add_argument("--backend-store-uri", default=None,
-                        help="postgresql://USER:PASSWORD@HOST:PORT/DB (default: sqlite:///results/mlflow.db)")
-    server.add_argument("--artifacts-destination", default=None,
-                        help="artifact root, on the shared filesystem (default: results/mlartifacts)")
-    server.add_argument("--host", default=None, help="address to bind (default 127.0.0.1: this machine only; "
-                                                     "0.0.0.0 opens it to the network, without authentication)")
-    server.add_argument("--port", type=int, default=None, help="default 5000")
-    server.add_argument("--workers", type=int, default=1)
-    server.add_argument("--print-command", action="store_true", help="print the mlflow command instead")
-    server.set_defaults(handler=_server, accepts_overrides=True)
-
-    compare = sub.add_parser("compare", help="differing params and evaluation metrics of runs (or of a sweep) "
-                                             "side by side; optionally a metric-vs-swept-key plot")
-    compare.add_argument("run_ids", nargs="+", metavar="RUN",
-                         help="run id, sweep parent run id (all its runs), or a JSON file naming one "
-                              "(train_done.json, a sweep's parent.json)")
-    compare.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db")
-    compare.add_argument("--plot", help="PNG to write: the metric against the first swept key, seeds as error bars")
-    compare.add_argument("--metric", default=None, help="metric of the plot (default eval/one_step_ratio)")
-    compare.add_argument("--x", dest="x_key", help="param on the plot's x axis (default: the first swept key)")
-    compare.add_argument("--out", help="also write the table to this file (atomically)")
-    compare.set_defaults(handler=_compare)
+def register(cli: click.Group) -> None:
+    tracking = group("tracking", "MLflow records of a run directory")
+    run_dir = click.Argument(["run_dir"])
+    for cmd in (
+        command("sync", _sync, "Replay records spooled while tracking was unreachable (idempotent).\n\n"
+                "RUN_DIR: run directory (holding tracking/journal.jsonl).", [
+                    run_dir, click.Option(["--tracking-uri"], help="default: the URI the run recorded to"),
+                    click.Option(["--mark-killed"], is_flag=True, help="if the training process died without "
+                                                                      "ending the run, record it as KILLED")],
+                short="replay records spooled while tracking was unreachable (idempotent)"),
+        command("status", _status, "Run id, acknowledged and pending records of RUN_DIR.", [run_dir]),
+        command("server", _server, "Run an MLflow tracking server (PostgreSQL backend for clusters).\n\n"
+                "Arguments after `--` go to `mlflow server` as they are.", [
+                    click.Option(["--backend-store-uri"], help="postgresql://USER:PASSWORD@HOST:PORT/DB "
+                                                               "(default: sqlite:///results/mlflow.db)"),
+                    click.Option(["--artifacts-destination"], help="artifact root, on the shared filesystem "
+                                                                   "(default: results/mlartifacts)"),
+                    click.Option(["--host"], help="address to bind (default 127.0.0.1: this machine only; "
+                                                  "0.0.0.0 opens it to the network, without authentication)"),
+                    click.Option(["--port"], type=int, help="default 5000"),
+                    click.Option(["--workers"], type=int, default=1, show_default=True, help="server workers"),
+                    click.Option(["--print-command"], is_flag=True, help="print the mlflow command instead"),
+                    overrides("[-- MLFLOW SERVER OPTIONS]...")], pass_on=True,
+                short="run an MLflow tracking server (PostgreSQL backend for clusters)"),
+    ):
+        tracking.add_command(cmd)
+    cli.add_command(tracking)
+    cli.add_command(command("compare", _compare, "Differing params and evaluation metrics of runs (or of a sweep) "
+                            "side by side; optionally a metric-vs-swept-key plot.\n\nRUN: run id, sweep parent "
+                            "run id (all its runs), or a JSON file naming one (train_done.json, a sweep's "
+                            "parent.json).", [
+        click.Argument(["run_ids"], nargs=-1, required=True, metavar="RUN..."),
+        click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db"),
+        click.Option(["--plot"], help="PNG to write: the metric against the first swept key, seeds as error bars"),
+        click.Option(["--metric"], help="metric of the plot (default eval/one_step_ratio)"),
+        click.Option(["--x", "x_key"], help="param on the plot's x axis (default: the first swept key)"),
+        click.Option(["--out"], help="also write the table to this file (atomically)"),
+    ], short="differing params and evaluation metrics of runs (or of a sweep) side by side"))
 
 
 def _last_open(spool) -> dict:

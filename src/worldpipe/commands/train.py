@@ -100,8 +100,6 @@ def launch(overrides: list[str], options: argparse.Namespace | None = None) -> i
     ``--dataset-spec-hash``, as an attempt recorded in the run's run.json), then one line naming the run directory
     and the MLflow run's page (in the UI's Model training view)."""
     options = options if options is not None else own_options([])[0]
-    # MLflow's own "View run" line opens the UI's GenAI layout; the closing line below links the right view.
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     overrides = with_dataset(overrides)
     if options.dataset_spec_hash is None:
         from worldpipe.launch.launcher import start_training

@@ -53,6 +53,8 @@ _PATHS = layout(CONF_DIR)
 # Written by rank 0 when a training run reaches its last step: final step, digest, MLflow run id.
 COMPLETION_RECORD: str = _PATHS["completion_record"]
 RUN_RECORD: str = _PATHS["run_record"]
+# Appended by rank 0 at log cadence (one JSON line each): how far a running training is (worldpipe runs status).
+PROGRESS_RECORD: str = _PATHS["progress"]
 LATEST_LINK: str = _PATHS["latest"]
 STORE_NAME: str = _PATHS["store"]
 MANIFEST_NAME: str = _PATHS["manifest"]

@@ -71,6 +71,15 @@ class ParallelConfig:
     rdzv_timeout_s: int | None = _range(None, gt=0)  # start-up rendezvous limit; None: the launcher's default
     tensor_parallel: int = _range(1, ge=1)  # DTensor column/row-wise degree (worldpipe.parallel.layout)
     context_parallel: int = _range(1, ge=1)  # ranks a sequence is cut over in time
+    # Megatron sequence parallelism inside the tensor-parallel group: norms and the residual stream hold sequence
+    # shards (tp_sp); needs tensor_parallel > 1
+    sequence_parallel: bool = False
+    # Activation recomputation, any layout: each block keeps only its input for backward and recomputes the rest
+    # (models that declare blocks); less activation memory for about one more forward per step
+    recompute: bool = False
+    pipeline_parallel: int = _range(1, ge=1)  # pipeline stages the model is cut into (models with stage boundaries)
+    microbatches: int = _range(1, ge=1)  # a pipeline's microbatches per data-parallel rank and step
+    pipeline_schedule: str = _range("gpipe", choices=("gpipe", "1f1b"))
     # Data-parallel degree a layout with a fixed mesh requires (tp, cp, dp_tp, ...): the world size must then be
     # exactly data_parallel × tensor_parallel × context_parallel. None: as many data-parallel ranks as the world
     # size leaves (ddp, fsdp2 scale to any rank count).
@@ -98,7 +107,8 @@ class TrackingConfig:
     uri: str | None = _range(None, check=tracking_uri_problem)  # its syntax, before any process starts
     experiment: str = "worldpipe"
     run_name: str = MISSING
-    system_metrics_interval_s: float = _range(10.0, ge=0)  # MLflow system metrics from rank 0; 0: off
+    system_metrics_interval_s: float = _range(1.0, ge=0)  # MLflow system metrics from rank 0; 0: off
+    system_metrics_samples_before_logging: int = _range(1, ge=1)  # samples averaged into each logged point
     register_as: str | None = None  # model registry name of the evaluated model (worldpipe evaluate)
 
 

@@ -342,6 +342,14 @@ class TrajectoryStore:
         keys = ("obs", "action", "reward", "terminated")
         return (*keys, "pixels") if self.has_pixels else keys
 
+    def observation_dim(self, key: str) -> int:
+        """Width of one step of array ``key`` as a flat observation: obs_dim for "obs", H*W*3 for "pixels"."""
+        if key == "obs":
+            return self.obs_dim
+        if key == "pixels" and self.has_pixels:
+            return 3 * self.spec.pixel_size**2
+        raise KeyError(key)
+
     @property
     def num_shards(self) -> int:
         """Number of shards per array."""

@@ -29,6 +29,10 @@ from worldpipe.tracking.records import CHECKPOINT_STEP_TAG as STEP_TAG
 MODEL_NAME = "world_model"  # the logged model's name within its run
 MODEL_CODE = Path(__file__).with_name("pyfunc_model_code.py")  # models from code: no pickled object
 WEIGHTS, SPEC = "weights", "spec"
+# MLflow copies onto a new logged model every run metric logged at the `step` it is logged at (default 0) — on a
+# training run that is system metrics' first sample. The model gets its own metrics, each naming its dataset
+# (worldpipe.tracking.evaluation.log_model_evaluation), so it is logged at a step no run metric has.
+NO_RUN_METRICS_STEP = -1
 
 
 class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
@@ -119,7 +123,7 @@ def log_world_model(uri: str, run_id: str, record: ModelRecord, register_as: str
                 info = mlflow.pyfunc.log_model(
                     name=MODEL_NAME, python_model=str(MODEL_CODE),
                     artifacts={WEIGHTS: str(weights), SPEC: str(spec)}, signature=_signature(record),
-                    input_example=example, pip_requirements=_requirements(), tags=tags)
+                    input_example=example, pip_requirements=_requirements(), tags=tags, step=NO_RUN_METRICS_STEP)
         model_uri, model_id = info.model_uri, info.model_id
     else:
         model_uri, model_id = f"models:/{logged.model_id}", logged.model_id

@@ -15,9 +15,11 @@ import torch
 
 from worldpipe.checkpoint import CheckpointManager, CheckpointNotFoundError
 from worldpipe.core.atomic import write_atomic
+from worldpipe.core.axes import legend_outside, readable_log_axis
+from worldpipe.core.figures import save_figure
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.models import WorldModel
+from worldpipe.models import WorldModel, flat_observations
 from worldpipe.models.open_loop import predict_observations
 from worldpipe.models.restore import restore_model
 
@@ -34,16 +36,27 @@ def load_model(checkpoint_dir: str, step: int | None = None) -> tuple[WorldModel
     return restore_model(identity["config"]["model"], state["model"], identity), {"step": chosen, **identity}
 
 
-def heldout_segments(episodes: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Non-overlapping fully valid segments of `length` steps: obs [N,length,O], action [N,length,A]."""
+def heldout_segments(episodes: dict[str, np.ndarray], length: int,
+                     key: str = "obs") -> tuple[np.ndarray, np.ndarray]:
+    """Non-overlapping fully valid segments of `length` steps: obs [N,length,O], action [N,length,A].
+
+    ``key``: the array the model observes ("pixels": flat frames, O = H*W*3, raw 0..255 values).
+    """
+    observed = flat_observations(episodes, key)
     obs, actions = [], []
     for i, ep_len in enumerate(episodes["length"]):
         for start in range(0, int(ep_len) - length + 1, length):
-            obs.append(episodes["obs"][i, start : start + length])
+            obs.append(observed[i, start : start + length])
             actions.append(episodes["action"][i, start : start + length])
     if not obs:
         raise ValueError(f"no held-out episode has {length} valid steps; lower evaluate context/horizon")
     return np.stack(obs), np.stack(actions)
+
+
+def segment_episodes(lengths: np.ndarray, length: int) -> np.ndarray:
+    """The held-out episode of each segment :func:`heldout_segments` cuts, in its order: [N] int."""
+    return np.asarray([i for i, ep_len in enumerate(lengths) for _ in range(0, int(ep_len) - length + 1, length)],
+                      dtype=np.int64)
 
 
 def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: int, horizon: int,
@@ -55,16 +68,19 @@ def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: i
     manifest = load_manifest(manifest_path)
     store = TrajectoryStore.open(store_url, manifest=manifest)
     model, identity = load_model(checkpoint_dir)
-    obs, action = heldout_segments(store.read_episodes(0, store.num_episodes), context + horizon)
+    episodes = store.read_episodes(0, store.num_episodes)
+    obs, action = heldout_segments(episodes, context + horizon, model.observation_key)
     obs_t, action_t = torch.from_numpy(obs), torch.from_numpy(action)  # [N,C+H,O], [N,C+H,A]
     predicted = predict_observations(model, obs_t, action_t, context)  # [N,H,O]
     if predictions_out is not None:
-        write_predictions(predictions_out, obs, action, predicted.numpy())
+        write_predictions(predictions_out, obs, action, predicted.numpy(),
+                          segment_episodes(episodes["length"], context + horizon))
     target = obs_t[:, context:]
     baseline = obs_t[:, context - 1 : context].expand_as(target)
     model_mse = (predicted - target).pow(2).mean(dim=(0, 2)).double().numpy()  # [H]
     baseline_mse = (baseline - target).pow(2).mean(dim=(0, 2)).double().numpy()
     ratio = model_mse / np.maximum(baseline_mse, 1e-12)
+    extra = pixel_metrics(predicted, target, baseline) if model.observation_key == "pixels" else {}
     return {
         "model": type(model).__name__,
         "experiment": identity["config"].get("experiment_name"),
@@ -80,13 +96,35 @@ def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: i
         "ratio": ratio.tolist(),
         "one_step_ratio": float(ratio[0]),
         "beats_baseline_one_step": bool(ratio[0] < 1.0),
+        **extra,
     }
 
 
-def write_predictions(path: str | Path, obs: np.ndarray, action: np.ndarray, predicted: np.ndarray) -> None:
-    """The held-out inputs and the open-loop predictions, published atomically as one npz file."""
+def pixel_metrics(predicted: torch.Tensor, target: torch.Tensor, baseline: torch.Tensor) -> dict:
+    """Per-horizon pixel MSE and PSNR (values in [0, 1]; predictions clipped to what a frame can show) of model
+    and repeat-last-frame, their ratio, and whether the model beats the baseline at the first and last horizon."""
+    def per_horizon(frames: torch.Tensor) -> np.ndarray:
+        shown = frames.clamp(0.0, 255.0) / 255.0
+        return (shown - target / 255.0).pow(2).mean(dim=(0, 2)).double().numpy()  # [H]
+
+    model_mse, baseline_mse = per_horizon(predicted), per_horizon(baseline)
+    ratio = model_mse / np.maximum(baseline_mse, 1e-12)
+    return {
+        "pixel_mse": model_mse.tolist(),
+        "baseline_pixel_mse": baseline_mse.tolist(),
+        "pixel_ratio": ratio.tolist(),
+        "psnr": (10.0 * np.log10(1.0 / np.maximum(model_mse, 1e-12))).tolist(),
+        "baseline_psnr": (10.0 * np.log10(1.0 / np.maximum(baseline_mse, 1e-12))).tolist(),
+        "beats_baseline_first_and_last": bool(ratio[0] < 1.0 and ratio[-1] < 1.0),
+    }
+
+
+def write_predictions(path: str | Path, obs: np.ndarray, action: np.ndarray, predicted: np.ndarray,
+                      episode: np.ndarray | None = None) -> None:
+    """The held-out inputs, the open-loop predictions (and each segment's episode), atomically as one npz."""
     buffer = io.BytesIO()
-    np.savez(buffer, obs=obs, action=action, predicted=predicted)
+    extra = {} if episode is None else {"episode": episode}
+    np.savez(buffer, obs=obs, action=action, predicted=predicted, **extra)
     write_atomic(Path(path), buffer.getvalue())
 
 
@@ -103,12 +141,11 @@ def plot_error_vs_horizon(result: dict, path: str | Path) -> None:
     ax.plot(steps, result["baseline_mse"], marker="s", label="repeat last observation")
     ax.set_xlabel("horizon (steps)")
     ax.set_ylabel("MSE (raw observation units)")
-    ax.set_yscale("log")
+    readable_log_axis(ax, "y", [*result["model_mse"], *result["baseline_mse"]])
     ax.set_title(f"Held-out error vs horizon (one-step ratio {result['one_step_ratio']:.3f})")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def plot_models_vs_baseline(results: dict[str, dict], path: str | Path) -> None:
@@ -125,12 +162,11 @@ def plot_models_vs_baseline(results: dict[str, dict], path: str | Path) -> None:
     ax.axhline(1.0, color="grey", linestyle="--", label="repeat last observation")
     ax.set_xlabel("horizon (steps)")
     ax.set_ylabel("MSE ratio, model / baseline")
-    ax.set_yscale("log")
+    readable_log_axis(ax, "y", [1.0, *(r for result in results.values() for r in result["ratio"])])
     ax.set_title("Held-out open-loop error relative to the baseline")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def plot_loss_curve(history: dict[str, list[tuple[int, float]]], path: str | Path) -> None:
@@ -140,16 +176,19 @@ def plot_loss_curve(history: dict[str, list[tuple[int, float]]], path: str | Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    values = []
     for key, points in sorted(history.items()):
         if points:
-            steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, label=key)
+            steps, ys = zip(*points, strict=True)
+            ax.plot(steps, ys, label=key)
+            values.extend(ys)
     ax.set_xlabel("step")
     ax.set_ylabel("loss per valid step")
-    ax.set_yscale("symlog")
+    # Log when every term is positive (labelled ticks in plain numbers); a term that can go negative (a Gaussian
+    # log-likelihood) keeps the axis linear rather than folding it.
+    readable_log_axis(ax, "y", values)
     ax.set_title("Training loss")
-    ax.legend()
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100, bbox_inches="tight")

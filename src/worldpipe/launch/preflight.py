@@ -20,7 +20,7 @@ from worldpipe.config.identity import ConfigError, to_container
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core.errors import UserError
 from worldpipe.core.locations import local_path
-from worldpipe.trainer.validation import validate_config
+from worldpipe.trainer.validation import check_observation, validate_config
 
 
 class DataMismatch(UserError):
@@ -79,7 +79,9 @@ def check_data(cfg: DictConfig) -> str:
     except (ManifestError, OSError) as exc:
         raise DataMismatch(f"config key 'data.manifest': {exc}") from exc
     spec = manifest.get("spec") or {}
-    check_window(cfg, spec.get("max_steps"), f"dataset {spec.get('name')!r} (data.manifest {manifest_path})")
+    described = f"dataset {spec.get('name')!r} (data.manifest {manifest_path})"
+    check_window(cfg, spec.get("max_steps"), described)
+    check_observation(cfg, spec, described)
     if local_store is None:
         return manifest["dataset_hash"]
     try:

@@ -6,11 +6,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from worldpipe.core.errors import UsageError
-from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel, state_nbytes
+from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel, flat_observations, state_nbytes
 
 
 class ModelConfigError(UsageError, ValueError):
     """A model config that cannot be instantiated; the message names the key."""
+
+
+def observation_key(model_cfg: Mapping[str, Any]) -> str:
+    """The stored array the model a config names observes ("obs" or "pixels"), known before it is built."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(model_cfg["_target_"]))
+    except Exception as err:  # noqa: BLE001 - any import failure is the config's problem to report
+        raise ModelConfigError(f"config key 'model._target_': cannot import {model_cfg.get('_target_')!r} ({err})") from None
+    return getattr(cls, "observation_key", "obs")
 
 
 def build_model(model_cfg: Mapping[str, Any], obs_dim: int, act_dim: int) -> WorldModel:
@@ -94,4 +105,5 @@ def _dimension_problems(cls: type[WorldModel], model_cfg: Mapping[str, Any], par
     return problems
 
 
-__all__ = ["ModelConfigError", "ParallelSupport", "RolloutState", "WorldModel", "build_model", "check_model_config", "state_nbytes"]
+__all__ = ["ModelConfigError", "ParallelSupport", "RolloutState", "WorldModel", "build_model", "check_model_config",
+           "flat_observations", "observation_key", "state_nbytes"]

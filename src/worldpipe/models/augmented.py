@@ -104,7 +104,7 @@ class AugmentedModel(WorldModel):
         return self.inner.predict_open_loop(obs, action, context)
 
     # ---- partitioning ----
-    def tensor_parallel_plan(self) -> dict[str, Any] | None:
+    def tensor_parallel_plan(self, sequence_parallel: bool = False) -> dict[str, Any] | None:
         """The inner model's plan, with module paths under ``inner.``."""
-        plan = self.inner.tensor_parallel_plan()
+        plan = self.inner.tensor_parallel_plan(sequence_parallel)
         return None if plan is None else {f"inner.{path}": style for path, style in plan.items()}

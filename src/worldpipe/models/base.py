@@ -49,6 +49,12 @@ class ParallelSupport:
     tensor_parallel: bool = False
     time_partition: str | None = None
     max_tensor_parallel: int | None = None  # e.g. the number of attention heads
+    # Pipeline parallelism: how many blocks the model can be cut between (None: no stage boundaries). A pipeline
+    # of P stages needs P <= pipeline_blocks; the model builds its stages (:meth:`WorldModel.pipeline_stage`).
+    pipeline_blocks: int | None = None
+    # Activation recomputation: the model can run its blocks under torch.utils.checkpoint (keep only each block's
+    # input for backward, recompute the rest), see :meth:`WorldModel.enable_recompute`.
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         if self.time_partition not in TIME_PARTITIONS:
@@ -69,6 +75,9 @@ class WorldModel(nn.Module):
     dimensions: ClassVar[tuple[str, ...]] = ()
     #: Constructor parameters that hold the config of another model (a wrapper's inner model), checked the same.
     submodels: ClassVar[tuple[str, ...]] = ()
+    #: The stored array the model observes: "obs" (state vectors) or "pixels" (frames, flattened per step by
+    #: :func:`flat_observations`; the model's obs_dim is then H*W*3).
+    observation_key: ClassVar[str] = "obs"
 
     def __init__(self, obs_dim: int, act_dim: int) -> None:
         super().__init__()
@@ -130,8 +139,11 @@ class WorldModel(nn.Module):
         return torch.stack(predictions, dim=1)
 
     # ---- partitioning ----
-    def tensor_parallel_plan(self) -> dict[str, Any] | None:
-        """Module path -> DTensor parallel style, for ``parallelize_module`` (None: not tensor-parallel)."""
+    def tensor_parallel_plan(self, sequence_parallel: bool = False) -> dict[str, Any] | None:
+        """Module path -> DTensor parallel style, for ``parallelize_module`` (None: not tensor-parallel).
+
+        ``sequence_parallel``: the plan that also keeps the norm regions on sequence shards (Megatron's).
+        """
         return None
 
     @classmethod
@@ -139,12 +151,48 @@ class WorldModel(nn.Module):
         """The axes a model built with these config keys admits, known before it is built (layout checks)."""
         return cls.parallel
 
+    def enable_recompute(self) -> None:
+        """Recompute each block's activations in backward instead of keeping them (``parallel.recompute``).
+
+        Only models whose ``parallel.recompute`` is set implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} declares no blocks to recompute")
+
+    def pipeline_stage(self, stage: int, stages: int) -> nn.Module:
+        """Keep only the modules of pipeline stage ``stage`` of ``stages`` (the rest are dropped, so the state
+        dict names only this stage's tensors, under their full-model names) and return the stage's module.
+
+        The first stage's module takes (obs, action) [B,T,O], [B,T,A]; every later one the previous stage's
+        output; the last returns what :meth:`pipeline_loss` takes. Only models whose
+        ``parallel.pipeline_blocks`` is set implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} declares no pipeline stage boundaries")
+
+    def pipeline_loss(self, output: torch.Tensor, obs: torch.Tensor, reward: torch.Tensor,
+                      mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-term loss sums (as :meth:`forward`) from the last pipeline stage's output on these windows."""
+        raise NotImplementedError(f"{type(self).__name__} declares no pipeline stage boundaries")
+
     def bind_time_partition(self, partition: Any) -> None:
         """Make ``forward`` run on this rank's chunk of time (a ``worldpipe.parallel.TimePartition``).
 
         Only models whose ``parallel.time_partition`` is set implement it.
         """
         raise NotImplementedError(f"{type(self).__name__} has no valid time partition")
+
+
+def flat_observations(arrays: dict[str, Any], key: str) -> Any:
+    """The observations a model with ``observation_key`` ``key`` reads from stored arrays, in raw units.
+
+    "obs": the state vectors as they are; "pixels": uint8 frames [..., H, W, 3] as float32 vectors
+    [..., H*W*3] (channel last), so frame models share every vector-observation path (open loop, rollouts).
+    Works on NumPy arrays and torch tensors alike.
+    """
+    value = arrays[key]
+    if key == "obs":
+        return value
+    flat = value.reshape(*value.shape[:-3], -1)
+    return flat.float() if isinstance(flat, torch.Tensor) else flat.astype("float32")
 
 
 def state_nbytes(state: RolloutState) -> int:

@@ -6,7 +6,8 @@ knows the order, dynamics do not depend on the absolute time, and a rollout may 
 
 Partitioning: batch; tensor-parallel (query/key/value projections and the MLP's first layer split by output
 column, the attention output and the MLP's second layer by input row: one all-reduce per block, each rank
-computes heads/tp heads); time (ring attention: each rank keeps its queries and circulates key/value blocks).
+computes heads/tp heads); time (ring attention: each rank keeps its queries and circulates key/value blocks);
+pipeline stages (contiguous runs of blocks; the embedding joins the first stage, the final norm and head the last).
 The rollout state is the key/value cache of every layer, which grows by one token per imagined step.
 """
 
@@ -78,6 +79,38 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x)), kv
 
 
+class PipelineStageModule(nn.Module):
+    """One pipeline stage: (embedding,) a run of blocks, (final norm and head); shares the model's modules."""
+
+    def __init__(self, embed: nn.Module | None, blocks: list[nn.Module], norm: nn.Module | None,
+                 head: nn.Module | None):
+        super().__init__()
+        self.embed, self.blocks, self.norm, self.head = embed, nn.ModuleList(blocks), norm, head
+        self.recompute = False
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        """(obs, action) on the first stage, the previous stage's tokens [B,T,W] on the others."""
+        x = self.embed(*inputs) if self.embed is not None else inputs[0]
+        for block in self.blocks:
+            x, _ = run_block(block, x, None, None, self.recompute)
+        return self.head(self.norm(x)) if self.head is not None else x
+
+
+def run_block(block: nn.Module, x: Tensor, partition: TimePartition | None, past: Any,
+              recompute: bool) -> tuple[Tensor, Any]:
+    """One block; with ``recompute`` (training) only its input is kept for backward, the rest recomputed then."""
+    if recompute and torch.is_grad_enabled() and past is None:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(block, x, partition, None, use_reentrant=False)
+    return block(x, partition, past)
+
+
+def stage_blocks(layers: int, stages: int, stage: int) -> range:
+    """The blocks of pipeline stage ``stage``: contiguous, sizes differing by at most one."""
+    return range(stage * layers // stages, (stage + 1) * layers // stages)
+
+
 class CausalTransformer(WorldModel):
     """Deterministic causal transformer over (observation, action) tokens."""
 
@@ -90,29 +123,63 @@ class CausalTransformer(WorldModel):
     def __init__(self, obs_dim: int, act_dim: int, width: int = 64, heads: int = 4, layers: int = 2,
                  mlp_ratio: int = 2, reward_scale: float = 1.0):
         super().__init__(obs_dim, act_dim)
-        self.parallel = self.parallel_support(heads=heads)
+        self.parallel = self.parallel_support(heads=heads, layers=layers)
         self.heads, self.reward_scale = heads, reward_scale
         self.embed = TokenEmbedding(obs_dim, act_dim, width)
         self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, obs_dim + 1)
         self.partition: TimePartition | None = None
+        self.recompute = False
 
     @classmethod
     def parallel_support(cls, **model_kwargs: Any) -> ParallelSupport:
         """Batch, tensor-parallel up to one head per rank, and ring attention in time."""
         heads = int(model_kwargs.get("heads", 4))
         return ParallelSupport(batch=True, tensor_parallel=True, time_partition="ring_attention",
-                               max_tensor_parallel=heads)
+                               max_tensor_parallel=heads, pipeline_blocks=int(model_kwargs.get("layers", 2)),
+                               recompute=True)
+
+    def enable_recompute(self) -> None:
+        """Run every block under non-reentrant activation checkpointing (also inside pipeline stages)."""
+        self.recompute = True
+
+    def pipeline_stage(self, stage: int, stages: int) -> nn.Module:
+        """Keep the embedding (first stage), this stage's blocks, the norm and head (last stage); drop the rest.
+
+        Dropped blocks become parameterless placeholders, so the kept ones keep their full-model names.
+        """
+        mine = stage_blocks(len(self.blocks), stages, stage)
+        for index in range(len(self.blocks)):
+            if index not in mine:
+                self.blocks[index] = nn.Identity()
+        if stage > 0:
+            self.embed = None
+        if stage < stages - 1:
+            self.norm = self.head = None
+        stage_module = PipelineStageModule(self.embed, [self.blocks[i] for i in mine], self.norm, self.head)
+        stage_module.recompute = self.recompute
+        return stage_module
+
+    def pipeline_loss(self, output: Tensor, obs: Tensor, reward: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """Next-step loss sums of the head outputs of whole windows."""
+        return next_step_loss(output, obs, reward, mask, None, self.reward_scale)
 
     def bind_time_partition(self, partition: TimePartition) -> None:
         """Run ``forward`` on this rank's chunk of time; attention rings over ``partition.group``."""
         self.partition = partition
 
-    def tensor_parallel_plan(self) -> dict[str, Any]:
-        """Column-wise q/k/v and MLP input, row-wise attention output and MLP output, per block."""
+    def tensor_parallel_plan(self, sequence_parallel: bool = False) -> dict[str, Any]:
+        """Column-wise q/k/v and MLP input, row-wise attention output and MLP output, per block.
+
+        ``sequence_parallel`` (Megatron's sequence parallelism): the residual stream and the norms hold sequence
+        shards between the tensor-parallel regions; each region's input is all-gathered in time and its row-wise
+        output reduce-scattered in time (the all-reduce split in two), so norm activations are 1/tp per rank.
+        """
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+        if sequence_parallel:
+            return self._sequence_parallel_plan()
         plan: dict[str, Any] = {}
         for index in range(len(self.blocks)):
             prefix = f"blocks.{index}"
@@ -122,11 +189,45 @@ class CausalTransformer(WorldModel):
                 plan[f"{prefix}.{name}"] = RowwiseParallel()
         return plan
 
+    def _sequence_parallel_plan(self) -> dict[str, Any]:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            PrepareModuleOutput,
+            RowwiseParallel,
+            SequenceParallel,
+        )
+
+        def gather_in_time(args: int = 1) -> PrepareModuleInput:
+            # The first argument is all-gathered in time; the rest (partition, cache: None) pass untouched.
+            rest = (None,) * (args - 1)
+            return PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+                                      use_local_output=True)
+
+        # The embedding's output is cut in time; the final norm and head see whole windows again (the loss).
+        plan: dict[str, Any] = {
+            "embed": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                         use_local_output=False),
+            "norm": gather_in_time(),
+        }
+        for index in range(len(self.blocks)):
+            prefix = f"blocks.{index}"
+            for name in ("norm1", "norm2"):
+                plan[f"{prefix}.{name}"] = SequenceParallel()
+            plan[f"{prefix}.attn"] = gather_in_time(3)
+            plan[f"{prefix}.mlp"] = gather_in_time()
+            for name in ("attn.query", "attn.key", "attn.value", "mlp.0"):
+                plan[f"{prefix}.{name}"] = ColwiseParallel()
+            for name in ("attn.out", "mlp.2"):
+                plan[f"{prefix}.{name}"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+        return plan
+
     def _run(self, x: Tensor, partition: TimePartition | None = None,
              past: list[tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         caches = []
         for index, block in enumerate(self.blocks):
-            x, kv = block(x, partition, None if past is None else past[index])
+            x, kv = run_block(block, x, partition, None if past is None else past[index], self.recompute)
             caches.append(kv)
         return self.head(self.norm(x)), caches
 

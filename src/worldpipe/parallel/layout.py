@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from worldpipe.config.identity import ConfigError, to_container
+from worldpipe.parallel.pipeline import PipelineRunner
 from worldpipe.parallel.runtime import Runtime
 from worldpipe.parallel.time_partition import TimePartition
 from worldpipe.parallel.wrap import wrap_model
@@ -40,6 +41,10 @@ DP_STRATEGIES = ("none", "ddp", "fsdp2")
 
 def _degrees(p: Mapping[str, Any]) -> tuple[int, int]:
     return int(p.get("tensor_parallel", 1)), int(p.get("context_parallel", 1))
+
+
+def _pipeline_degree(p: Mapping[str, Any]) -> int:
+    return int(p.get("pipeline_parallel", 1))
 
 
 def _model_support(model_cfg: Mapping[str, Any]):
@@ -56,24 +61,27 @@ def _model_support(model_cfg: Mapping[str, Any]):
     return cls.parallel_support(**kwargs)
 
 
-def _check_rank_count(p: Mapping[str, Any], world_size: int, dp: int, tp: int, cp: int) -> None:
+def _check_rank_count(p: Mapping[str, Any], world_size: int, dp: int, tp: int, cp: int, pp: int = 1) -> None:
     """A layout with a fixed mesh (``parallel.data_parallel`` set) gets exactly its rank count, never silently
     another mesh (dp_tp on 2 ranks would be plain tp, on 8 a 4×2 mesh)."""
     required = p.get("data_parallel")
     if required is None or dp == required:
         return
-    ranks = required * tp * cp
+    ranks = required * tp * cp * pp
+    stages = f" × pipeline_parallel={pp}" if pp > 1 else ""
     raise ConfigError(
         f"config key 'parallel.nproc_per_node': {world_size} ranks (parallel.nproc_per_node="
         f"{p.get('nproc_per_node')} × parallel.nnodes={p.get('nnodes')}; train.nproc_per_node in a pipeline config) "
         f"but the layout is a mesh of {ranks} ranks (parallel.data_parallel={required} × tensor_parallel={tp} × "
-        f"context_parallel={cp}); ask for {ranks} ranks, or set parallel.data_parallel={dp} to use this mesh")
+        f"context_parallel={cp}{stages}); ask for {ranks} ranks, or set parallel.data_parallel={dp} to use this mesh")
 
 
 def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
     """Refuse a parallel layout that cannot work for this model and world size; the error names the key."""
     c = to_container(cfg)
     p, model_cfg = c["parallel"], c.get("model", {})
+    if _pipeline_degree(p) > 1 or int(p.get("microbatches", 1)) > 1:
+        return validate_pipeline(c, world_size)
     tp, cp = _degrees(p)
     for key, value in (("tensor_parallel", tp), ("context_parallel", cp)):
         if value < 1:
@@ -97,6 +105,7 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
     if support is None:
         return
     name = str(model_cfg["_target_"]).rsplit(".", 1)[-1]
+    _check_recompute(p, support, name)
     if cp > 1 and support.time_partition is None:
         raise ConfigError(f"config key 'parallel.context_parallel': model {name} has no valid time partition "
                           "(a nonlinear recurrence needs every previous state); it is batch-parallel only")
@@ -107,9 +116,67 @@ def validate_layout(cfg: Mapping[str, Any], world_size: int) -> None:
         raise ConfigError(f"config key 'parallel.tensor_parallel': degree {tp} must divide the model's "
                           f"{support.max_tensor_parallel} attention heads (model.heads)")
     window = c.get("data", {}).get("window")
+    if p.get("sequence_parallel"):
+        _check_sequence_parallel(tp, cp, window)
     if cp > 1 and isinstance(window, int) and window % cp:
         raise ConfigError(f"config key 'data.window': {window} steps cannot be cut into {cp} equal chunks "
                           "(parallel.context_parallel)")
+
+
+def _check_recompute(p: Mapping[str, Any], support: Any, name: str) -> None:
+    if p.get("recompute") and not support.recompute:
+        raise ConfigError(f"config key 'parallel.recompute': model {name} declares no blocks to recompute")
+
+
+def _check_sequence_parallel(tp: int, cp: int, window: Any) -> None:
+    """Sequence parallelism shards the tensor-parallel group's norm regions in time: it needs that group, whole
+    windows (not cp's chunks), and a window that cuts into tp equal shards."""
+    if tp < 2:
+        raise ConfigError("config key 'parallel.sequence_parallel': shards the norm regions over the tensor-parallel "
+                          "group; set parallel.tensor_parallel > 1")
+    if cp > 1:
+        raise ConfigError("config key 'parallel.sequence_parallel': not with context parallelism (the window is "
+                          "already cut in time); use tp_cp or tp_sp")
+    if isinstance(window, int) and window % tp:
+        raise ConfigError(f"config key 'data.window': {window} steps cannot be cut into {tp} equal sequence shards "
+                          "(parallel.sequence_parallel)")
+
+
+def validate_pipeline(c: Mapping[str, Any], world_size: int) -> None:
+    """Refuse a pipeline layout (pp, dp×pp) that cannot work for this model, batch and world size."""
+    p, model_cfg = c["parallel"], c.get("model", {})
+    pp, micro = _pipeline_degree(p), int(p.get("microbatches", 1))
+    if pp < 2:
+        raise ConfigError(f"config key 'parallel.microbatches': {micro} microbatches need a pipeline "
+                          "(parallel.pipeline_parallel > 1); gradient accumulation is not a layout")
+    if _degrees(p) != (1, 1) or p.get("sequence_parallel"):
+        raise ConfigError("config key 'parallel.pipeline_parallel': a pipeline combines with data parallelism only "
+                          "(set parallel.tensor_parallel=1 and parallel.context_parallel=1)")
+    if world_size % pp:
+        raise ConfigError(f"config key 'parallel.pipeline_parallel': {pp} stages do not divide the world size "
+                          f"{world_size}")
+    dp = world_size // pp
+    _check_rank_count(p, world_size, dp, 1, 1, pp)
+    if p["strategy"] == "fsdp2" or (dp > 1 and p["strategy"] != "ddp"):
+        raise ConfigError(f"config key 'parallel.strategy': a pipeline sums each stage's gradients over its "
+                          f"{dp} data-parallel replicas (ddp, or none with one), not {p['strategy']}")
+    batch = c.get("trainer", {}).get("batch_size")
+    if isinstance(batch, int) and batch % (dp * micro):
+        raise ConfigError(f"config key 'parallel.microbatches': global batch {batch} over {dp} data-parallel "
+                          f"rank(s) cannot be cut into {micro} equal microbatches (trainer.batch_size)")
+    if c.get("trainer", {}).get("compile"):
+        raise ConfigError("config key 'trainer.compile': a pipeline runs its stages eagerly; set it to false")
+    support = _model_support(model_cfg) if "_target_" in model_cfg else None
+    if support is None:
+        return
+    name = str(model_cfg["_target_"]).rsplit(".", 1)[-1]
+    _check_recompute(p, support, name)
+    if support.pipeline_blocks is None:
+        raise ConfigError(f"config key 'parallel.pipeline_parallel': model {name} declares no pipeline stage "
+                          "boundaries")
+    if pp > support.pipeline_blocks:
+        raise ConfigError(f"config key 'parallel.pipeline_parallel': {pp} stages but model {name} has "
+                          f"{support.pipeline_blocks} block(s) to cut between (model.layers)")
 
 
 @dataclass
@@ -123,17 +190,31 @@ class Layout:
     cp_size: int = 1
     mesh: Any = None  # torch DeviceMesh ("dp", "tp"|"cp") when a model axis is used
     partition: Any = None  # TimePartition of this rank when cp > 1
+    pp_size: int = 1  # pipeline stages (pp, dp×pp); this rank's stage is mesh coordinate "pp"
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    pipeline: Any = None  # the PipelineRunner, once wrap() cut the model (pp > 1)
+    sequence_parallel: bool = False  # tp_sp: norm/residual regions hold sequence shards (Megatron)
+    recompute: bool = False  # activation recomputation per block (torch.utils.checkpoint)
     _reducers: int = field(default=1, init=False)
 
     @property
     def describe(self) -> dict[str, int | str]:
-        """Strategy and degrees, for run identity records."""
-        return {"strategy": self.strategy, "dp": self.dp_size, "tp": self.tp_size, "cp": self.cp_size}
+        """Strategy and degrees, for run identity records (pipeline keys only for a pipeline)."""
+        out: dict[str, int | str] = {"strategy": self.strategy, "dp": self.dp_size, "tp": self.tp_size,
+                                     "cp": self.cp_size}
+        if self.pp_size > 1:
+            out.update(pp=self.pp_size, microbatches=self.microbatches, schedule=self.schedule)
+        if self.sequence_parallel:
+            out["sp"] = True
+        if self.recompute:
+            out["recompute"] = True
+        return out
 
     @property
     def replicated_parameters(self) -> bool:
         """True when every rank holds the same full parameters (ddp or one process): replicas can be compared."""
-        return self.strategy != "fsdp2" and self.tp_size == 1
+        return self.strategy != "fsdp2" and self.tp_size == 1 and self.pp_size == 1
 
     @property
     def metric_weight(self) -> float:
@@ -153,10 +234,16 @@ class Layout:
     def wrap(self, model: nn.Module) -> nn.Module:
         """Apply the layout to a built model (tensor-parallel plan or time partition first, then data parallel)."""
         rt = self.runtime
+        if self.recompute:
+            model.enable_recompute()
+        if self.pp_size > 1:
+            return self._wrap_pipeline(model)
         if self.tp_size > 1:
             from torch.distributed.tensor.parallel import parallelize_module
 
-            parallelize_module(model, self.mesh["tp"], model.tensor_parallel_plan())
+            plan = model.tensor_parallel_plan(sequence_parallel=True) if self.sequence_parallel else \
+                model.tensor_parallel_plan()
+            parallelize_module(model, self.mesh["tp"], plan)
             if self.cp_size > 1:
                 model.bind_time_partition(self.partition)
             # Gradients are averaged over the ranks that hold different windows or chunks (dp, and cp).
@@ -171,6 +258,28 @@ class Layout:
         # Gradients are averaged over every rank the wrapper spans: all of them (cp ranks included).
         self._reducers = rt.world_size
         return _fully_shard(model, None) if self.strategy == "fsdp2" else wrap_model(model, self.strategy, rt)
+
+    def _wrap_pipeline(self, model: nn.Module) -> nn.Module:
+        """Cut the model to this rank's stage (in place) and set up the schedule; gradients are summed over the
+        stage's data-parallel replicas by the runner, so the loss scale is 1 / global valid steps."""
+        stage = self.mesh.get_local_rank("pp")
+        module = model.pipeline_stage(stage, self.pp_size)
+        dp_group = self.mesh["dp"].get_group() if self.dp_size > 1 else None
+        self.pipeline = PipelineRunner(model, module, stage, self.pp_size, self.mesh["pp"].get_group(), dp_group,
+                                       self.runtime.device, self.microbatches, self.schedule)
+        return model
+
+    def forward_backward(self, loss_fn: Any, part: Mapping[str, Any], global_valid: int,
+                         terms: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Loss sums of this rank's part of the batch, with their scaled gradient accumulated (``loss_fn``: the
+        wrapped model or its compiled form). A pipeline runs its schedule over the microbatches instead."""
+        if self.pipeline is not None:
+            return self.pipeline.step(part["obs"], part["action"], part["reward"], part["mask"],
+                                      self.loss_scale(global_valid), tuple(terms))
+        sums = loss_fn(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])
+        # Gradient of the GLOBAL mean over valid steps, whatever the layout's wrapper averages over.
+        (sums["total"] * self.loss_scale(global_valid)).backward()
+        return sums
 
     def shard_batch(self, batch: dict) -> dict:
         """This rank's chunk in time of every time-indexed entry (cp); the batch itself otherwise."""
@@ -187,6 +296,8 @@ class Layout:
         params = [p for p in parameters if p.grad is not None]
         from torch.distributed.tensor import DTensor
 
+        if self.pp_size > 1:
+            return self._clip_stages(params, max_norm)
         if self.tp_size == 1 or not params:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         squares = []
@@ -194,6 +305,20 @@ class Layout:
             norm = torch.linalg.vector_norm(p.grad)
             squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
         total = torch.stack(squares).sum().sqrt()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(coef)
+        return total
+
+
+    def _clip_stages(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Clip by the norm over every stage's gradients (each stage holds its own; one all-reduce of squares)."""
+        import torch.distributed as dist
+
+        square = sum((torch.linalg.vector_norm(p.grad) ** 2 for p in params),
+                     torch.zeros((), device=self.runtime.device))
+        dist.all_reduce(square, group=self.mesh["pp"].get_group())
+        total = square.sqrt()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for p in params:
             p.grad.mul_(coef)
@@ -221,8 +346,16 @@ def _fully_shard(model: nn.Module, mesh: Any) -> nn.Module:
 
 def build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
     """The layout of this rank (a device mesh is built, collectively, when a model axis is used)."""
+    layout = _build_layout(parallel_cfg, runtime)
+    layout.recompute = bool(parallel_cfg.get("recompute", False))
+    return layout
+
+
+def _build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
     tp, cp = _degrees(parallel_cfg)
     strategy = str(parallel_cfg["strategy"])
+    if _pipeline_degree(parallel_cfg) > 1:
+        return _pipeline_layout(parallel_cfg, runtime, strategy)
     inner = tp * cp
     if inner == 1:
         return Layout(runtime, strategy, runtime.rank, runtime.world_size)
@@ -235,4 +368,16 @@ def build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
     mesh = init_device_mesh(runtime.device.type, shape, mesh_dim_names=names)
     partition = TimePartition(mesh["cp"].get_group(), mesh.get_local_rank("cp"), cp) if cp > 1 else None
     return Layout(runtime, strategy, mesh.get_local_rank("dp"), dp, tp_size=tp, cp_size=cp, mesh=mesh,
-                  partition=partition)
+                  partition=partition, sequence_parallel=bool(parallel_cfg.get("sequence_parallel", False)))
+
+
+def _pipeline_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime, strategy: str) -> Layout:
+    """Mesh (dp, pp), data parallel outermost: rank = dp_rank * pp + stage (a pipeline's stages are neighbours)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    pp = _pipeline_degree(parallel_cfg)
+    dp = runtime.world_size // pp
+    mesh = init_device_mesh(runtime.device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+    return Layout(runtime, strategy, mesh.get_local_rank("dp"), dp, mesh=mesh, pp_size=pp,
+                  microbatches=int(parallel_cfg.get("microbatches", 1)),
+                  schedule=str(parallel_cfg.get("pipeline_schedule", "gpipe")))

@@ -40,7 +40,8 @@ def saved_activations(model: nn.Module) -> Iterator[dict[int, int]]:
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
             return tensor
         try:
-            storage = tensor.untyped_storage()
+            # A DTensor (tensor-parallel regions) holds its local shard: that is what this rank keeps.
+            storage = _local(tensor).untyped_storage()
             ptr = storage.data_ptr()
         except RuntimeError:  # a storage FSDP2 has already released: nothing held
             return tensor
@@ -59,13 +60,17 @@ def measure_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
         loss = loss_fn()
     loss.backward()
     optimizer.step()
-    state_bytes = sum(_nbytes(value) for state in optimizer.state.values() for value in state.values()
-                      if isinstance(value, torch.Tensor) and value.dim() > 0)  # per-parameter tensors, not 'step'
+    return {**state_bytes(model, optimizer), "activations": sum(saved.values())}
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """This rank's bytes of parameters, gradients and per-parameter optimizer state (after a step)."""
+    optim = sum(_nbytes(value) for state in optimizer.state.values() for value in state.values()
+                if isinstance(value, torch.Tensor) and value.dim() > 0)  # per-parameter tensors, not 'step'
     return {
         "parameters": sum(_nbytes(p) for p in model.parameters()),
         "gradients": sum(_nbytes(p.grad) for p in model.parameters() if p.grad is not None),
-        "optimizer_state": state_bytes,
-        "activations": sum(saved.values()),
+        "optimizer_state": optim,
     }
 
 

@@ -20,10 +20,22 @@ attention widths); everything else is arithmetic on those facts and the layout's
   of each row-wise module's output in forward and of each column-wise module's input gradient in backward;
   ring-attention sends of the stacked key/value block, (cp-1) in forward and cp in backward (blocks travel
   with their gradient accumulators, then the accumulators take one last hop) per attention layer.
+* pipelines (pp, dp×pp): parameters, gradients and AdamW state of the largest stage (the model's own stage
+  boundaries, :meth:`WorldModel.pipeline_stage`); communication of rank 0 (stage 0): its M microbatches'
+  boundary activations sent forward, the data-parallel all_reduce of its stage's gradients, and the pipeline
+  group's all_reduce of the gradient norm. Activations: the per-rank forward's bytes times the largest
+  stage's share of the blocks, times the microbatches alive at once on stage 0 (GPipe: all M; 1F1B: at most
+  P) over M.
+* sequence parallelism (tp_sp), as DTensor runs it (measured, see :func:`_sequence_parallel_comm`): forward
+  all_gather + reduce_scatter per tensor-parallel region, backward all_gathers and two whole-activation
+  all_reduces per region (not Megatron's reduce_scatters). Activations are predicted as tp's (an upper bound:
+  the forward measured is unsplit); ``worldpipe bench activations`` measures the real saving.
+* recomputation (``recompute``): the activations are measured with the model's blocks recomputed.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,19 +66,31 @@ class ModelFacts:
     params: tuple[Param, ...]
     tp_modules: tuple[tuple[str, int, int], ...] = ()  # (style, in_features, out_features) per planned Linear
     attention_widths: tuple[int, ...] = ()  # key width of each attention layer (ring attention under cp)
+    # P -> the stage of every parameter (same order as ``params``), for each pipeline depth the model allows
+    stages: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    boundary_width: int | None = None  # last-axis width of what one stage hands the next
+    blocks: int | None = None  # the blocks the stages are cut between
 
 
 @dataclass(frozen=True)
 class Degrees:
-    """A layout on a world size: strategy and the dp, tp, cp degrees."""
+    """A layout on a world size: strategy and the dp, tp, cp (and pp) degrees, and the per-layout options."""
     strategy: str
     dp: int
     tp: int
     cp: int
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    sp: bool = False
+    recompute: bool = False
 
     @property
     def grad_sync(self) -> tuple[str, int]:
-        """How gradients are synchronized (``fsdp``, ``ddp`` or ``none``) and over how many ranks (as Layout.wrap)."""
+        """How gradients are synchronized (``fsdp``, ``ddp``, ``stage`` or ``none``) and over how many ranks (as
+        Layout.wrap)."""
+        if self.pp > 1:
+            return ("stage", self.dp) if self.dp > 1 else ("none", 1)
         if self.tp > 1:
             return ("fsdp", self.dp * self.cp) if self.dp * self.cp > 1 else ("none", 1)
         ranks = self.dp * self.cp
@@ -115,7 +139,31 @@ def model_facts(model: nn.Module) -> ModelFacts:
         params.append(Param(units.get(id(p), -1), tuple(p.shape), styles.get(owner), leaf == "bias"))
     widths = tuple(m.key.out_features for m in model.modules()
                    if hasattr(m, "head_dim") and isinstance(getattr(m, "key", None), nn.Linear))
-    return ModelFacts(tuple(params), tuple(tp_modules), widths)
+    blocks = getattr(getattr(model, "parallel", None), "pipeline_blocks", None)
+    stages, boundary = _pipeline_facts(model, blocks)
+    return ModelFacts(tuple(params), tuple(tp_modules), widths, stages, boundary, blocks)
+
+
+def _pipeline_facts(model: nn.Module, blocks: int | None) -> tuple[dict[int, tuple[int, ...]], int | None]:
+    """The stage of every parameter for P = 2..blocks (the model cuts a copy of itself), and the boundary width."""
+    if not blocks or blocks < 2:
+        return {}, None
+    import torch
+
+    names = [name for name, _ in model.named_parameters()]
+    stages, boundary = {}, None
+    for depth in range(2, min(blocks, 8) + 1):
+        owner = {}
+        for stage in range(depth):
+            cut = copy.deepcopy(model)
+            module = cut.pipeline_stage(stage, depth)
+            owner.update({name: stage for name, _ in cut.named_parameters()})
+            if stage == 0 and boundary is None:
+                with torch.no_grad():
+                    out = module(torch.zeros(1, 2, model.obs_dim), torch.zeros(1, 2, model.act_dim))
+                boundary = int(out.shape[-1])
+        stages[depth] = tuple(owner[name] for name in names)
+    return stages, boundary
 
 
 def _tp_local(p: Param, tp: int) -> tuple[int, ...]:
@@ -135,6 +183,11 @@ def _padded(shape: tuple[int, ...], ranks: int) -> tuple[int, int]:
 
 def parameters_per_rank(facts: ModelFacts, d: Degrees) -> int:
     """Parameter values this rank holds (rank 0: the largest FSDP2 share)."""
+    if d.pp > 1:  # the largest stage
+        sizes = [0] * d.pp
+        for p, stage in zip(facts.params, facts.stages[d.pp], strict=True):
+            sizes[stage] += math.prod(p.shape)
+        return max(sizes)
     kind, ranks = d.grad_sync
     total = 0
     for p in facts.params:
@@ -156,6 +209,9 @@ def _ddp_rounds(nbytes: int) -> int:
 
 def _grad_sync_comm(facts: ModelFacts, d: Degrees) -> dict[str, dict[str, int]]:
     kind, ranks = d.grad_sync
+    if kind == "stage":  # rank 0's stage, summed over its replicas in one flattened call
+        nbytes = sum(math.prod(p.shape) for p, s in zip(facts.params, facts.stages[d.pp], strict=True) if s == 0)
+        return {"all_reduce(stage gradients)": {"bytes": nbytes * BYTES_GRAD, "rounds": 1}}
     if kind == "ddp":
         nbytes = sum(math.prod(p.shape) for p in facts.params) * BYTES_GRAD
         return {"all_reduce(gradients)": {"bytes": nbytes, "rounds": _ddp_rounds(nbytes)}}
@@ -174,22 +230,69 @@ def predict_comm(facts: ModelFacts, d: Degrees, batch: int, window: int) -> dict
     """Bytes and calls per collective on one rank in one training step (``batch`` windows in all)."""
     comm = _grad_sync_comm(facts, d)
     tokens = (batch // d.dp) * (window // d.cp)
-    if d.tp > 1:
+    if d.pp > 1:
+        comm["send(stage activations)"] = {"bytes": tokens * facts.boundary_width * BYTES_PARAM,
+                                           "rounds": d.microbatches}
+        comm["all_reduce(gradient norm)"] = {"bytes": BYTES_PARAM, "rounds": 1}
+    if d.tp > 1 and d.sp:
+        comm.update(_sequence_parallel_comm(facts, d, tokens))
+    elif d.tp > 1:
         rows = [out for style, _, out in facts.tp_modules if style == "row"]
+        rows += rows[:_recomputed_regions(facts, d)]
         cols = [inp for style, inp, _ in facts.tp_modules if style == "col"]
         comm["all_reduce(activations)"] = {"bytes": tokens * (sum(rows) + sum(cols)) * BYTES_PARAM,
                                            "rounds": len(rows) + len(cols)}
     if d.cp > 1 and facts.attention_widths:
         blocks = [2 * tokens * (width // d.tp) * BYTES_PARAM for width in facts.attention_widths]  # K and V
-        comm["send(kv ring)"] = {"bytes": sum((d.cp - 1) * 3 * kv + kv for kv in blocks),
-                                 "rounds": len(blocks) * (2 * d.cp - 1)}
+        forward = (d.cp - 1) * (2 if d.recompute else 1)  # recomputed: the forward ring runs again
+        comm["send(kv ring)"] = {"bytes": sum((forward + 2 * (d.cp - 1)) * kv + kv for kv in blocks),
+                                 "rounds": len(blocks) * (forward + d.cp)}
     return comm
+
+
+def _recomputed_regions(facts: ModelFacts, d: Degrees) -> int:
+    """Row-wise outputs reduced again when blocks are recomputed: non-reentrant checkpointing stops once the
+    tensors backward needs exist, so each block's last region (its output) is not recomputed."""
+    if not d.recompute:
+        return 0
+    rows = sum(1 for style, _, _ in facts.tp_modules if style == "row")
+    return rows - (facts.blocks or 0)
+
+
+def _sequence_parallel_comm(facts: ModelFacts, d: Degrees, tokens: int) -> dict[str, dict[str, int]]:
+    """tp_sp as DTensor runs it, per region R (a row-wise output): forward, an all_gather of its input and a
+    reduce_scatter of its output (plus the final norm's gather); backward, an all_gather of each output's
+    gradient (plus the embedding's), and two all_reduces of whole activation gradients per region where
+    Megatron would reduce-scatter. All_gather bytes are the shard handed in, the others the whole tensor."""
+    widths = [out for style, _, out in facts.tp_modules if style == "row"]
+    regions, full = len(widths), tokens * max(widths) * BYTES_PARAM
+    again = _recomputed_regions(facts, d)
+    gathers = 2 * regions + 2 + (regions if d.recompute else 0)  # every region's input is gathered again
+    return {"all_gather(activations)": {"bytes": gathers * full // d.tp, "rounds": gathers},
+            "reduce_scatter(activations)": {"bytes": (regions + again) * full, "rounds": regions + again},
+            "all_reduce(activations)": {"bytes": 2 * regions * full, "rounds": 2 * regions}}
+
+
+def pipeline_activations(activations: int, facts: ModelFacts, d: Degrees) -> int:
+    """The largest stage's share of a per-rank forward's activations, for the microbatches alive on stage 0."""
+    blocks = facts.blocks or d.pp
+    largest = math.ceil(blocks / d.pp) / blocks
+    alive = d.microbatches if d.schedule == "gpipe" else min(d.microbatches, d.pp)
+    return int(activations * largest * alive / d.microbatches)
 
 
 def degrees(parallel_cfg: Mapping[str, Any], world_size: int) -> Degrees:
     """The layout's degrees on ``world_size`` ranks (after :func:`validate_layout` accepted it)."""
     tp, cp = int(parallel_cfg.get("tensor_parallel", 1)), int(parallel_cfg.get("context_parallel", 1))
-    return Degrees(str(parallel_cfg["strategy"]), world_size // (tp * cp), tp, cp)
+    pp = int(parallel_cfg.get("pipeline_parallel", 1))
+    return Degrees(str(parallel_cfg["strategy"]), world_size // (tp * cp * pp), tp, cp, pp,
+                   int(parallel_cfg.get("microbatches", 1)), str(parallel_cfg.get("pipeline_schedule", "gpipe")),
+                   bool(parallel_cfg.get("sequence_parallel", False)), bool(parallel_cfg.get("recompute", False)))
+
+
+def measured_key(d: Degrees, windows: int, steps: int) -> tuple:
+    """Key of :func:`plan`'s ``measured`` for a forward of (windows, steps), recomputed or not."""
+    return (windows, steps, "recompute") if d.recompute else (windows, steps)
 
 
 def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world_size: int, facts: ModelFacts,
@@ -213,7 +316,9 @@ def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world
             out.append(Prediction(name, d, refused=f"config key 'trainer.batch_size': {batch} windows do not "
                                                    f"split over {d.dp} data-parallel ranks"))
             continue
-        activations = measured[(batch // d.dp, window // d.cp)][0]
+        activations = measured[measured_key(d, batch // d.dp, window // d.cp)][0]
+        if d.pp > 1:
+            activations = pipeline_activations(activations, facts, d)
         state = measured[(batch // d.dp, window)][1]  # rollouts hold the whole window
         out.append(Prediction(name, d, predict_memory(facts, d, activations, state),
                               predict_comm(facts, d, batch, window)))
@@ -228,8 +333,8 @@ def shard_shapes(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]
     shapes = set()
     for parallel in layouts.values():
         d = degrees(parallel, world_size)
-        if d.dp * d.tp * d.cp == world_size and batch % d.dp == 0 and window % d.cp == 0:
-            shapes |= {(batch // d.dp, window // d.cp), (batch // d.dp, window)}
+        if d.dp * d.tp * d.cp * d.pp == world_size and batch % d.dp == 0 and window % d.cp == 0:
+            shapes |= {measured_key(d, batch // d.dp, window // d.cp), (batch // d.dp, window)}
     return shapes
 
 
@@ -248,20 +353,21 @@ def as_dict(p: Prediction) -> dict[str, Any]:
     """A prediction as JSON-ready data."""
     d = p.degrees
     return {"layout": p.name, "fits": p.refused is None, "reason": p.refused,
-            "degrees": None if d is None else {"strategy": d.strategy, "dp": d.dp, "tp": d.tp, "cp": d.cp},
+            "degrees": None if d is None else {"strategy": d.strategy, "dp": d.dp, "tp": d.tp, "cp": d.cp,
+                                               "pp": d.pp, "sp": d.sp, "recompute": d.recompute},
             "memory_bytes": p.memory, "total_bytes": p.total_bytes if p.memory else None,
             "comm": p.comm, "comm_bytes": p.comm_bytes if p.memory else None}
 
 
 def table(ranked: list[Prediction]) -> str:
     """The ranked layouts as a text table (KiB per rank; communication per step), then the ruled-out ones."""
-    head = (f"{'#':>2} {'layout':8} {'dp×tp×cp':9} " + " ".join(f"{c[:9]:>9}" for c in CATEGORIES)
+    head = (f"{'#':>2} {'layout':8} {'dp×tp×cp×pp':11} " + " ".join(f"{c[:9]:>9}" for c in CATEGORIES)
             + f" {'total':>9}  communication per step (KiB, calls)")
     lines = ["memory per rank in KiB (" + ", ".join(CATEGORIES) + ")", head]
     for i, p in enumerate(x for x in ranked if x.refused is None):
         d = p.degrees
         comm = "; ".join(f"{k} {v['bytes'] / 1024:.1f}×{v['rounds']}" for k, v in p.comm.items()) or "none"
-        lines.append(f"{i + 1:>2} {p.name:8} {f'{d.dp}×{d.tp}×{d.cp}':9} "
+        lines.append(f"{i + 1:>2} {p.name:8} {f'{d.dp}×{d.tp}×{d.cp}×{d.pp}':11} "
                      + " ".join(f"{p.memory[c] / 1024:9.1f}" for c in CATEGORIES)
                      + f" {p.total_bytes / 1024:9.1f}  {comm}")
     lines += [f"   {p.name:8} ruled out: {p.refused}" for p in ranked if p.refused is not None]

@@ -55,6 +55,7 @@ class Run:
     heldout: Dataset
     run_hash: str
     eval_hash: str  # the held-out dataset's spec and the evaluation settings: one eval/<eval-hash>/ each
+    model: str = ""  # the model's class name (the report labels its plots with it)
 
     @property
     def dir(self) -> str:
@@ -134,7 +135,7 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
-               evaluation)
+               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1])
 
 
 def check_tracking_uri(config: Mapping[str, Any]) -> None:

@@ -174,3 +174,36 @@ def config_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
     after = identity_config(current.get("config", {})) | {"dataset": current.get("dataset_spec_hash")}
     return [f"{key}: {before.get(key, '<absent>')!r} -> {after.get(key, '<absent>')!r}"
             for key in sorted(set(before) | set(after)) if before.get(key, "<absent>") != after.get(key, "<absent>")]
+
+
+# The end of a progress record read for its last line: lines are ~150 bytes, so a few KiB always holds one.
+_PROGRESS_TAIL_BYTES = 4096
+
+
+def last_progress(run_dir: Path) -> dict[str, Any] | None:
+    """The newest complete line of a run directory's progress record (rank 0 appends one at log cadence)."""
+    try:
+        with open(run_dir / paths.PROGRESS_RECORD, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - _PROGRESS_TAIL_BYTES))
+            tail = handle.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:  # the first, cut line of the tail (or one a crash cut short)
+            continue
+        if isinstance(record, dict) and "step" in record:
+            return record
+    return None
+
+
+def progress_run_dirs(roots: Sequence[Path]) -> list[Path]:
+    """Run directories two levels below each root (<experiment>/<hash>, <sweep>/<point>) with a progress record."""
+    found = []
+    for root in roots:
+        for record in sorted(root.glob(f"*/*/{paths.PROGRESS_RECORD}")):
+            if not record.parent.is_symlink():  # `latest` names a run listed under its own name
+                found.append(record.parent)
+    return found

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from worldpipe.launch.preflight import checked_config
 from worldpipe.pipeline.plan import identity_overrides, training_settings
 
 SEED_KEY = "seed"
+LABEL_KEY = "tracking.run_name"  # names the MLflow run; resume-safe, so the label is not part of a run's identity
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PLAIN = re.compile(r"^[A-Za-z0-9_.+-]+$")
 # A sweep's name is one directory below results/sweeps/: no separators, and not '.', '..' or hidden.
@@ -64,8 +66,22 @@ class SweepPoint:
         return dict(self.values)
 
     def run_name(self, sweep_name: str) -> str:
-        """Short MLflow run name: the sweep's name, then the last part of each swept key with its value."""
+        """The point's ``experiment_name`` (part of its run identity): the sweep's name, then the last part of each
+        swept key with its value."""
         return sweep_name + "-" + "_".join(f"{key.rsplit('.', 1)[-1]}{format_value(v)}" for key, v in self.values)
+
+    @property
+    def label(self) -> str:
+        """The point's MLflow run name, its swept values in short form: ``lr=3e-4,stoch=8`` (a key by its last
+        part unless two swept keys share it)."""
+        lasts = [key.rsplit(".", 1)[-1] for key, _ in self.values]
+        return ",".join(f"{last if lasts.count(last) == 1 else key}={short_value(value)}"
+                        for (key, value), last in zip(self.values, lasts, strict=True))
+
+    @property
+    def label_override(self) -> str:
+        """The Hydra override that names the point's MLflow run (quoted: the label holds ',' and '=')."""
+        return f"{LABEL_KEY}='{self.label}'"
 
 
 def sweep_dir(sweep: Mapping[str, Any], root: Path | None = None) -> str:
@@ -76,6 +92,17 @@ def sweep_dir(sweep: Mapping[str, Any], root: Path | None = None) -> str:
 def sweep_targets(sweep: Mapping[str, Any] | None, root: Path | None = None) -> list[str]:
     """What the pipeline's `all` asks of a sweep: its comparison, which needs every point evaluated."""
     return [f"{sweep_dir(sweep, root)}/compare.txt", f"{sweep_dir(sweep, root)}/compare.png"] if sweep else []
+
+
+def short_value(value: Any) -> str:
+    """A swept value as a person writes it: floats in the shorter of plain and exponent form (``3e-4``, ``0.5``)."""
+    if isinstance(value, float) and not isinstance(value, bool) and value and math.isfinite(value):
+        mantissa, exponent = f"{value:e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".")
+        compact = f"{mantissa}e{int(exponent)}"
+        # exponent form only where plain digits get long (1e-3, not 1e2 for 100.0)
+        return compact if abs(int(exponent)) >= 3 and len(compact) < len(repr(value)) else repr(value)
+    return format_value(value)
 
 
 def format_value(value: Any) -> str:

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from worldpipe.checkpoint import (
     CheckpointCorruptError,
     CheckpointManager,
@@ -49,6 +51,22 @@ class ServedModel:
     identity: dict = field(repr=False)
     pins: int = 0
     batch_invariant: bool = True  # may share a batch with other jobs (see worldpipe.rollout.engine)
+
+    @property
+    def frame_shape(self) -> tuple[int, int, int] | None:
+        """[H, W, 3] of one observation of a frame model (its flat obs_dim values, channel last); None for states."""
+        if self.model.observation_key != "pixels":
+            return None
+        size = self.model.image_size
+        return (size, size, 3)
+
+    def frames(self, obs: torch.Tensor) -> torch.Tensor | None:
+        """Imagined flat observations [H, obs_dim] (raw units) as uint8 frames [H, 3, height, width] (channels
+        first, as the play page draws them); None for state models."""
+        shape = self.frame_shape
+        if shape is None:
+            return None
+        return obs.round().clamp(0, 255).to(torch.uint8).reshape(obs.shape[0], *shape).permute(0, 3, 1, 2)
 
     @property
     def parameter_bytes(self) -> int:

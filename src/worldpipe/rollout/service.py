@@ -161,7 +161,7 @@ class RolloutService:
             if reproducible:
                 self.cache.put(key, hashes[-1], CachedDraw(obs, reward, result.state))
         return {"model_version": served.version, "checkpoint_step": served.step, "observations": obs,
-                "rewards": reward, "stream": _stream_doc(stream_id), "cached_steps": reused,
+                "frames": served.frames(obs), "rewards": reward, "stream": _stream_doc(stream_id), "cached_steps": reused,
                 "cache_hit": reused == actions.shape[0], "timing": timing}
 
     # ---- sessions ----
@@ -190,7 +190,8 @@ class RolloutService:
             self.sessions.release_busy(session)
             raise
         self.sessions.release_busy(session, result.state, torch.cat([session.actions, actions]))
-        return {**_session_doc(session), "observations": result.obs, "rewards": result.reward,
+        return {**_session_doc(session), "observations": result.obs, "frames": session.served.frames(result.obs),
+                "rewards": result.reward,
                 "timing": result.timing}
 
     def fork(self, session_id: str, token: str | None, step: int | None = None) -> dict:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worldpipe.core.axes import legend_outside, readable_log_axis
 from worldpipe.core.errors import UsageError
+from worldpipe.core.figures import save_figure
 from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
 from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 
@@ -24,7 +26,7 @@ TRAINING_METRICS = ("loss/total",)
 # Params that name or locate rather than configure: they differ between any two runs (a rerun regenerates its
 # data elsewhere), so the table omits them; what the data holds is compared by the dataset-hash tag.
 NAMING_PARAMS = ("run_dir", "checkpoint.dir", "experiment_name", "tracking.run_name", "data.store", "data.manifest")
-LOG_AXIS_SPAN = 10  # x values spanning this factor or more are plotted on a log axis
+LOG_AXIS_SPAN = 2.5  # x values spanning this factor or more are plotted on a log axis (a 1e-3, 3e-3 lr grid)
 MAX_COLUMN = 28
 IDENTITY_TAGS = ("worldpipe.git_sha", "worldpipe.dataset_hash", "worldpipe.checkpoint.digest",
                  "worldpipe.eval.heldout_dataset_hash", "worldpipe.world_size")
@@ -105,9 +107,9 @@ def comparison_table(comparison: Comparison) -> str:
     ordered = [k for k in comparison.swept if k in differing] + [k for k in differing if k not in comparison.swept]
     params = [(k, [r.data.params.get(k) for r in runs]) for k in ordered]
     eval_keys = [f"{METRIC_PREFIX}{k}" for k in SUMMARY_METRICS]
-    eval_keys += sorted({k for r in runs for k in r.data.metrics if k.startswith(METRIC_PREFIX)} - set(eval_keys))
-    evaluation = [(k + (" (last horizon)" if k not in [f"{METRIC_PREFIX}{s}" for s in SUMMARY_METRICS] else ""),
-                   [r.data.metrics.get(k) for r in runs]) for k in eval_keys]
+    eval_keys += _last_horizon_keys({k for r in runs for k in r.data.metrics if k.startswith(METRIC_PREFIX)}
+                                    - set(eval_keys))
+    evaluation = [(k, [r.data.metrics.get(k) for r in runs]) for k in eval_keys]
     training = [(k, [r.data.metrics.get(k) for r in runs]) for k in TRAINING_METRICS]
     identity = [(k, [r.data.tags.get(k) for r in runs]) for k in IDENTITY_TAGS
                 if len({r.data.tags.get(k) for r in runs}) > 1]
@@ -117,6 +119,16 @@ def comparison_table(comparison: Comparison) -> str:
                         ("identity differences", identity)):
         out += _section(title, rows, key_w, width)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _last_horizon_keys(keys: set[str]) -> list[str]:
+    """Of per-horizon metrics (``eval/<name>/hNN``) only each name's last horizon; other keys as they are."""
+    last: dict[str, tuple[int, str]] = {}
+    for key in keys:
+        name, _, horizon = key.rpartition("/h")
+        group, number = (name, int(horizon)) if horizon.isdigit() else (key, 0)
+        last[group] = max(last.get(group, (-1, "")), (number, key))
+    return sorted(key for _, key in last.values())
 
 
 def _number(text: str | None) -> float | str | None:
@@ -162,11 +174,13 @@ def plot_comparison(comparison: Comparison, path: str | Path, metric: str = DEFA
     ax.set_ylabel(metric)
     xs_all = [x for pts in series.values() for x, *_ in pts]
     if all(isinstance(x, float) and x > 0 for x in xs_all) and max(xs_all) >= LOG_AXIS_SPAN * min(xs_all):
-        ax.set_xscale("log")
+        # A rate-like grid (1e-3, 3e-3, ...): log spacing, each swept value labelled as written.
+        readable_log_axis(ax, "x", xs_all, ticks_at_values=True)
+    elif all(isinstance(x, float) for x in xs_all):
+        ax.set_xticks(sorted(set(xs_all)), [f"{x:g}" for x in sorted(set(xs_all))])
     seeds = max(n for pts in series.values() for *_, n in pts)
     ax.set_title(f"{metric} vs {x_key}" + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else ""))
-    ax.legend(fontsize="small")
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100, bbox_inches="tight")
     return series

@@ -1,9 +1,16 @@
 """Evaluation results on the MLflow run they evaluate, so runs can be compared by quality in the UI.
 
-Metrics (``step`` = imagination horizon, 1-based): ``eval/model_mse``, ``eval/baseline_mse``, ``eval/mse_ratio``;
-summaries: ``eval/one_step_ratio`` and ``eval/final_ratio`` (at the last horizon). Tags name the evaluated
-checkpoint digest and the held-out dataset hash; ``evaluation/`` holds the metrics file and the plots; the
-training and held-out datasets become run inputs.
+Every metric is logged at the evaluated checkpoint's training step, so the UI's "Step" axis means training step
+in every chart of the run. The horizon is in the name: ``eval/per_horizon/model_mse/h01``,
+``eval/per_horizon/baseline_mse/h01``, ``eval/per_horizon/mse_ratio/h01`` ... (1-based, zero-padded so they
+sort); frame models add ``pixel_mse``, ``baseline_pixel_mse``, ``pixel_ratio``, ``psnr`` and ``baseline_psnr`` by
+horizon; summaries ``eval/one_step_ratio`` and
+``eval/final_ratio`` (at the last horizon). Error against horizon is drawn where horizon is the axis: the
+``evaluation/by_horizon.json`` table (MLflow's table JSON: columns, data) and the plot beside it. Tags name the
+evaluated checkpoint digest and the held-out dataset hash; ``evaluation/`` also holds the metrics file; the
+training and held-out datasets become run inputs. The logged model of the checkpoint gets the same metrics
+(and the training loss at its step), each naming the dataset it was measured on, so its page lists them and
+the datasets it used.
 
 An evaluation is identified by its key (checkpoint digest, held-out dataset hash, context, horizon). The
 training run holds the first evaluation logged to it; another key (a later checkpoint, another horizon) goes
@@ -14,17 +21,22 @@ is skipped, and an interrupted one is completed without repeating the values alr
 from __future__ import annotations
 
 import hashlib
+import json
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from worldpipe.tracking.datasets import DatasetRecord, log_datasets
+from worldpipe.tracking.datasets import DIGEST_CHARS, EVALUATION, TRAINING, DatasetRecord, log_datasets
 
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # which view the MLflow UI opens an experiment in
+# The experiment's kind, as MLflow's experiment settings show it (the layout a link opens is the URL's: links.py)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"  # the model-training view (runs, charts), not the GenAI one
 PARENT_RUN_TAG = "mlflow.parentRunId"
 METRIC_PREFIX = "eval/"
+PER_HORIZON_PREFIX = f"{METRIC_PREFIX}per_horizon/"
 KEY_TAG = "worldpipe.eval.key"
 COMPLETE_TAG = "worldpipe.eval.complete"
 DIGEST_TAG = "worldpipe.eval.checkpoint_digest"
@@ -32,7 +44,12 @@ STEP_TAG = "worldpipe.eval.checkpoint_step"
 HELDOUT_TAG = "worldpipe.eval.heldout_dataset_hash"
 OF_TAG = "worldpipe.eval.of"  # on a child evaluation run: the training run it evaluates
 ARTIFACT_DIR = "evaluation"
+HORIZON_TABLE = "by_horizon.json"  # in ARTIFACT_DIR: one row per horizon
+TRAINING_LOSS = "loss/total"  # the training metric the logged model carries (at its checkpoint's step)
 PER_HORIZON = {"model_mse": "model_mse", "baseline_mse": "baseline_mse", "ratio": "mse_ratio"}
+# Frame models' results also carry pixel-space errors (values in [0, 1]) and PSNR in dB.
+PIXEL_PER_HORIZON = {"pixel_mse": "pixel_mse", "baseline_pixel_mse": "baseline_pixel_mse",
+                     "pixel_ratio": "pixel_ratio", "psnr": "psnr", "baseline_psnr": "baseline_psnr"}
 SUMMARY_METRICS = ("one_step_ratio", "final_ratio")
 
 
@@ -62,21 +79,36 @@ class EvaluationOutcome:
     child: bool
 
 
+def horizon_metric(name: str, horizon: int, horizons: int) -> str:
+    """``eval/per_horizon/<name>/hNN``: the metric of one horizon, zero-padded so the names sort by horizon (and
+    after the summaries: the UI's compare view lists metrics by name in a short scrolled box)."""
+    return f"{PER_HORIZON_PREFIX}{name}/h{horizon:0{max(2, len(str(horizons)))}d}"
+
+
 def evaluation_metrics(result: Mapping[str, Any], checkpoint_step: int, timestamp_ms: int) -> list:
-    """MLflow metrics of an evaluation result: per horizon (step = horizon) and summaries (step = checkpoint)."""
+    """MLflow metrics of an evaluation result, all at the checkpoint's training step: per horizon (named by
+    horizon) and summaries."""
     from mlflow.entities import Metric
 
-    metrics = []
-    for source, name in PER_HORIZON.items():
+    values = {}
+    per_horizon = {**PER_HORIZON, **{k: v for k, v in PIXEL_PER_HORIZON.items() if k in result}}
+    for source, name in per_horizon.items():
         for horizon, value in enumerate(result[source], start=1):
-            metrics.append(Metric(f"{METRIC_PREFIX}{name}", float(value), timestamp_ms, horizon))
-    summaries = {"one_step_ratio": result["ratio"][0], "final_ratio": result["ratio"][-1]}
-    metrics += [Metric(f"{METRIC_PREFIX}{k}", float(v), timestamp_ms, checkpoint_step) for k, v in summaries.items()]
-    return metrics
+            values[horizon_metric(name, horizon, len(result[source]))] = value
+    values[f"{METRIC_PREFIX}one_step_ratio"] = result["ratio"][0]
+    values[f"{METRIC_PREFIX}final_ratio"] = result["ratio"][-1]
+    return [Metric(key, float(value), timestamp_ms, checkpoint_step) for key, value in values.items()]
+
+
+def horizon_table(result: Mapping[str, Any]) -> dict[str, list]:
+    """Error by horizon as MLflow's table JSON (``columns``, ``data``): one row per horizon."""
+    columns = ["horizon", *PER_HORIZON.values()]
+    rows = zip(*(result[source] for source in PER_HORIZON), strict=True)
+    return {"columns": columns, "data": [[h, *map(float, row)] for h, row in enumerate(rows, start=1)]}
 
 
 def show_in_model_training_view(client, experiment_id: str) -> None:
-    """Tag the experiment so the MLflow UI opens it in the model-training view."""
+    """Tag the experiment as model training (its kind in the UI's settings; the layout comes from the link)."""
     experiment = client.get_experiment(experiment_id)
     if experiment.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
@@ -108,6 +140,14 @@ def _fresh(client, run_id: str, metrics: list) -> list:
     return [m for m in metrics if (m.key, m.step, m.value) not in present]
 
 
+def _log_horizon_table(client, run_id: str, result: Mapping[str, Any]) -> None:
+    """``evaluation/by_horizon.json`` (written whole: an interrupted attempt's upload is replaced, not appended)."""
+    with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:
+        path = Path(tmp) / HORIZON_TABLE
+        path.write_text(json.dumps(horizon_table(result), indent=1))
+        client.log_artifact(run_id, str(path), ARTIFACT_DIR)
+
+
 def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
     """Log an evaluation onto its training run (or a child run of it); idempotent per evaluation key."""
     from mlflow.entities import RunTag
@@ -128,7 +168,54 @@ def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
     client.log_batch(run_id, metrics=metrics, tags=tags)
     for path in record.artifacts.values():
         client.log_artifact(run_id, path, ARTIFACT_DIR)
+    _log_horizon_table(client, run_id, record.result)
     for run_with_inputs in {record.run_id, run_id}:  # the training run, and the child run if there is one
         log_datasets(client, run_with_inputs, list(record.datasets))
     client.set_tag(run_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
     return EvaluationOutcome(run_id, logged=True, child=child)
+
+
+def _dataset_of(record: EvaluationRecord, context: str) -> dict[str, str]:
+    """``dataset_name``/``dataset_digest`` of the record's dataset in ``context`` (as its run input names it)."""
+    for dataset in record.datasets:
+        if dataset.context == context:
+            return {"dataset_name": dataset.name, "dataset_digest": dataset.dataset_hash[:DIGEST_CHARS]}
+    return {}
+
+
+def _logged_at(client, run_id: str, key: str, step: int):
+    """The metric ``key`` as run ``run_id`` holds it at ``step`` (the last one at or before it), None if none."""
+    history = [m for m in client.get_metric_history(run_id, key) if m.step <= step]
+    return max(history, key=lambda m: (m.step, m.timestamp)) if history else None
+
+
+def model_metrics(client, record: EvaluationRecord, eval_run_id: str, model_id: str) -> list:
+    """What the logged model of the evaluated checkpoint carries: the evaluation's metrics as run ``eval_run_id``
+    holds them, naming the held-out dataset, and the training run's loss at the checkpoint's step, naming the
+    training dataset. Same values, steps and timestamps as the runs' own: logging them adds no run metric."""
+    from mlflow.entities import Metric
+
+    keys = [m.key for m in evaluation_metrics(record.result, record.checkpoint_step, 0)]
+    sources = [(eval_run_id, key, _dataset_of(record, EVALUATION)) for key in keys]
+    sources.append((record.run_id, TRAINING_LOSS, _dataset_of(record, TRAINING)))
+    metrics = []
+    for run_id, key, dataset in sources:
+        logged = _logged_at(client, run_id, key, record.checkpoint_step)
+        if logged is not None:
+            metrics.append(Metric(key, logged.value, logged.timestamp, logged.step, model_id=model_id,
+                                  run_id=run_id, **dataset))
+    return metrics
+
+
+def log_model_evaluation(uri: str, record: EvaluationRecord, eval_run_id: str, model_id: str) -> int:
+    """Put the evaluation's metrics (and so its datasets) on logged model ``model_id``; the number of metrics
+    added (none when the model has them already: idempotent like :func:`log_evaluation`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    present = {(m.key, m.step, m.run_id) for m in (client.get_logged_model(model_id).metrics or [])}
+    fresh = [m for m in model_metrics(client, record, eval_run_id, model_id)
+             if (m.key, m.step, m.run_id) not in present]
+    for run_id in dict.fromkeys(m.run_id for m in fresh):
+        client.log_batch(run_id, metrics=[m for m in fresh if m.run_id == run_id])
+    return len(fresh)

@@ -17,7 +17,7 @@ from worldpipe.config.identity import flatten
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
-from worldpipe.tracking.recorder import resolve_tracking_uri
+from worldpipe.tracking.recorder import fail_fast_over_http, resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
@@ -29,9 +29,10 @@ class RecordError(RuntimeError):
     """The MLflow records of a run are missing or inconsistent."""
 
 def client_for(uri: str | None):
+    """An MlflowClient for `uri` (resolved like training resolves it) that fails fast when the server is down."""
     from mlflow.tracking import MlflowClient
 
-
+    fail_fast_over_http()
     return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
 
 

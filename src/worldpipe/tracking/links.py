@@ -1,8 +1,9 @@
 """Links into the MLflow UI that open the *Model training* view.
 
-The UI opens an experiment in its GenAI layout unless the URL says ``workflowType=machine_learning`` (it remembers
-the last choice per browser, so a first visit from a link would otherwise land in the wrong layout). Every link
-worldpipe prints carries it.
+MLflow 3's UI picks its layout from the URL's ``workflowType`` or else the browser's last choice, GenAI on a first
+visit; the experiment's ``mlflow.experimentKind`` tag does not change it. So every link worldpipe prints carries
+``workflowType=machine_learning``, and MLflow's own "View run … at: URL" line (no query: the GenAI layout) is
+suppressed by the CLI.
 """
 
 from __future__ import annotations

@@ -50,6 +50,13 @@ START_ENV = "WORLDPIPE_TRACKING_START"
 SYNC_START = "sync"
 
 
+def fail_fast_over_http() -> None:
+    """Make this process's MLflow HTTP calls give up in seconds on an unreachable server (unless the user set
+    the MLflow variables): every caller either spools what it could not deliver or reports it in one line."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
 def background_start_wanted() -> bool:
     """True unless the environment asks for the synchronous run start (the measured baseline)."""
     return os.environ.get(START_ENV, "background") != SYNC_START
@@ -83,11 +90,13 @@ class RunRecorder:
 
     def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
                  retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
-                 background_start: bool = False, on_opened: Callable[[], None] | None = None):
+                 background_start: bool = False, on_opened: Callable[[], None] | None = None,
+                 system_metrics_samples: int = 1):
         self.enabled = enabled
         self.background_start = background_start
         self.on_opened = on_opened  # called (on the delivery thread, if started there) once the run exists
         self.system_metrics_s = system_metrics_s
+        self.system_metrics_samples = system_metrics_samples  # averaged into each logged point
         self._system_metrics = None
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self.experiment = experiment
@@ -132,8 +141,7 @@ class RunRecorder:
         if not self.enabled:
             return None
         os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        fail_fast_over_http()
         self._spool.hold_active()
         self._resume, self._ending = resume_step > 0, False
         self._open_tried.clear()
@@ -279,7 +287,7 @@ class RunRecorder:
         """Start the system-metrics monitor once the run exists (call with the monitor lock held)."""
         if self._system_metrics is None and not self._ending and self.system_metrics_s and self.run_id:
             self._system_metrics = start_system_metrics(self.run_id, self.uri, self.system_metrics_s,
-                                                        resume=self._resume)
+                                                        resume=self._resume, samples=self.system_metrics_samples)
 
     def _opened(self) -> None:
         """After a delivery attempt: this segment's start has been tried; start the monitor once the run exists."""

@@ -2,6 +2,12 @@
 
 The parent is found again by its tags (never created twice for one sweep name in one experiment); a point's
 run is linked by tags only (``mlflow.parentRunId`` nests it in the UI), so linking is idempotent.
+
+The parent says what the sweep is and how it came out: params ``sweep.points`` (the number of points) and one
+per swept key (its values, as a JSON list); once every point is evaluated, :func:`summarize_sweep` gives it the
+best point's metrics (same names as on the points, so the collapsed row in the run list shows them), the tags
+``worldpipe.sweep.best_run`` / ``best_run_id`` / ``best_by`` and a description naming the winner, and an end
+time that spans the points.
 """
 
 from __future__ import annotations
@@ -18,12 +24,18 @@ SWEEP_TAG = "worldpipe.sweep.name"
 ROLE_TAG = "worldpipe.sweep.role"  # "parent" on the parent run, "point" on a point's training run
 KEYS_TAG = "worldpipe.sweep.keys"  # parent: JSON list of the swept keys, in order
 POINT_TAG = "worldpipe.sweep.point"
+POINTS_PARAM = "sweep.points"
+BEST_RUN_TAG, BEST_ID_TAG, BEST_BY_TAG = "worldpipe.sweep.best_run", "worldpipe.sweep.best_run_id", "worldpipe.sweep.best_by"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
+CHANGED_TAG_PREFIX = "worldpipe.changed."  # a param whose value changed (MLflow refuses to change a param)
 VALUE_TAG_PREFIX = "worldpipe.sweep.value."  # point: one tag per swept key
 PARENT, POINT = "parent", "point"
 
 
-def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], points: int) -> str:
-    """The parent run of sweep ``sweep`` in MLflow experiment ``experiment``, created on first use."""
+def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], points: int,
+                    values: Mapping[str, Sequence[Any]] | None = None) -> str:
+    """The parent run of sweep ``sweep`` in MLflow experiment ``experiment``, created on first use; params: the
+    number of points and each swept key's ``values``."""
     from mlflow.entities import RunStatus
 
     experiment_id = _experiment_id(client, experiment)
@@ -38,7 +50,20 @@ def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], po
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))  # it groups, it does not run
     client.set_tag(run_id, KEYS_TAG, json.dumps(list(keys)))
     client.set_tag(run_id, "worldpipe.sweep.points", str(points))
+    params = {POINTS_PARAM: str(points), **{key: json.dumps(list(v)) for key, v in (values or {}).items()}}
+    _log_params_once(client, run_id, params)
     return run_id
+
+
+def _log_params_once(client, run_id: str, params: Mapping[str, str]) -> None:
+    """Params the run lacks; a changed value (a grid grown since) goes to tag ``worldpipe.changed.<key>``."""
+    from mlflow.entities import Param, RunTag
+
+    held = client.get_run(run_id).data.params
+    fresh = [Param(k, v) for k, v in params.items() if k not in held]
+    changed = [RunTag(f"{CHANGED_TAG_PREFIX}{k}", v) for k, v in params.items() if k in held and held[k] != v]
+    if fresh or changed:
+        client.log_batch(run_id, params=fresh, tags=changed)
 
 
 def link_point(client, parent_run_id: str, run_id: str, sweep: str, point: str, values: Mapping[str, Any]) -> None:
@@ -63,3 +88,42 @@ def swept_keys_of(run) -> list[str] | None:
     if run.data.tags.get(ROLE_TAG) != PARENT:
         return None
     return json.loads(run.data.tags.get(KEYS_TAG, "[]"))
+
+
+def best_point(client, parent_run_id: str, metric: str):
+    """The point run with the lowest ``metric`` (None when no point has it yet)."""
+    scored = [run for run in point_runs(client, parent_run_id) if metric in run.data.metrics]
+    return min(scored, key=lambda run: run.data.metrics[metric]) if scored else None
+
+
+def summarize_sweep(client, parent_run_id: str, metric: str, keys: Sequence[str] = ()):
+    """Record on the parent run which point won by ``metric`` (lowest), with that point's metrics; the best run
+    (None when no point has the metric yet: nothing is recorded)."""
+    from mlflow.entities import Metric, RunStatus, RunTag
+
+    best = best_point(client, parent_run_id, metric)
+    if best is None:
+        return None
+    name = best.info.run_name or best.info.run_id
+    metrics = [Metric(m.key, m.value, m.timestamp, m.step) for key in _summary_keys(best, metric, keys)
+               for m in [_latest(client, best.info.run_id, key)] if m is not None]
+    note = (f"Best of {len(point_runs(client, parent_run_id))} points by lowest `{metric}`: **{name}** "
+            f"({metric} = {best.data.metrics[metric]:.4g})")
+    tags = [RunTag(BEST_RUN_TAG, name), RunTag(BEST_ID_TAG, best.info.run_id), RunTag(BEST_BY_TAG, metric),
+            RunTag(NOTE_TAG, note)]
+    client.log_batch(parent_run_id, metrics=metrics, tags=tags)
+    ends = [run.info.end_time for run in point_runs(client, parent_run_id) if run.info.end_time]
+    if ends:  # the parent spans its points in the run list, not the instant it was opened
+        client.set_terminated(parent_run_id, RunStatus.to_string(RunStatus.FINISHED), end_time=max(ends))
+    return best
+
+
+def _summary_keys(best, metric: str, keys: Sequence[str]) -> list[str]:
+    """The metric that decides, the given keys, and the point's evaluation summaries (``eval/*`` without ``/``)."""
+    summaries = sorted(k for k in best.data.metrics if k.startswith("eval/") and k.count("/") == 1)
+    return list(dict.fromkeys([metric, *keys, *summaries]))
+
+
+def _latest(client, run_id: str, key: str):
+    history = client.get_metric_history(run_id, key)
+    return max(history, key=lambda m: (m.step, m.timestamp)) if history else None

@@ -14,10 +14,11 @@ log = logging.getLogger("worldpipe.tracking")
 PREFIX = "system/"
 
 
-def start_system_metrics(run_id: str | None, uri: str, interval_s: float, resume: bool):
-    """A started ``SystemMetricsMonitor`` logging to ``run_id`` every ``interval_s`` (None: off or no run).
+def start_system_metrics(run_id: str | None, uri: str, interval_s: float, resume: bool, samples: int = 1):
+    """A started ``SystemMetricsMonitor`` sampling every ``interval_s`` for ``run_id`` (None: off or no run).
 
-    ``resume`` continues the step count of the run's earlier segments instead of restarting at 0.
+    Each logged point averages ``samples`` samples. ``resume`` continues the step count of the run's earlier
+    segments instead of restarting at 0.
     """
     if not run_id or not interval_s or interval_s <= 0:
         return None
@@ -25,7 +26,7 @@ def start_system_metrics(run_id: str | None, uri: str, interval_s: float, resume
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         monitor = SystemMetricsMonitor(run_id, sampling_interval=float(interval_s), resume_logging=resume,
-                                       tracking_uri=uri)
+                                       samples_before_logging=int(samples), tracking_uri=uri)
         monitor.start()
     except Exception as err:  # noqa: BLE001 - telemetry must never stop training
         log.warning("system metrics are off for this run: %s", err)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,8 @@ from omegaconf import DictConfig
 
 from worldpipe.checkpoint import layout as checkpoint_layout
 from worldpipe.config.identity import flatten
-from worldpipe.config.paths import COMPLETION_RECORD
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.config.paths import COMPLETION_RECORD, PROGRESS_RECORD
+from worldpipe.core.atomic import append_durably, write_text_atomic
 from worldpipe.core.locations import recorded_form
 from worldpipe.measure.startup import mark
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
@@ -94,12 +95,14 @@ class TrainingRecords:
         self.location = checkpoint_location(cfg)
         self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
                                     run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s,
+                                    system_metrics_samples=cfg.tracking.system_metrics_samples_before_logging,
                                     background_start=background_start_wanted(),
                                     on_opened=lambda: mark("mlflow_run_opened"))
         self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
         self._start_files: _Helper | None = None  # the start's artifacts, journaled off the critical path
         self.store = str(cfg.data.store)
         self.run_name = cfg.tracking.run_name
+        self._progress_off = False  # set when the progress record could not be written (never retried)
 
     def open_run(self, identity: dict[str, Any], run_id: str | None, start_step: int) -> str | None:
         """Open the MLflow run, or reopen the one a resumed checkpoint names; the run id on rank 0 if known yet.
@@ -137,6 +140,25 @@ class TrainingRecords:
     def add_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         """Buffer a step's metrics; they reach MLflow once a checkpoint covering the step is durable."""
         self.recorder.add_metrics(step, metrics, timestamp_ms)
+
+    def progress(self, step: int, target_steps: int, loss: float, steps_per_s: float) -> None:
+        """Append how far training is to the run directory's progress record (rank 0, at log cadence).
+
+        The MLflow metrics wait for a checkpoint; this line does not, so `worldpipe runs status` shows a running
+        job's step, loss and speed wherever it runs (under Snakemake its console goes to a log file).
+        """
+        if not self.is_main or self._progress_off:
+            return
+        line = {"step": step, "target_steps": target_steps, "loss": loss, "steps_per_s": steps_per_s,
+                "time": time.time()}
+        try:
+            append_durably(self.run_dir / PROGRESS_RECORD, (json.dumps(line) + "\n").encode())
+        except OSError as err:
+            # A display aid: training goes on, and a disk that fails here fails the next checkpoint, which
+            # is the error the run reports (naming the step).
+            self._progress_off = True
+            log.warning("progress record %s not written (%s); `worldpipe runs status` will not follow this run",
+                        self.run_dir / PROGRESS_RECORD, err)
 
     # ---- CheckpointListener ----
     def before_publish(self, step: int) -> None:

@@ -22,14 +22,14 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
-from worldpipe.config.identity import run_identity
+from worldpipe.config.identity import ConfigError, run_identity
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.measure.startup import mark
 from worldpipe.measure.timers import PartClock
-from worldpipe.models import build_model
+from worldpipe.models import build_model, flat_observations, observation_key
 from worldpipe.models.noise import sample_noise
 from worldpipe.models.restore import DIMS_KEY, model_dims_record
 from worldpipe.parallel.layout import build_layout
@@ -84,12 +84,12 @@ class Trainer:
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
         self.identity["parallel_layout"] = {**self.layout.describe, "world_size": rt.world_size}
         # What the model was built for, so a checkpoint alone rebuilds it (identity: not part of the digest).
-        self.identity[DIMS_KEY] = model_dims_record(self.store.obs_dim, self.store.act_dim)
+        self.identity[DIMS_KEY] = model_dims_record(self.core.obs_dim, self.store.act_dim)
         self.records = TrainingRecords(cfg, rt.is_main)
         components = TrainingComponents(
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader,
             progress=self.progress, identity=self.identity,
-            torch_generators={"latent_noise": self.noise_generator})
+            torch_generators={"latent_noise": self.noise_generator}, stages=self.layout.pp_size > 1)
         self.checkpointer = Checkpointer(cfg.checkpoint, rt, components, listener=self.records)
 
     def _setup_data(self) -> None:
@@ -104,7 +104,13 @@ class Trainer:
                                    cache_bytes=d_cfg.cache_mb << 20, prefetch=d_cfg.prefetch)
 
     def _setup_model(self) -> None:
-        self.core = build_model(self.cfg.model, self.store.obs_dim, self.store.act_dim).to(self.rt.device)
+        self.observed = observation_key(self.cfg.model)
+        if self.observed not in self.store.data_keys:
+            raise ConfigError(f"config key 'model._target_': {self.cfg.model._target_} observes "
+                              f"{self.observed!r}, which dataset {self.store.spec.name!r} does not store "
+                              f"(set {self.observed}: true in its spec)")
+        obs_dim = self.store.observation_dim(self.observed)
+        self.core = build_model(self.cfg.model, obs_dim, self.store.act_dim).to(self.rt.device)
         self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
         self.model = self.layout.wrap(self.core)
         # Opt-in: the compiled loss fuses kernels, so its bits differ from eager; a compiled run is still
@@ -141,7 +147,7 @@ class Trainer:
     def train_step(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Forward (loss sums over this rank's valid steps), backward, clip, optimizer and schedule step."""
         device = self.rt.device
-        obs, action = batch["obs"].to(device), batch["action"].to(device)  # [b,T,O], [b,T,A]
+        obs, action = self._observations(batch), batch["action"].to(device)  # [b,T,O], [b,T,A]
         reward, mask = batch["reward"].to(device), batch["mask"].to(device)  # [b,T]
         noise = sample_noise(self.cfg.seed, batch["sample_index"], self.core.noise_shape(obs.shape[1]),
                              self.noise_generator)
@@ -150,15 +156,21 @@ class Trainer:
                                         "noise": None if noise is None else noise.to(device)})
         if self.rng_trace is not None:
             self.rng_trace.record()
-        sums = self.loss_fn(part["obs"], part["action"], part["reward"], part["mask"], part["noise"])
-        # Gradient of the GLOBAL mean over valid steps, whatever the layout's wrapper averages over.
-        loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # Gradient of the GLOBAL mean over valid steps, whatever the layout's wrapper averages over (a pipeline
+        # runs its schedule over microbatches here).
+        sums = self.layout.forward_backward(self.loss_fn, part, batch["global_valid"], self.core.loss_terms)
         grad_norm = self.layout.clip_grad_norm(self.model.parameters(), self.cfg.trainer.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return sums, grad_norm
+
+    def _observations(self, batch: dict) -> torch.Tensor:
+        """The normalized observations the model reads: the loader's state vectors, or flat frames [b,T,H*W*3]."""
+        if self.observed == "obs":
+            return batch["obs"].to(self.rt.device)  # normalized by the loader
+        raw = flat_observations(batch, self.observed).to(self.rt.device)
+        return (raw - self.core.obs_mean) / self.core.obs_std
 
     def advance(self, batch: dict) -> None:
         """Count the step and the global samples and valid tokens it consumed."""
@@ -180,8 +192,10 @@ class Trainer:
             "samples_per_s": t_cfg.log_every * t_cfg.batch_size / (now - timing["window_start"]),
             "step_time_s": now - timing["step_start"], "data_wait_s": timing["data_wait"],
         })
+        steps_per_s = t_cfg.log_every / (now - timing["window_start"])
         timing["window_start"] = time.perf_counter()
         self.records.add_metrics(self.progress.step, metrics, int(time.time() * 1000))
+        self.records.progress(self.progress.step, t_cfg.steps, metrics["loss/total"], steps_per_s)
         return metrics["loss/total"]
 
     def maybe_checkpoint(self, preempted: bool) -> str | None:

@@ -63,3 +63,19 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
     validate_layout(c, world_size)
 
 
+def check_observation(cfg: DictConfig | Mapping, spec: Mapping, dataset: str) -> None:
+    """The array the model observes is stored by the dataset, at the size the model draws (frame models).
+
+    ``spec``: the dataset spec from its manifest. Raises ConfigError naming the model key.
+    """
+    from worldpipe.models import observation_key  # torch, as for the model's signature above
+
+    model = to_container(cfg).get("model") or {}
+    if not model.get("_target_") or observation_key(model) != "pixels":
+        return
+    _require(bool(spec.get("pixels")), "model._target_",
+             f"{model['_target_']} learns from frames, but {dataset} stores none (set pixels: true in its spec)")
+    size = model.get("image_size")
+    _require(size is None or size == spec.get("pixel_size"), "model.image_size",
+             f"{size}, but {dataset} stores {spec.get('pixel_size')}x{spec.get('pixel_size')} frames (pixel_size)")
+

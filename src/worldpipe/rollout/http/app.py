@@ -1,4 +1,4 @@
-"""The FastAPI app: rollouts, sessions, health, stats; OpenAPI docs at /docs and /openapi.json.
+"""The FastAPI app: rollouts, sessions, health, stats; OpenAPI docs at /docs, /redoc and /openapi.json (offline).
 
 Handlers are plain functions, so FastAPI runs them on its worker threads; each blocks on its job's future
 while the batcher thread computes, and many requests wait in the batcher at once. Errors a client can cause
@@ -15,14 +15,18 @@ import torch
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from worldpipe.rollout.engine import Sampling
+from worldpipe.rollout.http.play import register_play
 from worldpipe.rollout.http.schemas import ExtendIn, ForkIn, RolloutIn, RolloutOut, SessionOpenIn, SessionOut
 from worldpipe.rollout.service import InputError, RolloutService
 from worldpipe.rollout.sessions import SessionError
 
 # Requests waiting on the batcher each hold a worker thread; the default 40 would cap the queue, not the model.
 WORKER_THREADS = 512
+# Where the app serves the Swagger UI and ReDoc assets it ships (package fastapi-offline).
+DOCS_ASSETS = "/docs-assets"
 
 
 def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
@@ -35,7 +39,7 @@ def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
 
 def jsonable(result: dict) -> dict:
     """The result with its tensors as nested lists."""
-    for key in ("observations", "rewards"):
+    for key in ("observations", "rewards", "frames"):
         if isinstance(result.get(key), torch.Tensor):
             result[key] = result[key].tolist()
     return result
@@ -88,8 +92,10 @@ def create_app(make_service: Callable[[], RolloutService]) -> FastAPI:
         finally:
             app.state.service.close()
 
-    app = FastAPI(title="worldpipe rollout service", lifespan=lifespan,
-                  description="Imagined trajectories from a trained world model (see README, 'Serving rollouts').")
+    # /docs and /redoc load their scripts, styles and icon from the app itself (DOCS_ASSETS), not from a CDN: the
+    # service is often run where there is no internet.
+    app = FastAPIOffline(title="worldpipe rollout service", lifespan=lifespan, static_url=DOCS_ASSETS,
+                         description="Imagined trajectories from a trained world model (see README, 'Serving rollouts').")
 
     @app.exception_handler(RequestValidationError)
     async def _schema_error(request: Request, err: RequestValidationError):
@@ -107,6 +113,7 @@ def create_app(make_service: Callable[[], RolloutService]) -> FastAPI:
         return JSONResponse({"detail": str(err)}, status_code=err.status)
 
     _routes(app)
+    register_play(app)
     return app
 
 
@@ -118,7 +125,7 @@ def _routes(app: FastAPI) -> None:
     def health() -> dict:
         latest = service().registry.latest()
         return {"status": "ok", "model_version": latest.version, "checkpoint_step": latest.step,
-                "obs_dim": latest.obs_dim, "act_dim": latest.act_dim,
+                "obs_dim": latest.obs_dim, "act_dim": latest.act_dim, "frame_shape": latest.frame_shape,
                 "limits": service().config.limits.__dict__}
 
     @app.post("/reload")

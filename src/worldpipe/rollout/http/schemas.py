@@ -17,7 +17,8 @@ class Strict(BaseModel):
 class ContextIn(Strict):
     """Observed history: C observations (raw units) and the C actions taken after each."""
 
-    obs: Matrix = Field(description="[C, obs_dim] observations, oldest first")
+    obs: Matrix = Field(description="[C, obs_dim] observations, oldest first (frame models: each frame "
+                                    "flattened, height x width x 3 values 0..255)")
     action: Matrix = Field(description="[C, act_dim] actions; action[C-1] is unused (imagination starts there)")
 
 
@@ -67,6 +68,8 @@ class RolloutOut(BaseModel):
     model_version: str
     checkpoint_step: int
     observations: list[list[float]]
+    frames: list[list[list[list[int]]]] | None = Field(None, description="frame models: the imagined observations "
+                                                       "as uint8 frames [H, 3, height, width], channels first (else null)")
     rewards: list[float]
     stream: StreamOut | None
     cached_steps: int = Field(description="leading steps served from the cache (a cached prefix state)")
@@ -85,5 +88,16 @@ class SessionOut(BaseModel):
     token: str | None = None
     parent: str | None = None
     observations: list[list[float]] | None = None
+    frames: list[list[list[list[int]]]] | None = Field(None, description="frame models, extend: the imagined "
+                                                       "frames as uint8 [H, 3, height, width], channels first")
     rewards: list[float] | None = None
     timing: dict | None = None
+
+
+class ContextsQuery(Strict):
+    """GET /contexts: which held-out windows to list."""
+
+    model: str | None = Field(None, description="model version the context is for (default: the newest served)")
+    length: Annotated[int, Field(ge=1)] = Field(8, description="steps per context window")
+    start: Annotated[int, Field(ge=0)] = Field(0, description="index of the first window")
+    count: Annotated[int, Field(ge=1, le=64)] = Field(16, description="how many windows")

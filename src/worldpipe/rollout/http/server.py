@@ -13,6 +13,7 @@ import uvicorn
 
 from worldpipe.core.atomic import write_text_atomic
 from worldpipe.core.errors import UsageError
+from worldpipe.rollout.contexts import HeldoutContexts
 from worldpipe.rollout.http.app import BodyLimit, create_app
 from worldpipe.rollout.service import RolloutService, ServiceConfig
 
@@ -67,20 +68,27 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(checkpoint_path: str, host: str = "127.0.0.1", port: int = 8000, config: ServiceConfig | None = None,
-          port_file: str | None = None, device: str = "cpu") -> int:
+          port_file: str | None = None, device: str = "cpu", heldout: tuple[str, str] | None = None) -> int:
     """Serve ``checkpoint_path`` until SIGTERM/SIGINT; returns the exit status.
 
-    The address is claimed and the model loaded before uvicorn starts: a bad host, port or checkpoint
-    directory is one error line (UsageError, CheckpointError), never a traceback from inside the server.
+    The address is claimed, the held-out data (``heldout``: store, manifest; the play page's contexts) read and
+    the model loaded before uvicorn starts: a bad host, port, held-out dataset or checkpoint directory is one
+    error line (UsageError, CheckpointError), never a traceback from inside the server.
     """
     config = config or ServiceConfig()
     sock = listen_socket(host, port)
     try:
+        contexts = HeldoutContexts.load(*heldout) if heldout else None
         service = RolloutService(checkpoint_path, config, device)
+        if contexts is not None:
+            latest = service.registry.latest()
+            contexts.check_dims(latest.obs_dim, latest.act_dim, f"the model at {checkpoint_path}")
     except BaseException:
         sock.close()
         raise
-    app = BodyLimit(create_app(lambda: service), config.limits.max_request_bytes)
+    fastapi_app = create_app(lambda: service)
+    fastapi_app.state.heldout = contexts
+    app = BodyLimit(fastapi_app, config.limits.max_request_bytes)
     server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None))
     server.port_file = Path(port_file) if port_file else None
     try:
