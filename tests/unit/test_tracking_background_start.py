@@ -5,6 +5,8 @@ SQLite backend; an unreachable server is a 127.0.0.1 port nothing listens on."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from mlflow.tracking import MlflowClient
 
@@ -14,6 +16,7 @@ from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.spool import Spool
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
+from worldpipe.tracking.system_metrics import SystemMetricsSampler
 
 
 def background(uri: str, experiment: str, run_dir, **kwargs) -> RunRecorder:
@@ -70,15 +73,40 @@ def test_a_segment_ended_at_once_still_gets_its_run_and_a_system_sample(
     assert [s for s, _, _ in histories(client, run_id, ["lr"])["lr"]] == list(range(1, 11))
 
 
+def test_host_samples_taken_before_the_run_existed_are_logged_first_and_none_reads_an_unprimed_zero(sqlite_uri):
+    # The background start creates the run seconds into training, about as long as a short run lasts: what the
+    # host did meanwhile must reach the run, numbered before what is sampled after it exists.
+    sampler = SystemMetricsSampler(0.05, sqlite_uri).start()
+    deadline = time.monotonic() + 60
+    while sampler.points < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client = MlflowClient(sqlite_uri)
+    run_id = client.create_run(client.create_experiment("early-samples")).info.run_id
+    sampler.attach(run_id, resume=False)
+    while sampler.points < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sampler.stop()
+    memory = client.get_metric_history(run_id, SYSTEM_PREFIX + "system_memory_usage_megabytes")
+    assert len(memory) >= 9 and sorted(m.step for m in memory) == list(range(len(memory))), len(memory)
+    assert all(m.value > 0 for m in memory)
+    busy = [m.value for m in client.get_metric_history(run_id, SYSTEM_PREFIX + "cpu_utilization_percentage")]
+    assert busy[0] > 0 or max(busy) == 0, busy  # the first point measures since start(), not psutil's unset 0
+
+
+def system_metric_samplers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "worldpipe-system-metrics"]
+
+
 def test_unreachable_server_at_a_background_start_warns_once_and_sync_replays(tmp_path, dead_uri, sqlite_uri,
                                                                               caplog):
     with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
-        recorder = background(dead_uri, "bg-offline", tmp_path)
+        recorder = background(dead_uri, "bg-offline", tmp_path, system_metrics_s=0.05)
         recorder.start(None, "offline", {})
         recorder.log_params({"seed": 0})
         assert recorder.await_run_id() is None  # tried: the thread met the dead server
         train(recorder, range(1, 21))
         recorder.end()
+    assert not system_metric_samplers()  # no run to log to: the sampler stopped with the segment
     unreachable = [r for r in caplog.records if "is unreachable" in r.getMessage()]
     assert len(unreachable) == 1 and "worldpipe tracking sync" in unreachable[0].getMessage()
     assert Spool(tmp_path).pending()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
+from worldpipe.tracking.mlflow_import import import_mlflow
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
@@ -73,6 +74,7 @@ def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | N
 
 
 def _client(uri: str):
+    import_mlflow()  # the early system-metrics sampler may be importing MLflow in its thread right now
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):

@@ -9,7 +9,7 @@ never stalls the training loop; only the end delivers synchronously. The start d
 ``background_start`` is set: then the run is created (or reopened) by the delivery thread while the first steps
 run, and whoever needs the run id asks for it when it does (``run_id`` for a checkpoint,
 :meth:`RunRecorder.await_run_id` at the end). Records are journaled in order either way, so nothing a background
-start delays is lost or reordered; the system-metrics monitor starts once the run exists. After a
+start delays is lost or reordered; system metrics are sampled from the start and logged once the run exists. After a
 failure the thread retries by itself with exponential backoff (1 s, 2 s, ... up to ``retry_s``), so a server
 that comes back mid-run receives everything waiting without a manual sync.
 
@@ -33,7 +33,7 @@ from worldpipe.config.paths import default_tracking_uri
 from worldpipe.tracking.delivery import DeliveryReport, deliver
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
-from worldpipe.tracking.system_metrics import start_system_metrics, stop_system_metrics
+from worldpipe.tracking.system_metrics import SystemMetricsSampler
 
 log = logging.getLogger("worldpipe.tracking")
 
@@ -97,7 +97,8 @@ class RunRecorder:
         self.on_opened = on_opened  # called (on the delivery thread, if started there) once the run exists
         self.system_metrics_s = system_metrics_s
         self.system_metrics_samples = system_metrics_samples  # averaged into each logged point
-        self._system_metrics = None
+        self._system_metrics: SystemMetricsSampler | None = None  # this segment's, from its start to its end
+        self._system_metrics_attached = False
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self.experiment = experiment
         self.retry_s = retry_s
@@ -119,7 +120,7 @@ class RunRecorder:
         self._open_acked = False
         self._resume = False
         self._ending = False
-        self._monitor_lock = threading.Lock()  # the delivery thread starts the monitor, end() stops it
+        self._monitor_lock = threading.Lock()  # the delivery thread attaches system metrics, end() stops them
 
     @property
     def spool(self) -> Spool | None:
@@ -146,6 +147,11 @@ class RunRecorder:
         self._resume, self._ending = resume_step > 0, False
         self._open_tried.clear()
         self._open_acked = False
+        if self.system_metrics_s and self.system_metrics_s > 0:
+            with self._monitor_lock:
+                self._system_metrics = SystemMetricsSampler(self.system_metrics_s, self.uri,
+                                                            self.system_metrics_samples).start()
+                self._system_metrics_attached = False
         self._open_seq = self._spool.append(
             "open", experiment=self.experiment, run_name=run_name, tags=dict(tags), reopen_run_id=run_id,
             record_key=self._spool.record_key(), resume_step=int(resume_step), checkpoint_dir=checkpoint_dir,
@@ -174,9 +180,10 @@ class RunRecorder:
             return
         self.await_run_id()
         with self._monitor_lock:
-            self._start_monitor()  # a segment shorter than the run start still gets its one sample
-            monitor, self._system_metrics, self._ending = self._system_metrics, None, True
-        stop_system_metrics(monitor)
+            self._attach_system_metrics()  # a segment shorter than the run start still logs its samples
+            sampler, self._system_metrics, self._ending = self._system_metrics, None, True
+        if sampler is not None:
+            sampler.stop()
         self._spool.append("end", status=status)
         self._stop_thread()
         report = self.deliver(force=True) if self._thread is None else None
@@ -283,11 +290,12 @@ class RunRecorder:
         else:
             log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
 
-    def _start_monitor(self) -> None:
-        """Start the system-metrics monitor once the run exists (call with the monitor lock held)."""
-        if self._system_metrics is None and not self._ending and self.system_metrics_s and self.run_id:
-            self._system_metrics = start_system_metrics(self.run_id, self.uri, self.system_metrics_s,
-                                                        resume=self._resume, samples=self.system_metrics_samples)
+    def _attach_system_metrics(self) -> None:
+        """Log system metrics to the run once it exists (call with the monitor lock held)."""
+        if (self._system_metrics is not None and not self._system_metrics_attached and not self._ending
+                and self.run_id):
+            self._system_metrics.attach(self.run_id, resume=self._resume)
+            self._system_metrics_attached = True
 
     def _opened(self) -> None:
         """After a delivery attempt: this segment's start has been tried; start the monitor once the run exists."""
@@ -299,7 +307,7 @@ class RunRecorder:
             if self.on_opened is not None:
                 self.on_opened()
             with self._monitor_lock:
-                self._start_monitor()
+                self._attach_system_metrics()
 
     def _deliver_now(self) -> DeliveryReport:
         try:

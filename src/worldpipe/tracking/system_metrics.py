@@ -1,50 +1,146 @@
-"""CPU, memory, disk, network and (where present) GPU utilization of the training host, through MLflow's own
-system-metrics monitor (metrics ``system/...``, one step per sample), from rank 0 only.
+"""CPU, memory, disk, network and (where present) GPU utilization of the training host, measured by MLflow's own
+host monitors and logged through its system-metrics publisher (metrics ``system/...``, one step per logged
+point), from rank 0 only.
 
 They are measurements of the machine, not of the computation: they are not journaled or checkpoint-gated like
-the training metrics, `rerun` ignores them, and a tracking server that is down just ends the sampling.
+the training metrics, `rerun` ignores them, and a tracking server that is down just ends the logging.
+
+Sampling starts with the segment, not with its MLflow run: the run is created in the background and exists only
+seconds later (about as long as a smoke training lasts). So one thread samples from the start, keeps what it
+took until the run exists (:meth:`SystemMetricsSampler.attach`), logs that first and then every point as it is
+taken. MLflow's own monitor thread is not used: each of its threads reads CPU utilization 0 at its first
+sample (psutil measures per thread since that thread's previous reading), and it asks the server for the run's
+status before every sample.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+
+import psutil
+
+from worldpipe.tracking.mlflow_import import import_mlflow
 
 log = logging.getLogger("worldpipe.tracking")
 
 PREFIX = "system/"
 
 
-def start_system_metrics(run_id: str | None, uri: str, interval_s: float, resume: bool, samples: int = 1):
-    """A started ``SystemMetricsMonitor`` sampling every ``interval_s`` for ``run_id`` (None: off or no run).
+class SystemMetricsSampler:
+    """Samples the host every ``interval_s`` from :meth:`start` to :meth:`stop`; logs to the run once attached.
 
-    Each logged point averages ``samples`` samples. ``resume`` continues the step count of the run's earlier
-    segments instead of restarting at 0.
+    Each logged point averages ``samples_per_point`` samples; :meth:`stop` takes one last sample, so a segment
+    shorter than the interval still logs one point.
     """
-    if not run_id or not interval_s or interval_s <= 0:
-        return None
-    try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=float(interval_s), resume_logging=resume,
-                                       samples_before_logging=int(samples), tracking_uri=uri)
-        monitor.start()
-    except Exception as err:  # noqa: BLE001 - telemetry must never stop training
-        log.warning("system metrics are off for this run: %s", err)
-        return None
-    return monitor
+    def __init__(self, interval_s: float, uri: str, samples_per_point: int = 1):
+        self.interval_s = float(interval_s)
+        self.uri = uri
+        self.samples_per_point = max(1, int(samples_per_point))
+        self._lock = threading.Lock()  # the sampling thread publishes, attach() binds, stop() takes the last
+        self._host = None  # an unbound SystemMetricsMonitor: MLflow's host monitors, nothing logged through it
+        self._publisher = None  # a SystemMetricsMonitor bound to the run: its publish_metrics() numbers the steps
+        self._waiting: list[dict[str, float]] = []  # points taken before the run existed
+        self._collected = 0
+        self._logged = 0
+        self._stopping = threading.Event()
+        self._ready = threading.Event()  # MLflow imported and host monitors made (or failed to be)
+        self._thread = threading.Thread(target=self._sample_until_stopped, name="worldpipe-system-metrics",
+                                        daemon=True)
 
+    def start(self) -> SystemMetricsSampler:
+        """Start sampling now (on a thread: importing MLflow takes seconds the first steps need not wait)."""
+        self._thread.start()
+        return self
 
-def stop_system_metrics(monitor) -> None:
-    """Stop sampling, take one last sample and flush (before the run is marked terminated).
+    @property
+    def points(self) -> int:
+        """Points taken so far (logged, or waiting for the run)."""
+        with self._lock:
+            return self._logged + len(self._waiting)
 
-    The last sample gives every segment at least one, however short it was compared with the interval.
-    """
-    if monitor is None:
-        return
-    try:
-        monitor.finish()  # stops and joins the sampling thread, flushes its samples
-        monitor.collect_metrics()
-        monitor.publish_metrics(monitor.aggregate_metrics())
-        monitor.mlflow_logger.flush()
-    except Exception as err:  # noqa: BLE001 - telemetry must never fail the run
-        log.warning("stopping system metrics failed: %s", err)
+    def _sample_until_stopped(self) -> None:
+        psutil.cpu_percent()  # from now: psutil's first reading on a thread is 0, not a measurement
+        due = time.monotonic() + self.interval_s
+        try:
+            import_mlflow()
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._host = SystemMetricsMonitor(None, sampling_interval=self.interval_s, tracking_uri=self.uri)
+        except Exception as err:  # noqa: BLE001 - telemetry must never stop training
+            log.warning("system metrics are off for this run: %s", err)
+            return
+        finally:
+            self._ready.set()
+        # The first sample is due one interval after the priming, or at once if importing took longer: either way
+        # it measures the segment's start, and never reads the 0 of a zero-length interval.
+        while not self._stopping.wait(max(0.0, due - time.monotonic())):
+            if not self._sample():
+                return
+            due = time.monotonic() + self.interval_s
+
+    def _sample(self, last: bool = False) -> bool:
+        """Take one sample; log a point when enough are averaged (or it is the last). False once logging failed."""
+        with self._lock:
+            self._host.collect_metrics()
+            self._collected += 1
+            if self._collected % self.samples_per_point and not last:
+                return True
+            point = self._host.aggregate_metrics()
+            for monitor in self._host.monitors:
+                monitor.clear_metrics()
+            if self._publisher is None:
+                self._waiting.append(point)
+                return True
+            return self._publish([point])
+
+    def _publish(self, points: list[dict[str, float]]) -> bool:
+        """Log points in order (call with the lock held); on failure, stop logging for this segment."""
+        try:
+            for point in points:
+                self._publisher.publish_metrics(point)
+                self._logged += 1
+        except Exception as err:  # noqa: BLE001 - telemetry must never fail the run
+            log.warning("system metrics stopped: %s", err)
+            self._publisher = None
+            return False
+        return True
+
+    def attach(self, run_id: str, resume: bool) -> None:
+        """The run exists: log the points taken so far, then each one as it is taken.
+
+        ``resume`` continues the step numbering of the run's earlier segments instead of starting at 0.
+        """
+        self._ready.wait()
+        if self._host is None:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            publisher = SystemMetricsMonitor(run_id, sampling_interval=self.interval_s, resume_logging=resume,
+                                             tracking_uri=self.uri)
+        except Exception as err:  # noqa: BLE001 - telemetry must never stop training
+            log.warning("system metrics are off for this run: %s", err)
+            return
+        with self._lock:
+            publisher.monitors = self._host.monitors  # one set of counters for the whole segment
+            self._publisher = publisher
+            waiting, self._waiting = self._waiting, []
+            self._publish(waiting)
+
+    def stop(self) -> None:
+        """Stop sampling, take one last sample and flush what is logged (before the run is marked terminated)."""
+        self._stopping.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+        if self._host is None:
+            return
+        self._sample(last=True)
+        with self._lock:
+            if self._publisher is not None:
+                try:
+                    self._publisher.mlflow_logger.flush()
+                except Exception as err:  # noqa: BLE001 - telemetry must never fail the run
+                    log.warning("system metrics: the last points were not logged: %s", err)
