@@ -194,10 +194,12 @@ def test_file_url_matches_local_path(tmp_path):
     assert store.read_episodes(0, 2)["obs"].shape == TrajectoryStore.open(local).read_episodes(0, 2)["obs"].shape
 
 
-def test_pixel_dataset_regenerates_byte_identically_and_is_hashed(tmp_path):
-    """64x64 frames: one chunk per episode, every pixels shard in the manifest, the same bytes when rebuilt
-    in another shard order (so the same dataset hash)."""
-    spec = DatasetSpec(name="pp", env_id="Pendulum-v1", policy="noisy_controller", episodes=3, max_steps=5,
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_pixel_dataset_regenerates_byte_identically_and_is_hashed(tmp_path, env_id):
+    """64x64 frames (CartPole's 600x400 render through the same integer downscaler as Pendulum's 500x500):
+    one chunk per episode, every pixels shard in the manifest, the same bytes when rebuilt in another shard
+    order (so the same dataset hash)."""
+    spec = DatasetSpec(name="pp", env_id=env_id, policy="noisy_controller", episodes=3, max_steps=5,
                        episodes_per_shard=2, seed=3, pixels=True, pixel_size=64)
     a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
     ma = build_dataset(a, spec, str(tmp_path / "a.json"))["manifest"]
