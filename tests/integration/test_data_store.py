@@ -214,3 +214,18 @@ def test_pixel_dataset_regenerates_byte_identically_and_is_hashed(tmp_path, env_
         "pixels/c/0/0/0/0/0", "pixels/c/1/0/0/0/0"}
     frames = TrajectoryStore.open(a).read_episodes(0, 3)["pixels"]
     assert frames.shape == (3, 5, 64, 64, 3) and frames.std() > 0  # rendered, not blank
+
+
+def test_a_workflow_marker_in_the_store_is_not_data(tmp_path):
+    """Snakemake touches .snakemake_timestamp in the store it declares as a directory output; a dataset sealed
+    with it must hash as the same data built without it (what `worldpipe rerun` regenerates) and verify."""
+    spec = DatasetSpec(name="m", env_id="Pendulum-v1", policy="random", episodes=2, max_steps=5,
+                       episodes_per_shard=1, seed=0)
+    clean = build_dataset(str(tmp_path / "clean.zarr"), spec, str(tmp_path / "clean.json"))["manifest"]
+    marked = str(tmp_path / "marked.zarr")
+    init_store(marked, spec)
+    Path(marked, ".snakemake_timestamp").touch()
+    write_shards(marked, spec, [0, 1], progress=False)
+    sealed = seal_dataset(marked, str(tmp_path / "marked.json"))
+    assert sealed["dataset_hash"] == clean["dataset_hash"]
+    assert all(r["status"] == "ok" for r in verify_dataset(marked, str(tmp_path / "marked.json")))
