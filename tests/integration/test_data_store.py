@@ -194,10 +194,12 @@ def test_file_url_matches_local_path(tmp_path):
     assert store.read_episodes(0, 2)["obs"].shape == TrajectoryStore.open(local).read_episodes(0, 2)["obs"].shape
 
 
-def test_pixel_dataset_regenerates_byte_identically_and_is_hashed(tmp_path):
-    """64x64 frames: one chunk per episode, every pixels shard in the manifest, the same bytes when rebuilt
-    in another shard order (so the same dataset hash)."""
-    spec = DatasetSpec(name="pp", env_id="Pendulum-v1", policy="noisy_controller", episodes=3, max_steps=5,
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_pixel_dataset_regenerates_byte_identically_and_is_hashed(tmp_path, env_id):
+    """64x64 frames (CartPole's 600x400 render through the same integer downscaler as Pendulum's 500x500):
+    one chunk per episode, every pixels shard in the manifest, the same bytes when rebuilt in another shard
+    order (so the same dataset hash)."""
+    spec = DatasetSpec(name="pp", env_id=env_id, policy="noisy_controller", episodes=3, max_steps=5,
                        episodes_per_shard=2, seed=3, pixels=True, pixel_size=64)
     a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
     ma = build_dataset(a, spec, str(tmp_path / "a.json"))["manifest"]
@@ -212,3 +214,18 @@ def test_pixel_dataset_regenerates_byte_identically_and_is_hashed(tmp_path):
         "pixels/c/0/0/0/0/0", "pixels/c/1/0/0/0/0"}
     frames = TrajectoryStore.open(a).read_episodes(0, 3)["pixels"]
     assert frames.shape == (3, 5, 64, 64, 3) and frames.std() > 0  # rendered, not blank
+
+
+def test_a_workflow_marker_in_the_store_is_not_data(tmp_path):
+    """Snakemake touches .snakemake_timestamp in the store it declares as a directory output; a dataset sealed
+    with it must hash as the same data built without it (what `worldpipe rerun` regenerates) and verify."""
+    spec = DatasetSpec(name="m", env_id="Pendulum-v1", policy="random", episodes=2, max_steps=5,
+                       episodes_per_shard=1, seed=0)
+    clean = build_dataset(str(tmp_path / "clean.zarr"), spec, str(tmp_path / "clean.json"))["manifest"]
+    marked = str(tmp_path / "marked.zarr")
+    init_store(marked, spec)
+    Path(marked, ".snakemake_timestamp").touch()
+    write_shards(marked, spec, [0, 1], progress=False)
+    sealed = seal_dataset(marked, str(tmp_path / "marked.json"))
+    assert sealed["dataset_hash"] == clean["dataset_hash"]
+    assert all(r["status"] == "ok" for r in verify_dataset(marked, str(tmp_path / "marked.json")))

@@ -73,6 +73,19 @@ def test_plan_command_ranks_the_conf_layouts_and_says_why_not(capsys):
     assert "ddp      ruled out: needs" in out
 
 
+def test_plan_command_sizes_a_pixel_model_by_its_frames(capsys):
+    """A model that learns from frames observes H*W*3 values a step, not the env's state vector: the plan
+    builds it at its image_size and measures it with its own noise (one draw per latent class)."""
+    from worldpipe.cli import main
+
+    small = ["model.image_size=16", "model.depth=2", "model.embed=8", "model.deter=8", "model.hidden=8"]
+    assert main(["plan", "experiment=pendulum_pixels", "world_size=2", *small]) == 0
+    out = capsys.readouterr().out
+    ranked = [line.split()[1] for line in out.splitlines() if line[:2].strip().isdigit()]
+    assert sorted(ranked) == ["ddp", "fsdp2"]  # batch-parallel only
+    assert "tp       ruled out: config key 'parallel.tensor_parallel': model PixelRSSM has no tensor-parallel plan" in out
+
+
 def test_plan_command_needs_a_world_size_one_line(capsys):
     from worldpipe.cli import main
 

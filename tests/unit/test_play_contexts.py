@@ -73,3 +73,17 @@ def test_the_page_ships_in_the_package_and_fetches_nothing_from_outside():
     assert sorted(re.findall(r'(?:src|href)="/play/static/([^"]+)"', html)) == sorted(STATIC_FILES)
     for name in shipped:
         assert not re.search(r"(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}", (STATIC_DIR / name).read_text()), name
+
+
+def test_a_frame_model_gets_flat_frames_and_a_store_without_them_is_refused():
+    data = episodes()
+    data["pixels"] = np.random.default_rng(1).integers(0, 256, size=(3, 20, 2, 2, 3), dtype=np.uint8)
+    contexts = HeldoutContexts("hash", data)
+    contexts.windows(4, 0, 1)  # cut from "obs" first: observed_by must drop those windows
+    contexts.observed_by("pixels")
+    assert contexts.obs_dim == 12
+    frames, _ = heldout_segments(data, 4, "pixels")
+    listed = contexts.windows(4, start=0, count=2)
+    assert np.array_equal(np.asarray([c["obs"] for c in listed["contexts"]], dtype=np.float32), frames[:2])
+    with pytest.raises(UsageError, match="--heldout-store: it stores no 'pixels' array"):
+        HeldoutContexts("hash", episodes()).observed_by("pixels")

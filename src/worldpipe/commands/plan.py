@@ -58,8 +58,9 @@ def _measure(model, shapes, obs_dim: int, act_dim: int) -> dict:
         torch.manual_seed(0)
         obs, action = torch.randn(rows, steps, obs_dim), torch.randn(rows, steps, act_dim)
         reward, mask = torch.randn(rows, steps), torch.ones(rows, steps)
+        noise_shape = model.noise_shape(steps) or (steps, 1)  # a deterministic model ignores its noise
         with saved_activations(forward) as saved:
-            forward(obs, action, reward, mask, torch.randn(rows, steps, 1))
+            forward(obs, action, reward, mask, torch.randn(rows, *noise_shape))
         with torch.no_grad():
             state = model.observe_context(obs, action)
         out[key] = (sum(saved.values()), sum(t.numel() * t.element_size() for t in state.values()
@@ -80,6 +81,16 @@ def layouts_from_conf(recompute: bool = False) -> dict[str, dict]:
     return layouts
 
 
+def _observed_width(model_cfg, state_dim: int) -> int:
+    """Width of one observed step: the env's state vector, or a flat frame for a model that learns from pixels
+    (drawn at its ``image_size``, which training requires to be the dataset's pixel_size)."""
+    from worldpipe.models import observation_key  # imports the model class (torch): only for a plan
+
+    if observation_key(model_cfg) != "pixels":
+        return state_dim
+    return 3 * int(model_cfg["image_size"]) ** 2
+
+
 def _plan(args) -> int:
     from worldpipe.config.compose import compose_config
     from worldpipe.data.environments import env_dims
@@ -89,9 +100,10 @@ def _plan(args) -> int:
     world, budget_mb, overrides = _split(args.overrides)
     cfg = compose_config(overrides)
     dims = env_dims(args.env)
-    model = build_model(cfg.model, dims.obs_dim, dims.act_dim)
+    obs_dim = _observed_width(cfg.model, dims.obs_dim)
+    model = build_model(cfg.model, obs_dim, dims.act_dim)
     layouts = layouts_from_conf(recompute=getattr(model.parallel, "recompute", False))
-    measured = _measure(model, planner.shard_shapes(cfg, layouts, world), dims.obs_dim, dims.act_dim)
+    measured = _measure(model, planner.shard_shapes(cfg, layouts, world), obs_dim, dims.act_dim)
     ranked = planner.rank(planner.plan(cfg, layouts, world, planner.model_facts(model), measured),
                           None if budget_mb is None else int(budget_mb * 2**20))
     print(json.dumps([planner.as_dict(p) for p in ranked], indent=1) if args.json else planner.table(ranked))

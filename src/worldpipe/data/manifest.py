@@ -16,6 +16,10 @@ from worldpipe.data.store import TrajectoryStore, array_layout
 
 MANIFEST_FORMAT = "worldpipe.data.manifest/1"
 _HASH_BLOCK = 1 << 20
+# Files a workflow engine leaves in a store directory that are not data: Snakemake touches this marker in every
+# directory() output (init_store's store). Hashing it made a pipeline-built dataset differ from the same data
+# built by `worldpipe rerun` (in-process, no marker), so reruns of pipeline runs could never regenerate it.
+WORKFLOW_MARKERS = frozenset({".snakemake_timestamp"})
 
 
 class ManifestError(UserError, ValueError):
@@ -58,7 +62,7 @@ def build_manifest(url: str, storage_options: dict[str, Any] | None = None) -> d
     """Compute the manifest of the store at ``url`` (no I/O besides reading the store)."""
     store = TrajectoryStore.open(url, storage_options=storage_options)
     fs, root = open_filesystem(url, storage_options)
-    files = list_files(fs, root)
+    files = {rel: size for rel, size in list_files(fs, root).items() if rel not in WORKFLOW_MARKERS}
     _check_complete(store, files)
     arrays = store.array_info()
     for a in array_layout(store.spec):
@@ -150,7 +154,8 @@ def verify_dataset(url: str, manifest_path: str, storage_options: dict[str, Any]
         results.append(record)
     listed = {e["path"] for e in manifest["files"]}
     results.extend(
-        {"path": rel, "status": "extra", "size": size} for rel, size in actual.items() if rel not in listed
+        {"path": rel, "status": "extra", "size": size} for rel, size in actual.items()
+        if rel not in listed and rel not in WORKFLOW_MARKERS  # a manifest sealed before they were left out lists them
     )
     return sorted(results, key=lambda r: r["path"])
 

@@ -3,7 +3,9 @@
 In the style of DreamerV3 where it matters on small frames: the stochastic state is ``stoch`` categoricals of
 ``classes`` classes each, sampled with straight-through gradients (a 1 % uniform mix keeps every class
 reachable); the KL is balanced (dynamics and representation terms, each with free bits); the reward head
-predicts symlog targets. Shapes: B windows, T steps, H = W = ``image_size``, D = deter, Z = stoch * classes.
+predicts symlog targets; every hidden layer is normalized (LayerNorm over features, or over the channels of each
+pixel in the conv stacks). The reconstruction loss is summed over a frame's H*W*3 values, so it outweighs the
+whole latent's KL. Shapes: B windows, T steps, H = W = ``image_size``, D = deter, Z = stoch * classes.
 
 The model observes the stored ``pixels`` array, flattened to one vector of H*W*3 values per step, so every
 caller that handles vector observations (open-loop evaluation, the rollout engine, the logged model) handles
@@ -75,20 +77,21 @@ class PixelRSSM(WorldModel):
         self._flat = chans[-1] * (image_size // 16) ** 2
         layers, inp = [], 3
         for out in chans:  # each halves the side: 64 -> 32 -> 16 -> 8 -> 4
-            layers += [nn.Conv2d(inp, out, 4, 2, 1), nn.SiLU()]
+            layers += [nn.Conv2d(inp, out, 4, 2, 1, bias=False), _ChannelNorm(out), nn.SiLU()]
             inp = out
-        self.encoder = nn.Sequential(*layers, nn.Flatten(), nn.Linear(self._flat, embed), nn.SiLU())
+        self.encoder = nn.Sequential(*layers, nn.Flatten(), _dense(self._flat, embed))
         latent = stoch * classes
-        self.cell_input = nn.Sequential(nn.Linear(latent + act_dim, hidden), nn.SiLU())
+        self.cell_input = _dense(latent + act_dim, hidden)
         self.cell = nn.GRUCell(hidden, deter)
-        self.posterior_head = nn.Sequential(nn.Linear(deter + embed, hidden), nn.SiLU(), nn.Linear(hidden, latent))
-        self.prior_head = nn.Sequential(nn.Linear(deter, hidden), nn.SiLU(), nn.Linear(hidden, latent))
-        self.decoder_in = nn.Sequential(nn.Linear(deter + latent, self._flat), nn.SiLU())
+        self.posterior_head = nn.Sequential(_dense(deter + embed, hidden), nn.Linear(hidden, latent))
+        self.prior_head = nn.Sequential(_dense(deter, hidden), nn.Linear(hidden, latent))
+        self.decoder_in = _dense(deter + latent, self._flat)
         ups = []
-        for inp, out in zip(chans[::-1], (*chans[::-1][1:], 3), strict=True):  # 4 -> 8 -> 16 -> 32 -> 64
-            ups += [nn.ConvTranspose2d(inp, out, 4, 2, 1), nn.SiLU()]
-        self.decoder = nn.Sequential(*ups[:-1])  # linear output: normalized pixel values
-        self.reward_head = nn.Sequential(nn.Linear(deter + latent, hidden), nn.SiLU(), nn.Linear(hidden, 1))
+        for inp, out in zip(chans[:0:-1], chans[-2::-1], strict=True):  # 4 -> 8 -> 16 -> 32
+            ups += [nn.ConvTranspose2d(inp, out, 4, 2, 1, bias=False), _ChannelNorm(out), nn.SiLU()]
+        # The last layer (32 -> 64) is linear: normalized pixel values, any sign.
+        self.decoder = nn.Sequential(*ups, nn.ConvTranspose2d(chans[0], 3, 4, 2, 1))
+        self.reward_head = nn.Sequential(_dense(deter + latent, hidden), nn.Linear(hidden, 1))
 
     def set_normalization(self, obs_mean, obs_std) -> None:
         """Pixels keep their fixed normalization; the dataset's statistics describe its state vectors."""
@@ -196,3 +199,16 @@ class PixelRSSM(WorldModel):
 def _categorical_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """KL(p || q) of independent categoricals [..., stoch, classes], summed over the latents: [...]."""
     return (p * (p.log() - q.log())).sum((-2, -1))
+
+
+def _dense(inp: int, out: int) -> nn.Sequential:
+    """Linear -> LayerNorm -> SiLU: the normalization keeps logits and features in range while the summed
+    reconstruction loss sends large gradients (without it the categorical heads saturate early and stop learning)."""
+    return nn.Sequential(nn.Linear(inp, out, bias=False), nn.LayerNorm(out), nn.SiLU())
+
+
+class _ChannelNorm(nn.LayerNorm):
+    """LayerNorm over the channels of each pixel of a [N, C, H, W] feature map."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

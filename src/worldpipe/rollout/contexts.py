@@ -25,9 +25,20 @@ class HeldoutContexts:
     def __init__(self, dataset_hash: str, episodes: dict[str, np.ndarray]) -> None:
         self.dataset_hash = dataset_hash
         self.episodes = episodes
+        self.key = "obs"  # the array windows are cut from: see observed_by
         self.obs_dim, self.act_dim = int(episodes["obs"].shape[2]), int(episodes["action"].shape[2])
         self._segments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
+
+    def observed_by(self, key: str) -> None:
+        """Cut windows from the array a served model observes: "obs", or "pixels" (flat frames, values 0..255,
+        as evaluation feeds a frame model). Raises UsageError when the held-out store lacks it."""
+        if key not in self.episodes:
+            raise UsageError(f"--heldout-store: it stores no {key!r} array, which the served model observes "
+                             "(a frame model needs a held-out dataset with pixels: true)")
+        with self._lock:
+            self.key, self.obs_dim = key, int(np.prod(self.episodes[key].shape[2:]))
+            self._segments.clear()
 
     @classmethod
     def load(cls, store_url: str, manifest_path: str) -> HeldoutContexts:
@@ -58,7 +69,7 @@ class HeldoutContexts:
             raise ValueError(f"no held-out window of {length} steps: the longest held-out episode has {longest}")
         with self._lock:
             if length not in self._segments:
-                self._segments[length] = heldout_segments(self.episodes, length)
+                self._segments[length] = heldout_segments(self.episodes, length, self.key)
             return self._segments[length]
 
     def windows(self, length: int, start: int, count: int) -> dict:

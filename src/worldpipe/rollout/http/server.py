@@ -82,6 +82,7 @@ def serve(checkpoint_path: str, host: str = "127.0.0.1", port: int = 8000, confi
         service = RolloutService(checkpoint_path, config, device)
         if contexts is not None:
             latest = service.registry.latest()
+            contexts.observed_by(latest.model.observation_key)
             contexts.check_dims(latest.obs_dim, latest.act_dim, f"the model at {checkpoint_path}")
     except BaseException:
         sock.close()
