@@ -37,7 +37,13 @@ def test_communication_of_each_layout():
     assert fsdp["all_gather(parameters)"] == {"bytes": 2 * PARAMS * 4, "rounds": 8}
     assert fsdp["reduce_scatter(gradients)"] == {"bytes": PARAMS * 4, "rounds": 4}
     tp = planner.predict_comm(f, Degrees("none", 1, 2, 1), 8, 16)
-    assert tp == {"all_reduce(activations)": {"bytes": 6 * 8 * 16 * 16 * 4, "rounds": 6}}
+    # Clipping makes each tp-sharded parameter's norm whole: q,k,v,mlp.0 (weight and bias), out and mlp.2 weights.
+    assert tp == {"all_reduce(activations)": {"bytes": 6 * 8 * 16 * 16 * 4, "rounds": 6},
+                  "all_reduce(gradient norm)": {"bytes": 10 * 4, "rounds": 10}}
+    dp_tp = planner.predict_comm(f, Degrees("fsdp2", 2, 2, 1), 8, 16)
+    params = len(f.params)  # under FSDP2 every parameter's norm is also reduced over the dp ranks
+    assert dp_tp["all_reduce(gradient norm)"] == {"bytes": (params + 10) * 4, "rounds": params + 10}
+    assert "all_reduce(gradient norm)" not in ddp and "all_reduce(gradient norm)" not in fsdp
     cp = planner.predict_comm(f, Degrees("ddp", 1, 1, 2), 8, 16)
     kv = 2 * 8 * 8 * 16 * 4
     assert cp["send(kv ring)"] == {"bytes": 3 * kv + kv, "rounds": 3}
@@ -101,13 +107,17 @@ def test_pipeline_sequence_parallel_and_recompute_predictions():
     full = 8 * 16 * 16 * 4  # regions: attention and MLP of 2 blocks; all_gather hands in the half
     assert tp_sp == {"all_gather(activations)": {"bytes": 10 * full // 2, "rounds": 10},
                      "reduce_scatter(activations)": {"bytes": 4 * full, "rounds": 4},
-                     "all_reduce(activations)": {"bytes": 8 * full, "rounds": 8}}
+                     "all_reduce(activations)": {"bytes": 8 * full, "rounds": 8},
+                     "all_reduce(gradient norm)": {"bytes": 20 * 4, "rounds": 20}}
     cfg = {**CFG, "model": {**CFG["model"], "layers": 2}}
     layouts = {"pp": {"strategy": "none", "pipeline_parallel": 2, "microbatches": 4, "data_parallel": 1},
                "pp+rc": {"strategy": "none", "pipeline_parallel": 2, "microbatches": 4, "data_parallel": 1,
                          "recompute": True}}
     shapes = planner.shard_shapes(cfg, layouts, 2)
-    assert shapes == {(8, 16), (8, 16, "recompute")}
-    measured = {(8, 16): (1000, 10), (8, 16, "recompute"): (200, 10)}
+    # The largest stage's forward is measured, the whole window's rollout state too.
+    assert shapes == {(8, 16), (8, 16, "pp", 2), (8, 16, "pp", 2, "recompute")}
+    measured = {(8, 16): (5000, 10), (8, 16, "pp", 2): (1000, 10), (8, 16, "pp", 2, "recompute"): (200, 10)}
     by_name = {p.name: p for p in planner.plan(cfg, layouts, 2, f, measured)}
-    assert by_name["pp"].memory["activations"] == 500 and by_name["pp+rc"].memory["activations"] == 100  # GPipe
+    assert by_name["pp"].memory["activations"] == 1000 and by_name["pp+rc"].memory["activations"] == 200  # GPipe
+    one_f_one_b = planner.pipeline_activations(1000, Degrees("none", 1, 1, 1, pp=2, microbatches=8, schedule="1f1b"))
+    assert one_f_one_b == 250  # at most P=2 of the 8 microbatches alive on a stage

@@ -42,7 +42,8 @@ def _split(overrides: list[str]) -> tuple[int, float | None, list[str]]:
 
 
 def _measure(model, shapes, obs_dim: int, act_dim: int) -> dict:
-    """Activation bytes of one forward and rollout-state bytes of ``observe_context``, per (windows, steps)."""
+    """Activation bytes of one forward (of the whole model, or the largest pipeline stage's) and rollout-state bytes
+    of ``observe_context``, per (windows, steps[, "pp", P][, "recompute"])."""
     import torch
 
     from worldpipe.parallel.memory import saved_activations
@@ -58,13 +59,35 @@ def _measure(model, shapes, obs_dim: int, act_dim: int) -> dict:
         torch.manual_seed(0)
         obs, action = torch.randn(rows, steps, obs_dim), torch.randn(rows, steps, act_dim)
         reward, mask = torch.randn(rows, steps), torch.ones(rows, steps)
-        with saved_activations(forward) as saved:
-            forward(obs, action, reward, mask, torch.randn(rows, steps, 1))
+        if "pp" in key:
+            activations = max(_stage_activations(forward, key[key.index("pp") + 1], obs, action, reward, mask))
+        else:
+            with saved_activations(forward) as saved:
+                forward(obs, action, reward, mask, torch.randn(rows, steps, 1))
+            activations = sum(saved.values())
         with torch.no_grad():
             state = model.observe_context(obs, action)
-        out[key] = (sum(saved.values()), sum(t.numel() * t.element_size() for t in state.values()
-                                                        if isinstance(t, torch.Tensor)))
+        out[key] = (activations, sum(t.numel() * t.element_size() for t in state.values()
+                                     if isinstance(t, torch.Tensor)))
     return out
+
+
+def _stage_activations(model, stages: int, obs, action, reward, mask) -> list[int]:
+    """Bytes each pipeline stage saves in its forward (the last stage's loss included), stage by stage on copies
+    of the model cut as the pipeline cuts it; a stage's input arrives requiring grad, as a received one does."""
+    from worldpipe.parallel.memory import saved_activations
+
+    held, inputs = [], (obs, action)
+    for stage in range(stages):
+        cut = copy.deepcopy(model)
+        module = cut.pipeline_stage(stage, stages)
+        with saved_activations(module) as saved:
+            output = module(*inputs)
+            if stage == stages - 1:
+                cut.pipeline_loss(output, obs, reward, mask)
+        held.append(sum(saved.values()))
+        inputs = (output.detach().requires_grad_(),)
+    return held
 
 
 def layouts_from_conf(recompute: bool = False) -> dict[str, dict]:

@@ -23,9 +23,11 @@ attention widths); everything else is arithmetic on those facts and the layout's
 * pipelines (pp, dp×pp): parameters, gradients and AdamW state of the largest stage (the model's own stage
   boundaries, :meth:`WorldModel.pipeline_stage`); communication of rank 0 (stage 0): its M microbatches'
   boundary activations sent forward, the data-parallel all_reduce of its stage's gradients, and the pipeline
-  group's all_reduce of the gradient norm. Activations: the per-rank forward's bytes times the largest
-  stage's share of the blocks, times the microbatches alive at once on stage 0 (GPipe: all M; 1F1B: at most
-  P) over M.
+  group's all_reduce of the gradient norm. Activations: measured per stage (each stage's forward of the
+  per-rank windows, the loss on the last), the largest, times the microbatches alive at once on a stage
+  (GPipe: all M; 1F1B: at most P) over M.
+* clipping's gradient norm: one scalar all_reduce per step in a pipeline; per parameter and sharded mesh
+  dimension under tensor parallelism (:func:`_gradient_norm_comm`).
 * sequence parallelism (tp_sp), as DTensor runs it (measured, see :func:`_sequence_parallel_comm`): forward
   all_gather + reduce_scatter per tensor-parallel region, backward all_gathers and two whole-activation
   all_reduces per region (not Megatron's reduce_scatters). Activations are predicted as tp's (an upper bound:
@@ -233,7 +235,7 @@ def predict_comm(facts: ModelFacts, d: Degrees, batch: int, window: int) -> dict
     if d.pp > 1:
         comm["send(stage activations)"] = {"bytes": tokens * facts.boundary_width * BYTES_PARAM,
                                            "rounds": d.microbatches}
-        comm["all_reduce(gradient norm)"] = {"bytes": BYTES_PARAM, "rounds": 1}
+    comm.update(_gradient_norm_comm(facts, d))
     if d.tp > 1 and d.sp:
         comm.update(_sequence_parallel_comm(facts, d, tokens))
     elif d.tp > 1:
@@ -248,6 +250,20 @@ def predict_comm(facts: ModelFacts, d: Degrees, batch: int, window: int) -> dict
         comm["send(kv ring)"] = {"bytes": sum((forward + 2 * (d.cp - 1)) * kv + kv for kv in blocks),
                                  "rounds": len(blocks) * (forward + d.cp)}
     return comm
+
+
+def _gradient_norm_comm(facts: ModelFacts, d: Degrees) -> dict[str, dict[str, int]]:
+    """Clipping's norm (``Layout.clip_grad_norm``): a pipeline all-reduces its stages' squared norm once; with
+    tensor parallelism every parameter's norm is made whole, one scalar all-reduce per mesh dimension its
+    gradient is sharded over (FSDP2's dp/cp ranks, the tp ranks). Plain tensors (single, ddp, cp) need none;
+    nor does FSDP2 alone, whose torch ``clip_grad_norm_`` leaves the norm a partial DTensor (measured)."""
+    if d.pp > 1:
+        return {"all_reduce(gradient norm)": {"bytes": BYTES_PARAM, "rounds": 1}}
+    if d.tp == 1:
+        return {}
+    fsdp = d.grad_sync[0] == "fsdp"
+    rounds = sum(int(fsdp) + int(_tp_local(p, d.tp) != p.shape) for p in facts.params)
+    return {"all_reduce(gradient norm)": {"bytes": rounds * BYTES_PARAM, "rounds": rounds}} if rounds else {}
 
 
 def _recomputed_regions(facts: ModelFacts, d: Degrees) -> int:
@@ -273,12 +289,11 @@ def _sequence_parallel_comm(facts: ModelFacts, d: Degrees, tokens: int) -> dict[
             "all_reduce(activations)": {"bytes": 2 * regions * full, "rounds": 2 * regions}}
 
 
-def pipeline_activations(activations: int, facts: ModelFacts, d: Degrees) -> int:
-    """The largest stage's share of a per-rank forward's activations, for the microbatches alive on stage 0."""
-    blocks = facts.blocks or d.pp
-    largest = math.ceil(blocks / d.pp) / blocks
+def pipeline_activations(largest_stage: int, d: Degrees) -> int:
+    """Activations of the microbatches alive at once on a stage, from the largest stage's forward of all of this
+    rank's windows (GPipe: every microbatch's; 1F1B: at most P of M)."""
     alive = d.microbatches if d.schedule == "gpipe" else min(d.microbatches, d.pp)
-    return int(activations * largest * alive / d.microbatches)
+    return int(largest_stage * alive / d.microbatches)
 
 
 def degrees(parallel_cfg: Mapping[str, Any], world_size: int) -> Degrees:
@@ -291,8 +306,10 @@ def degrees(parallel_cfg: Mapping[str, Any], world_size: int) -> Degrees:
 
 
 def measured_key(d: Degrees, windows: int, steps: int) -> tuple:
-    """Key of :func:`plan`'s ``measured`` for a forward of (windows, steps), recomputed or not."""
-    return (windows, steps, "recompute") if d.recompute else (windows, steps)
+    """Key of :func:`plan`'s ``measured`` for a forward of (windows, steps): of the whole model, or (``"pp"``,
+    P) of the largest of its P pipeline stages; blocks recomputed or not."""
+    key: tuple = (windows, steps, "pp", d.pp) if d.pp > 1 else (windows, steps)
+    return (*key, "recompute") if d.recompute else key
 
 
 def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world_size: int, facts: ModelFacts,
@@ -318,7 +335,7 @@ def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world
             continue
         activations = measured[measured_key(d, batch // d.dp, window // d.cp)][0]
         if d.pp > 1:
-            activations = pipeline_activations(activations, facts, d)
+            activations = pipeline_activations(activations, d)
         state = measured[(batch // d.dp, window)][1]  # rollouts hold the whole window
         out.append(Prediction(name, d, predict_memory(facts, d, activations, state),
                               predict_comm(facts, d, batch, window)))
