@@ -46,8 +46,9 @@ from typing import Any
 from torch import nn
 
 from worldpipe.config.identity import ConfigError, to_container
-from worldpipe.parallel.layout import fsdp_units, validate_layout
+from worldpipe.parallel.fsdp_units import fsdp_units
 from worldpipe.parallel.memory import BYTES_ADAM, BYTES_GRAD, BYTES_PARAM
+from worldpipe.parallel.validation import validate_layout
 
 DDP_FIRST_BUCKET, DDP_BUCKET = 1 << 20, 25 << 20  # torch DDP's first bucket cap and bucket_cap_mb default
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "state")
