@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import html
+import io
 import json
 import subprocess
 import sys
@@ -152,11 +153,11 @@ def write_tables(result: dict, out: Path) -> None:
     """``plan.csv`` and ``plan.html`` beside the JSON (the HTML is the report's table)."""
     rows = table_rows(result)
     head = list(rows[0]) if rows else ["world size", "layout"]
-    with tempfile.NamedTemporaryFile("w", newline="", delete=False, dir=out.parent, suffix=".csv") as f:
-        writer = csv.DictWriter(f, fieldnames=head)
-        writer.writeheader()
-        writer.writerows(rows)
-    Path(f.name).replace(out.with_suffix(".csv"))
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=head)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(out.with_suffix(".csv"), text.getvalue())
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(r[h])}</td>" for h in head) + "</tr>\n" for r in rows)
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>worldpipe plan vs measured</title>"
             "<style>td,th{border:1px solid #ccc;padding:3px 6px;font:12px sans-serif}table{border-collapse:"
@@ -189,7 +190,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=45, ha="right", fontsize=8)
     ax.set(ylabel="measured / predicted (largest rank)",
            title=f"worldpipe plan vs measured: {result['experiment']}, layout (world size)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
 
