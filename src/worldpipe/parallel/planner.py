@@ -325,7 +325,9 @@ def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world
     out = []
     for name, parallel in layouts.items():
         try:
-            validate_layout({**c, "parallel": dict(parallel)}, world_size)
+            # The world size asked for, on one node (not the layout file's own rank count), as the refusal says.
+            asked = {**parallel, "nproc_per_node": world_size, "nnodes": 1}
+            validate_layout({**c, "parallel": asked}, world_size)
         except ConfigError as err:
             out.append(Prediction(name, refused=str(err)))
             continue
