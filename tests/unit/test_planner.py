@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from worldpipe.models.transformer import CausalTransformer
 from worldpipe.parallel import planner
+from worldpipe.parallel.forward_memory import ForwardShape, measure_forwards
 from worldpipe.parallel.planner import Degrees
 
 CFG = {"model": {"_target_": "worldpipe.models.transformer.CausalTransformer", "width": 16, "heads": 2,
@@ -71,9 +72,10 @@ def test_plan_command_ranks_the_conf_layouts_and_says_why_not(capsys):
     assert main(["plan", "experiment=smoke_transformer", "world_size=4", "memory_mb=0.06"]) == 0
     out = capsys.readouterr().out
     ranked = [line.split()[1] for line in out.splitlines() if line[:2].strip().isdigit()]
-    # Under 60 KiB per rank on 4 ranks: fsdp2, and the layouts whose activations recomputation shrinks (+rc).
-    assert "fsdp2" in ranked and "ddp" not in ranked and "fsdp2+rc" in ranked
-    assert all(name == "fsdp2" or name.endswith("+rc") for name in ranked), ranked
+    # Under 60 KiB per rank on 4 ranks: fsdp2, dp_tp (tp splits the activations too), and the layouts whose
+    # activations recomputation shrinks (+rc).
+    assert "fsdp2" in ranked and "ddp" not in ranked and "fsdp2+rc" in ranked and "dp_tp" in ranked
+    assert all(name in ("fsdp2", "dp_tp") or name.endswith("+rc") for name in ranked), ranked
     for name in ("single", "tp", "cp"):  # meshes of 1 or 2 ranks: the layout check's reason, by key
         assert f"{name:8} ruled out: config key 'parallel.nproc_per_node'" in out
     assert "ddp      ruled out: needs" in out
@@ -115,9 +117,23 @@ def test_pipeline_sequence_parallel_and_recompute_predictions():
                          "recompute": True}}
     shapes = planner.shard_shapes(cfg, layouts, 2)
     # The largest stage's forward is measured, the whole window's rollout state too.
-    assert shapes == {(8, 16), (8, 16, "pp", 2), (8, 16, "pp", 2, "recompute")}
-    measured = {(8, 16): (5000, 10), (8, 16, "pp", 2): (1000, 10), (8, 16, "pp", 2, "recompute"): (200, 10)}
+    whole, stages = ForwardShape(8, 16), ForwardShape(8, 16, stages=2)
+    recomputed = ForwardShape(8, 16, stages=2, recompute=True)
+    assert shapes == {whole, stages, recomputed}
+    measured = {whole: (5000, 10), stages: (1000, 10), recomputed: (200, 10)}
     by_name = {p.name: p for p in planner.plan(cfg, layouts, 2, f, measured)}
     assert by_name["pp"].memory["activations"] == 1000 and by_name["pp+rc"].memory["activations"] == 200  # GPipe
     one_f_one_b = planner.pipeline_activations(1000, Degrees("none", 1, 1, 1, pp=2, microbatches=8, schedule="1f1b"))
     assert one_f_one_b == 250  # at most P=2 of the 8 microbatches alive on a stage
+
+
+def test_forwards_are_measured_as_one_rank_of_the_layout_holds_them():
+    """A tensor-parallel shard (over the fake process group, in this process) saves less than the whole model,
+    sequence parallelism less again; the largest pipeline stage less than the whole; recomputation least."""
+    model = CausalTransformer(3, 1, width=16, heads=2, layers=2)
+    shapes = [ForwardShape(4, 16), ForwardShape(4, 16, tp=2), ForwardShape(4, 16, tp=2, sp=True),
+              ForwardShape(4, 16, stages=2), ForwardShape(4, 16, recompute=True)]
+    held = {shape: bytes_ for shape, (bytes_, _) in measure_forwards(model, shapes, 3, 1).items()}
+    whole, tp, sp, stage, recomputed = (held[shape] for shape in shapes)
+    assert sp < tp < whole and stage < whole and recomputed < stage, held
+    assert not __import__("torch").distributed.is_initialized()  # the fake group is gone again

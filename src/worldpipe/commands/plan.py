@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import click
@@ -41,55 +40,6 @@ def _split(overrides: list[str]) -> tuple[int, float | None, list[str]]:
     return world, budget, rest
 
 
-def _measure(model, shapes, obs_dim: int, act_dim: int) -> dict:
-    """Activation bytes of one forward (of the whole model, or the largest pipeline stage's) and rollout-state bytes
-    of ``observe_context``, per (windows, steps[, "pp", P][, "recompute"])."""
-    import torch
-
-    from worldpipe.parallel.memory import saved_activations
-
-    out = {}
-    recomputing = None
-    for key in sorted(shapes, key=str):
-        rows, steps = key[:2]
-        if "recompute" in key and recomputing is None:  # the same weights, blocks recomputed in backward
-            recomputing = copy.deepcopy(model)
-            recomputing.enable_recompute()
-        forward = recomputing if "recompute" in key else model
-        torch.manual_seed(0)
-        obs, action = torch.randn(rows, steps, obs_dim), torch.randn(rows, steps, act_dim)
-        reward, mask = torch.randn(rows, steps), torch.ones(rows, steps)
-        if "pp" in key:
-            activations = max(_stage_activations(forward, key[key.index("pp") + 1], obs, action, reward, mask))
-        else:
-            with saved_activations(forward) as saved:
-                forward(obs, action, reward, mask, torch.randn(rows, steps, 1))
-            activations = sum(saved.values())
-        with torch.no_grad():
-            state = model.observe_context(obs, action)
-        out[key] = (activations, sum(t.numel() * t.element_size() for t in state.values()
-                                     if isinstance(t, torch.Tensor)))
-    return out
-
-
-def _stage_activations(model, stages: int, obs, action, reward, mask) -> list[int]:
-    """Bytes each pipeline stage saves in its forward (the last stage's loss included), stage by stage on copies
-    of the model cut as the pipeline cuts it; a stage's input arrives requiring grad, as a received one does."""
-    from worldpipe.parallel.memory import saved_activations
-
-    held, inputs = [], (obs, action)
-    for stage in range(stages):
-        cut = copy.deepcopy(model)
-        module = cut.pipeline_stage(stage, stages)
-        with saved_activations(module) as saved:
-            output = module(*inputs)
-            if stage == stages - 1:
-                cut.pipeline_loss(output, obs, reward, mask)
-        held.append(sum(saved.values()))
-        inputs = (output.detach().requires_grad_(),)
-    return held
-
-
 def layouts_from_conf(recompute: bool = False) -> dict[str, dict]:
     """Every layout of conf/parallel/ by name (the schema defaults are not needed to predict); with
     ``recompute``, each also as ``NAME+rc`` with ``parallel.recompute=true``."""
@@ -108,13 +58,14 @@ def _plan(args) -> int:
     from worldpipe.data.environments import env_dims
     from worldpipe.models import build_model
     from worldpipe.parallel import planner
+    from worldpipe.parallel.forward_memory import measure_forwards
 
     world, budget_mb, overrides = _split(args.overrides)
     cfg = compose_config(overrides)
     dims = env_dims(args.env)
     model = build_model(cfg.model, dims.obs_dim, dims.act_dim)
     layouts = layouts_from_conf(recompute=getattr(model.parallel, "recompute", False))
-    measured = _measure(model, planner.shard_shapes(cfg, layouts, world), dims.obs_dim, dims.act_dim)
+    measured = measure_forwards(model, planner.shard_shapes(cfg, layouts, world), dims.obs_dim, dims.act_dim)
     ranked = planner.rank(planner.plan(cfg, layouts, world, planner.model_facts(model), measured),
                           None if budget_mb is None else int(budget_mb * 2**20))
     print(json.dumps([planner.as_dict(p) for p in ranked], indent=1) if args.json else planner.table(ranked))
