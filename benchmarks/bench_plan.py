@@ -2,7 +2,7 @@
 under real torchrun and measured.
 
     python benchmarks/bench_plan.py [--nproc 2,4] [--experiment smoke_transformer]
-                                    [--overrides "model.layers=2"] [--layouts pp,dp_pp]
+                                    [--overrides "model.layers=2"] [--layouts pp,ddp@4]
                                     [--out results/bench/plan.json]
 
 For each world size of ``--nproc``: runs ``worldpipe plan experiment=E world_size=N --json`` (the command a user
@@ -112,6 +112,11 @@ def compare(predicted: dict, measured: dict) -> dict:
             "comm_unpredicted": sorted(set(comm) - set(predicted["comm"])), "degrees": predicted["degrees"]}
 
 
+def _selected(name: str, world_size: int, only: set[str] | None) -> bool:
+    """Whether ``--layouts`` asks for this layout on this world size (NAME: on every one, NAME@N: on N)."""
+    return only is None or name in only or f"{name}@{world_size}" in only
+
+
 def run(world_sizes: list[int], experiment: str, overrides: list[str], only: set[str] | None = None) -> dict:
     """Predict and measure every fitting layout on every world size (of those in ``only``, when given)."""
     from worldpipe.commands.plan import layouts_from_conf
@@ -122,7 +127,7 @@ def run(world_sizes: list[int], experiment: str, overrides: list[str], only: set
               "world_sizes": {}}
     for n in world_sizes:
         predictions = predict(experiment, n, overrides)
-        fits = {p["layout"]: p for p in predictions if p["fits"] and (only is None or p["layout"] in only)}
+        fits = {p["layout"]: p for p in predictions if p["fits"] and _selected(p["layout"], n, only)}
         measured = measure(n, spec, {name: conf[name] for name in fits})
         result["world_sizes"][str(n)] = {
             "layouts": {name: compare(fits[name], measured[name]) for name in fits},
@@ -201,8 +206,8 @@ def main() -> None:
     parser.add_argument("--nproc", default="2,4", help="world sizes, comma-separated")
     parser.add_argument("--experiment", default="smoke_transformer")
     parser.add_argument("--overrides", default="model.layers=2", help="Hydra overrides, space-separated")
-    parser.add_argument("--layouts", default="", help="measure only these layouts, comma-separated (default: all "
-                                                      "that fit)")
+    parser.add_argument("--layouts", default="", help="measure only these layouts, comma-separated; NAME@N: only on "
+                                                      "N ranks (default: every one that fits)")
     parser.add_argument("--out", type=Path, default=Path(BENCH_DIR) / "plan.json")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
