@@ -201,7 +201,8 @@ def plot(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options (the pipeline config's ``bench.plan`` keys, dashed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", default="2,4", help="world sizes, comma-separated")
     parser.add_argument("--experiment", default="smoke_transformer")
@@ -210,7 +211,11 @@ def main() -> None:
                                                       "N ranks (default: every one that fits)")
     parser.add_argument("--out", type=Path, default=Path(BENCH_DIR) / "plan.json")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker is not None:
         worker(args.worker, args.out)
         return

@@ -111,7 +111,7 @@ rule measure_plan:
     conda:
         "../envs/worldpipe.yaml"
     resources:
-        **rule_resources("run_benchmark"),
+        **rule_resources("run_benchmark"),  # a benchmark like the others: their cluster requests
     log:
         f"{LOGS}/measure_plan/plan.log",
     benchmark:
