@@ -44,7 +44,7 @@ PLOTS = {
     "compile.png": "compiled run has caught up with eager",
     "pipeline.png": "the idle time communication does not explain",
     "activations.png": "every block keeps only its input for backward",
-    "plan.png": "the green band is within 15%",
+    "plan.png": "band is within 15%",
     "plan.html": "bytes exact",  # the predicted-vs-measured table, an HTML page of its own
 }
 
