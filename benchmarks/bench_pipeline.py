@@ -158,6 +158,9 @@ def plot(result: dict, path: Path) -> None:
     micro = [r["microbatches"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(micro, [r["idle_measured"] for r in rows], "o-", label="idle, measured (mean over stages)")
+    for stage in range(result["world_size"]):  # each stage's own idle fraction, to see which stage waits
+        ax.plot(micro, [r["per_stage"][stage]["idle"] for r in rows], ".", alpha=0.6,
+                label=f"idle, stage {stage}")
     ax.plot(micro, [r["idle_minus_comm"] for r in rows], "s--", label="idle minus communication (measured apart)")
     ax.plot(micro, [r["idle_model"] for r in rows], "k:", label="(P-1)/(M+P-1)")
     ax.set_xscale("log", base=2)

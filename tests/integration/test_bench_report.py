@@ -1,7 +1,7 @@
 """`snakemake collect_benchmarks` with tiny settings, then `snakemake --report`: every benchmark's plot is in the report,
 and what `bench comm` counts exactly (ring bytes, ZeRO memory) equals its closed form.
 
-A real Snakemake run of every benchmark (comm, checkpoint, rollout, startup, loop, pipeline, activations) on a copy of the project, the
+A real Snakemake run of every benchmark (comm, checkpoint, rollout, startup, loop, pipeline, activations, plan) on a copy of the project, the
 report built as a zip and opened. Structure only: benchmarks measure speed, tests never assert on it.
 """
 
@@ -28,6 +28,7 @@ TINY = {
     "compile": {"steps": 4, "window": 2},  # a 2-step unroll: its cold compile is the shortest there is
     "pipeline": {"nproc": 2, "repeat": 1},
     "activations": {"nproc": 2, "rounds": 1},
+    "plan": {"nproc": "2", "layouts": "ddp,pp"},
 }
 # Every plot of the target, and a phrase of the caption that says how to read it.
 PLOTS = {
@@ -43,6 +44,8 @@ PLOTS = {
     "compile.png": "compiled run has caught up with eager",
     "pipeline.png": "the idle time communication does not explain",
     "activations.png": "every block keeps only its input for backward",
+    "plan.png": "band is within 15%",
+    "plan.html": "bytes exact",  # the predicted-vs-measured table, an HTML page of its own
 }
 
 
@@ -78,6 +81,9 @@ def _ratio_fields(bench: dict) -> None:
     # Counted, not timed: sequence shards and recomputation hold fewer bytes for backward on any machine.
     assert activations["ratios"]["tp_sp_over_tp_activations"] < 1
     assert activations["ratios"]["recompute_over_ddp_activations"] < 0.5
+    plan = bench["plan"]["world_sizes"]["2"]
+    assert set(plan["layouts"]) == {"ddp", "pp"} and "single" in plan["ruled_out"]
+    assert all(row["comm_exact"] and all(row["comm_exact"].values()) for row in plan["layouts"].values())
     split = bench["loop"]["contenders"]["trainer + tracking + checkpoints"]["wall_split"]
     # The parts of the trainer's clock cover its loop: the kinds add up to the whole wall time.
     assert sum(split[k] for k in ("compute", "waiting_io", "waiting_ranks", "other")) == pytest.approx(1.0)
@@ -149,7 +155,7 @@ def test_every_benchmark_plot_is_in_the_report(benchmarked):
             entries = [n for n in names if n.endswith("/" + plot)]
             assert len(entries) == 1, (plot, [n for n in names if n.endswith(".png")])
             data = archive.read(entries[0])
-            assert data[:8] == PNG and data == (bench_dir / plot).read_bytes(), plot
+            assert data == (bench_dir / plot).read_bytes() and (data[:8] == PNG or b"<table>" in data), plot
             assert caption in html, caption
     _ratio_fields({name: json.loads((bench_dir / f"{name}.json").read_text()) for name in TINY})
 
@@ -185,7 +191,8 @@ def test_benchmarks_stay_out_of_the_default_target(repo, env_with_venv, tmp_path
     proc = project.snakemake("-n", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rules = {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}
-    assert not rules & {"measure_communication", "run_benchmark", "collect_benchmarks"}, rules
+    benchmark_rules = {"measure_communication", "measure_plan", "run_benchmark", "collect_benchmarks"}
+    assert not rules & benchmark_rules, rules
     proc = project.snakemake("collect_benchmarks", "-n", timeout=300)
     rules = {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}
-    assert rules == {"measure_communication", "run_benchmark", "collect_benchmarks"}, rules
+    assert rules == benchmark_rules, rules

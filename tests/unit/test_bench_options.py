@@ -20,7 +20,7 @@ def test_keys_become_dashed_options_and_booleans_flags():
     assert cli_options({}) == []
 
 
-@pytest.mark.parametrize("name", ["comm", "checkpoint", "rollout", "startup", "loop"])
+@pytest.mark.parametrize("name", ["comm", "checkpoint", "rollout", "startup", "loop", "plan"])
 def test_every_default_setting_is_an_option_its_benchmark_parses(name, monkeypatch):
     """The documented defaults in conf/pipeline/default.yaml parse in the benchmark they configure."""
     settings = yaml.safe_load((REPO / "conf/pipeline/default.yaml").read_text())["bench"][name]

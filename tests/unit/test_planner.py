@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from worldpipe.models.transformer import CausalTransformer
 from worldpipe.parallel import planner
+from worldpipe.parallel.forward_memory import ForwardShape, measure_forwards
 from worldpipe.parallel.planner import Degrees
 
 CFG = {"model": {"_target_": "worldpipe.models.transformer.CausalTransformer", "width": 16, "heads": 2,
@@ -37,7 +38,13 @@ def test_communication_of_each_layout():
     assert fsdp["all_gather(parameters)"] == {"bytes": 2 * PARAMS * 4, "rounds": 8}
     assert fsdp["reduce_scatter(gradients)"] == {"bytes": PARAMS * 4, "rounds": 4}
     tp = planner.predict_comm(f, Degrees("none", 1, 2, 1), 8, 16)
-    assert tp == {"all_reduce(activations)": {"bytes": 6 * 8 * 16 * 16 * 4, "rounds": 6}}
+    # Clipping makes each tp-sharded parameter's norm whole: q,k,v,mlp.0 (weight and bias), out and mlp.2 weights.
+    assert tp == {"all_reduce(activations)": {"bytes": 6 * 8 * 16 * 16 * 4, "rounds": 6},
+                  "all_reduce(gradient norm)": {"bytes": 10 * 4, "rounds": 10}}
+    dp_tp = planner.predict_comm(f, Degrees("fsdp2", 2, 2, 1), 8, 16)
+    params = len(f.params)  # under FSDP2 every parameter's norm is also reduced over the dp ranks
+    assert dp_tp["all_reduce(gradient norm)"] == {"bytes": (params + 10) * 4, "rounds": params + 10}
+    assert "all_reduce(gradient norm)" not in ddp and "all_reduce(gradient norm)" not in fsdp
     cp = planner.predict_comm(f, Degrees("ddp", 1, 1, 2), 8, 16)
     kv = 2 * 8 * 8 * 16 * 4
     assert cp["send(kv ring)"] == {"bytes": 3 * kv + kv, "rounds": 3}
@@ -65,9 +72,10 @@ def test_plan_command_ranks_the_conf_layouts_and_says_why_not(capsys):
     assert main(["plan", "experiment=smoke_transformer", "world_size=4", "memory_mb=0.06"]) == 0
     out = capsys.readouterr().out
     ranked = [line.split()[1] for line in out.splitlines() if line[:2].strip().isdigit()]
-    # Under 60 KiB per rank on 4 ranks: fsdp2, and the layouts whose activations recomputation shrinks (+rc).
-    assert "fsdp2" in ranked and "ddp" not in ranked and "fsdp2+rc" in ranked
-    assert all(name == "fsdp2" or name.endswith("+rc") for name in ranked), ranked
+    # Under 60 KiB per rank on 4 ranks: fsdp2, dp_tp (tp splits the activations too), and the layouts whose
+    # activations recomputation shrinks (+rc).
+    assert "fsdp2" in ranked and "ddp" not in ranked and "fsdp2+rc" in ranked and "dp_tp" in ranked
+    assert all(name in ("fsdp2", "dp_tp") or name.endswith("+rc") for name in ranked), ranked
     for name in ("single", "tp", "cp"):  # meshes of 1 or 2 ranks: the layout check's reason, by key
         assert f"{name:8} ruled out: config key 'parallel.nproc_per_node'" in out
     assert "ddp      ruled out: needs" in out
@@ -114,13 +122,31 @@ def test_pipeline_sequence_parallel_and_recompute_predictions():
     full = 8 * 16 * 16 * 4  # regions: attention and MLP of 2 blocks; all_gather hands in the half
     assert tp_sp == {"all_gather(activations)": {"bytes": 10 * full // 2, "rounds": 10},
                      "reduce_scatter(activations)": {"bytes": 4 * full, "rounds": 4},
-                     "all_reduce(activations)": {"bytes": 8 * full, "rounds": 8}}
+                     "all_reduce(activations)": {"bytes": 8 * full, "rounds": 8},
+                     "all_reduce(gradient norm)": {"bytes": 20 * 4, "rounds": 20}}
     cfg = {**CFG, "model": {**CFG["model"], "layers": 2}}
     layouts = {"pp": {"strategy": "none", "pipeline_parallel": 2, "microbatches": 4, "data_parallel": 1},
                "pp+rc": {"strategy": "none", "pipeline_parallel": 2, "microbatches": 4, "data_parallel": 1,
                          "recompute": True}}
     shapes = planner.shard_shapes(cfg, layouts, 2)
-    assert shapes == {(8, 16), (8, 16, "recompute")}
-    measured = {(8, 16): (1000, 10), (8, 16, "recompute"): (200, 10)}
+    # The largest stage's forward is measured, the whole window's rollout state too.
+    whole, stages = ForwardShape(8, 16), ForwardShape(8, 16, stages=2)
+    recomputed = ForwardShape(8, 16, stages=2, recompute=True)
+    assert shapes == {whole, stages, recomputed}
+    measured = {whole: (5000, 10), stages: (1000, 10), recomputed: (200, 10)}
     by_name = {p.name: p for p in planner.plan(cfg, layouts, 2, f, measured)}
-    assert by_name["pp"].memory["activations"] == 500 and by_name["pp+rc"].memory["activations"] == 100  # GPipe
+    assert by_name["pp"].memory["activations"] == 1000 and by_name["pp+rc"].memory["activations"] == 200  # GPipe
+    one_f_one_b = planner.pipeline_activations(1000, Degrees("none", 1, 1, 1, pp=2, microbatches=8, schedule="1f1b"))
+    assert one_f_one_b == 250  # at most P=2 of the 8 microbatches alive on a stage
+
+
+def test_forwards_are_measured_as_one_rank_of_the_layout_holds_them():
+    """A tensor-parallel shard (over the fake process group, in this process) saves less than the whole model,
+    sequence parallelism less again; the largest pipeline stage less than the whole; recomputation least."""
+    model = CausalTransformer(3, 1, width=16, heads=2, layers=2)
+    shapes = [ForwardShape(4, 16), ForwardShape(4, 16, tp=2), ForwardShape(4, 16, tp=2, sp=True),
+              ForwardShape(4, 16, stages=2), ForwardShape(4, 16, recompute=True)]
+    held = {shape: bytes_ for shape, (bytes_, _) in measure_forwards(model, shapes, 3, 1).items()}
+    whole, tp, sp, stage, recomputed = (held[shape] for shape in shapes)
+    assert sp < tp < whole and stage < whole and recomputed < stage, held
+    assert not __import__("torch").distributed.is_initialized()  # the fake group is gone again

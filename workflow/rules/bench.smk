@@ -88,8 +88,41 @@ rule run_benchmark:
         "worldpipe bench {wildcards.name} {params.options} --out {output.result} > {log} 2>&1"
 
 
+# `worldpipe plan` against measurement: the plot and the predicted-vs-measured table (HTML), both in the report.
+rule measure_plan:
+    output:
+        result=f"{BENCH}/plan.json",
+        plot=report(
+            f"{BENCH}/plan.png",
+            caption="../report/bench_plan.rst",
+            category="Benchmarks",
+            labels={"benchmark": "plan", "figure": "memory ratio"},
+        ),
+        table=report(
+            f"{BENCH}/plan.html",
+            caption="../report/bench_plan_table.rst",
+            category="Benchmarks",
+            labels={"benchmark": "plan", "figure": "predicted vs measured table"},
+        ),
+        csv=f"{BENCH}/plan.csv",
+    params:
+        options=shlex.join(cli_options(BENCH_SETTINGS.get("plan", {}))),
+    threads: BENCH_THREADS
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("run_benchmark"),  # a benchmark like the others: their cluster requests
+    log:
+        f"{LOGS}/measure_plan/plan.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/measure_plan/plan.tsv"
+    shell:
+        "worldpipe bench plan {params.options} --out {output.result} > {log} 2>&1"
+
+
 # Every benchmark's JSON and plots (the target of `snakemake collect_benchmarks`).
 rule collect_benchmarks:
     input:
         rules.measure_communication.output,
+        rules.measure_plan.output,
         expand(rules.run_benchmark.output, name=SINGLE_PLOT_BENCHMARKS),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import click
@@ -41,33 +40,6 @@ def _split(overrides: list[str]) -> tuple[int, float | None, list[str]]:
     return world, budget, rest
 
 
-def _measure(model, shapes, obs_dim: int, act_dim: int) -> dict:
-    """Activation bytes of one forward and rollout-state bytes of ``observe_context``, per (windows, steps)."""
-    import torch
-
-    from worldpipe.parallel.memory import saved_activations
-
-    out = {}
-    recomputing = None
-    for key in sorted(shapes, key=str):
-        rows, steps = key[:2]
-        if "recompute" in key and recomputing is None:  # the same weights, blocks recomputed in backward
-            recomputing = copy.deepcopy(model)
-            recomputing.enable_recompute()
-        forward = recomputing if "recompute" in key else model
-        torch.manual_seed(0)
-        obs, action = torch.randn(rows, steps, obs_dim), torch.randn(rows, steps, act_dim)
-        reward, mask = torch.randn(rows, steps), torch.ones(rows, steps)
-        noise_shape = model.noise_shape(steps) or (steps, 1)  # a deterministic model ignores its noise
-        with saved_activations(forward) as saved:
-            forward(obs, action, reward, mask, torch.randn(rows, *noise_shape))
-        with torch.no_grad():
-            state = model.observe_context(obs, action)
-        out[key] = (sum(saved.values()), sum(t.numel() * t.element_size() for t in state.values()
-                                                        if isinstance(t, torch.Tensor)))
-    return out
-
-
 def layouts_from_conf(recompute: bool = False) -> dict[str, dict]:
     """Every layout of conf/parallel/ by name (the schema defaults are not needed to predict); with
     ``recompute``, each also as ``NAME+rc`` with ``parallel.recompute=true``."""
@@ -96,6 +68,7 @@ def _plan(args) -> int:
     from worldpipe.data.environments import env_dims
     from worldpipe.models import build_model
     from worldpipe.parallel import planner
+    from worldpipe.parallel.forward_memory import measure_forwards
 
     world, budget_mb, overrides = _split(args.overrides)
     cfg = compose_config(overrides)
@@ -103,7 +76,7 @@ def _plan(args) -> int:
     obs_dim = _observed_width(cfg.model, dims.obs_dim)
     model = build_model(cfg.model, obs_dim, dims.act_dim)
     layouts = layouts_from_conf(recompute=getattr(model.parallel, "recompute", False))
-    measured = _measure(model, planner.shard_shapes(cfg, layouts, world), obs_dim, dims.act_dim)
+    measured = measure_forwards(model, planner.shard_shapes(cfg, layouts, world), obs_dim, dims.act_dim)
     ranked = planner.rank(planner.plan(cfg, layouts, world, planner.model_facts(model), measured),
                           None if budget_mb is None else int(budget_mb * 2**20))
     print(json.dumps([planner.as_dict(p) for p in ranked], indent=1) if args.json else planner.table(ranked))

@@ -31,13 +31,18 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 @contextmanager
 def saved_activations(model: nn.Module) -> Iterator[dict[int, int]]:
-    """Within the block, the distinct storages autograd saves for backward (parameters excluded), by address."""
+    """Within the block, the distinct storages autograd saves for backward during forward passes (parameters
+    excluded; what a recomputation saves during backward is transient), by address."""
     param_storages = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         # Parameters saved for backward (FSDP2's unsharded ones included, and their views) are not activations.
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
+            return tensor
+        # Saved while backward runs (a recomputed block's forward): freed as backward proceeds, not held from the
+        # forward. Torch has no public "inside backward?"; the graph task id is -1 outside one.
+        if torch._C._current_graph_task_id() != -1:
             return tensor
         try:
             # A DTensor (tensor-parallel regions) holds its local shard: that is what this rank keeps.

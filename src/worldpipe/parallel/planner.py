@@ -8,9 +8,8 @@ attention widths); everything else is arithmetic on those facts and the layout's
   FSDP2 then shards dim 0 of every local tensor over its ranks, padded to a multiple of them (rank 0 holds
   the padded share, the largest); DDP and single replicate everything.
 * activations are **measured**, not derived: the bytes autograd saves in one single-process forward of the
-  per-rank shard shape (batch/dp windows of window/cp steps), by :func:`worldpipe.parallel.memory.saved_activations`
-  (the caller passes them in). Tensor parallelism is not applied to that forward, so a tp layout's
-  activations are an upper bound (only the q/k/v and MLP-hidden activations would be split by tp).
+  per-rank shard shape (batch/dp windows of window/cp steps), tensor-parallel plans applied over a fake process
+  group, pipelines cut into their stages (:mod:`worldpipe.parallel.forward_memory`; the caller passes them in).
 * KV/recurrent state is the rollout state (``observe_context``) of this rank's windows, measured the same
   way and divided by tp (attention heads are split by it).
 * communication per rank and step, bytes of the tensors handed to each collective and the number of calls:
@@ -23,13 +22,14 @@ attention widths); everything else is arithmetic on those facts and the layout's
 * pipelines (pp, dp×pp): parameters, gradients and AdamW state of the largest stage (the model's own stage
   boundaries, :meth:`WorldModel.pipeline_stage`); communication of rank 0 (stage 0): its M microbatches'
   boundary activations sent forward, the data-parallel all_reduce of its stage's gradients, and the pipeline
-  group's all_reduce of the gradient norm. Activations: the per-rank forward's bytes times the largest
-  stage's share of the blocks, times the microbatches alive at once on stage 0 (GPipe: all M; 1F1B: at most
-  P) over M.
+  group's all_reduce of the gradient norm. Activations: the largest stage's forward of the per-rank windows
+  (the loss on the last), times the microbatches alive at once on a stage (GPipe: all M; 1F1B: at most P) over M.
+* clipping's gradient norm: one scalar all_reduce per step in a pipeline; per parameter and sharded mesh
+  dimension under tensor parallelism (:func:`_gradient_norm_comm`).
 * sequence parallelism (tp_sp), as DTensor runs it (measured, see :func:`_sequence_parallel_comm`): forward
   all_gather + reduce_scatter per tensor-parallel region, backward all_gathers and two whole-activation
-  all_reduces per region (not Megatron's reduce_scatters). Activations are predicted as tp's (an upper bound:
-  the forward measured is unsplit); ``worldpipe bench activations`` measures the real saving.
+  all_reduces per region (not Megatron's reduce_scatters). Activations: the forward of the sequence-parallel
+  plan.
 * recomputation (``recompute``): the activations are measured with the model's blocks recomputed.
 """
 
@@ -44,8 +44,10 @@ from typing import Any
 from torch import nn
 
 from worldpipe.config.identity import ConfigError, to_container
-from worldpipe.parallel.layout import fsdp_units, validate_layout
+from worldpipe.parallel.forward_memory import ForwardShape
+from worldpipe.parallel.fsdp_units import fsdp_units
 from worldpipe.parallel.memory import BYTES_ADAM, BYTES_GRAD, BYTES_PARAM
+from worldpipe.parallel.validation import validate_layout
 
 DDP_FIRST_BUCKET, DDP_BUCKET = 1 << 20, 25 << 20  # torch DDP's first bucket cap and bucket_cap_mb default
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "state")
@@ -233,7 +235,7 @@ def predict_comm(facts: ModelFacts, d: Degrees, batch: int, window: int) -> dict
     if d.pp > 1:
         comm["send(stage activations)"] = {"bytes": tokens * facts.boundary_width * BYTES_PARAM,
                                            "rounds": d.microbatches}
-        comm["all_reduce(gradient norm)"] = {"bytes": BYTES_PARAM, "rounds": 1}
+    comm.update(_gradient_norm_comm(facts, d))
     if d.tp > 1 and d.sp:
         comm.update(_sequence_parallel_comm(facts, d, tokens))
     elif d.tp > 1:
@@ -248,6 +250,20 @@ def predict_comm(facts: ModelFacts, d: Degrees, batch: int, window: int) -> dict
         comm["send(kv ring)"] = {"bytes": sum((forward + 2 * (d.cp - 1)) * kv + kv for kv in blocks),
                                  "rounds": len(blocks) * (forward + d.cp)}
     return comm
+
+
+def _gradient_norm_comm(facts: ModelFacts, d: Degrees) -> dict[str, dict[str, int]]:
+    """Clipping's norm (``Layout.clip_grad_norm``): a pipeline all-reduces its stages' squared norm once; with
+    tensor parallelism every parameter's norm is made whole, one scalar all-reduce per mesh dimension its
+    gradient is sharded over (FSDP2's dp/cp ranks, the tp ranks). Plain tensors (single, ddp, cp) need none;
+    nor does FSDP2 alone, whose torch ``clip_grad_norm_`` leaves the norm a partial DTensor (measured)."""
+    if d.pp > 1:
+        return {"all_reduce(gradient norm)": {"bytes": BYTES_PARAM, "rounds": 1}}
+    if d.tp == 1:
+        return {}
+    fsdp = d.grad_sync[0] == "fsdp"
+    rounds = sum(int(fsdp) + int(_tp_local(p, d.tp) != p.shape) for p in facts.params)
+    return {"all_reduce(gradient norm)": {"bytes": rounds * BYTES_PARAM, "rounds": rounds}} if rounds else {}
 
 
 def _recomputed_regions(facts: ModelFacts, d: Degrees) -> int:
@@ -273,12 +289,11 @@ def _sequence_parallel_comm(facts: ModelFacts, d: Degrees, tokens: int) -> dict[
             "all_reduce(activations)": {"bytes": 2 * regions * full, "rounds": 2 * regions}}
 
 
-def pipeline_activations(activations: int, facts: ModelFacts, d: Degrees) -> int:
-    """The largest stage's share of a per-rank forward's activations, for the microbatches alive on stage 0."""
-    blocks = facts.blocks or d.pp
-    largest = math.ceil(blocks / d.pp) / blocks
+def pipeline_activations(largest_stage: int, d: Degrees) -> int:
+    """Activations of the microbatches alive at once on a stage, from the largest stage's forward of all of this
+    rank's windows (GPipe: every microbatch's; 1F1B: at most P of M)."""
     alive = d.microbatches if d.schedule == "gpipe" else min(d.microbatches, d.pp)
-    return int(activations * largest * alive / d.microbatches)
+    return int(largest_stage * alive / d.microbatches)
 
 
 def degrees(parallel_cfg: Mapping[str, Any], world_size: int) -> Degrees:
@@ -290,51 +305,61 @@ def degrees(parallel_cfg: Mapping[str, Any], world_size: int) -> Degrees:
                    bool(parallel_cfg.get("sequence_parallel", False)), bool(parallel_cfg.get("recompute", False)))
 
 
-def measured_key(d: Degrees, windows: int, steps: int) -> tuple:
-    """Key of :func:`plan`'s ``measured`` for a forward of (windows, steps), recomputed or not."""
-    return (windows, steps, "recompute") if d.recompute else (windows, steps)
+def forward_shape(d: Degrees, windows: int, steps: int) -> ForwardShape:
+    """The forward whose saved bytes are one rank's activations under ``d``, at (windows, steps)."""
+    return ForwardShape(windows, steps, stages=d.pp, tp=d.tp, sp=d.sp, recompute=d.recompute)
+
+
+def _refusal(c: Mapping[str, Any], parallel: Mapping[str, Any], world_size: int) -> str | None:
+    """Why the layout cannot run this config on ``world_size`` ranks (the layout check's reason), or None."""
+    # The world size asked for, on one node (not the layout file's own rank count), as the refusal says.
+    asked = {**parallel, "nproc_per_node": world_size, "nnodes": 1}
+    try:
+        validate_layout({**c, "parallel": asked}, world_size)
+    except ConfigError as err:
+        return str(err)
+    batch, dp = int(c["trainer"]["batch_size"]), degrees(parallel, world_size).dp
+    if batch % dp:
+        return f"config key 'trainer.batch_size': {batch} windows do not split over {dp} data-parallel ranks"
+    return None
 
 
 def plan(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]], world_size: int, facts: ModelFacts,
-         measured: Mapping[tuple[int, int], tuple[int, int]]) -> list[Prediction]:
+         measured: Mapping[ForwardShape, tuple[int, int]]) -> list[Prediction]:
     """Predict every layout of ``layouts`` (name -> parallel config) for ``cfg``'s model, data and trainer.
 
-    ``measured`` maps a shard shape (windows, steps) to its measured (activation bytes, state bytes); the
-    caller measures the shapes :func:`shard_shapes` lists. A layout that cannot run is kept with its reason.
+    ``measured`` maps a forward (:class:`ForwardShape`) to its measured (activation bytes, state bytes); the
+    caller measures the forwards :func:`shard_shapes` lists (with
+    :func:`worldpipe.parallel.forward_memory.measure_forwards`). A layout that cannot run is kept with its reason.
     """
     c = to_container(cfg)
     batch, window = int(c["trainer"]["batch_size"]), int(c["data"]["window"])
     out = []
     for name, parallel in layouts.items():
-        try:
-            validate_layout({**c, "parallel": dict(parallel)}, world_size)
-        except ConfigError as err:
-            out.append(Prediction(name, refused=str(err)))
+        refused = _refusal(c, parallel, world_size)
+        if refused is not None:
+            out.append(Prediction(name, refused=refused))
             continue
         d = degrees(parallel, world_size)
-        if batch % d.dp:
-            out.append(Prediction(name, d, refused=f"config key 'trainer.batch_size': {batch} windows do not "
-                                                   f"split over {d.dp} data-parallel ranks"))
-            continue
-        activations = measured[measured_key(d, batch // d.dp, window // d.cp)][0]
+        activations = measured[forward_shape(d, batch // d.dp, window // d.cp)][0]
         if d.pp > 1:
-            activations = pipeline_activations(activations, facts, d)
-        state = measured[(batch // d.dp, window)][1]  # rollouts hold the whole window
+            activations = pipeline_activations(activations, d)
+        state = measured[ForwardShape(batch // d.dp, window)][1]  # rollouts hold the whole window
         out.append(Prediction(name, d, predict_memory(facts, d, activations, state),
                               predict_comm(facts, d, batch, window)))
     return out
 
 
 def shard_shapes(cfg: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]],
-                 world_size: int) -> set[tuple[int, int]]:
-    """The (windows, steps) shapes whose single-process forward :func:`plan` needs measured."""
+                 world_size: int) -> set[ForwardShape]:
+    """The forwards :func:`plan` needs measured: those of the layouts that can run."""
     c = to_container(cfg)
     batch, window = int(c["trainer"]["batch_size"]), int(c["data"]["window"])
     shapes = set()
     for parallel in layouts.values():
-        d = degrees(parallel, world_size)
-        if d.dp * d.tp * d.cp * d.pp == world_size and batch % d.dp == 0 and window % d.cp == 0:
-            shapes |= {measured_key(d, batch // d.dp, window // d.cp), (batch // d.dp, window)}
+        if _refusal(c, parallel, world_size) is None:
+            d = degrees(parallel, world_size)
+            shapes |= {forward_shape(d, batch // d.dp, window // d.cp), ForwardShape(batch // d.dp, window)}
     return shapes
 
 

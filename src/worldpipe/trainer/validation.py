@@ -58,7 +58,7 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
             "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
         )
     # The layout's own rules (degrees, model axes); imported here for the same reason (torch start-up).
-    from worldpipe.parallel.layout import validate_layout
+    from worldpipe.parallel.validation import validate_layout
 
     validate_layout(c, world_size)
 
