@@ -24,6 +24,7 @@ from .retention import select_deletions
 from .state import snapshot_state, validate_state
 from .stores import Store, open_store
 from .structure import tensor_table
+from .thread_pool import background_executor
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -53,11 +54,13 @@ class CheckpointManager:
     ``storage_options`` go to fsspec). ``keep_last`` (>= 2) intact checkpoints are kept, plus every step that
     is a multiple of ``keep_every``. ``verify`` selects how loads check files against the manifest: ``"size"``,
     ``"sha256"``, or ``"first"`` (sha256 the first time a step is loaded/selected in this process, sizes after).
-    With ``async_save`` a save copies the state (the only stall) and publishes on a background thread.
+    With ``async_save`` a save copies the state (the only stall) and publishes on a background thread, at the
+    lowest CPU priority unless ``background_priority`` is False (a benchmark's before).
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 2, keep_every: int | None = None,
-                 async_save: bool = False, verify: str = "first", storage_options: Mapping | None = None) -> None:
+                 async_save: bool = False, verify: str = "first", storage_options: Mapping | None = None,
+                 background_priority: bool = True) -> None:
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 2:
             # One checkpoint is no fallback: a corrupt newest one would leave nothing to resume from.
             raise ValueError(f"keep_last must be an int >= 2, got {keep_last!r}")
@@ -72,6 +75,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
+        self.background_priority = background_priority
         self.verify_mode = verify
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
@@ -111,7 +115,8 @@ class CheckpointManager:
         if optimizer is not None and id(optimizer) not in self._guards:
             self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
+            self._executor = (background_executor("ckpt-writer") if self.background_priority
+                              else ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer"))
         self._inflight = self._executor.submit(self._publish_in_background, step, snapshot, self._copy)
 
     def before_optimizer_step(self) -> None:

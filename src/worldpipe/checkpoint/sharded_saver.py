@@ -24,6 +24,7 @@ from .digest import state_digest
 from .resharding import lazy_state
 from .sharded_publication import publish_shards
 from .state import snapshot_state, validate_state
+from .thread_pool import background_executor
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -73,7 +74,7 @@ class ShardedSaver:
         if optimizer is not None and id(optimizer) not in self._guards:
             self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
         if self._executor is None:  # one long-lived thread: no thread start on the training thread's clock
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-sharded-writer")
+            self._executor = background_executor("ckpt-sharded-writer")
         self._inflight = self._executor.submit(self._publish, step, local, self._copy)
 
     def _publish(self, step: int, local: shards.LocalShards, copy: DeferredCopy | None) -> None:
