@@ -55,3 +55,16 @@ def test_a_benchmark_can_keep_the_writer_at_normal_priority(tmp_path):
         writer = [t for t in threading.enumerate() if t.name.startswith("ckpt-writer_")
                   and t.native_id is not None and nice_of(t) == base]
         assert writer, "the normal-priority writer thread"
+
+
+def test_a_save_that_is_waited_for_publishes_on_the_callers_thread(tmp_path):
+    # A final save is waited for anyway: at background priority the machine's other work could starve it.
+    from worldpipe.checkpoint.fault import hooked
+
+    publishers = []
+    with (hooked("before_files", lambda step: publishers.append((step, threading.current_thread()))),
+          CheckpointManager(tmp_path, async_save=True) as manager):
+        manager.save(1, example_state(seed=1))
+        manager.save(2, example_state(seed=2), wait=True)  # waits for step 1 first, then publishes step 2 here
+        assert not manager.publishing() and [i.step for i in manager.list()] == [1, 2]
+    assert publishers[0][1] is not threading.main_thread() and publishers[1] == (2, threading.main_thread())
