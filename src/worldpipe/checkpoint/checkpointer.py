@@ -236,7 +236,7 @@ class Checkpointer:
             if self.listener is not None:
                 self.listener.before_publish(step)
             self._records[step] = {k: state[k] for k in (layout.PROGRESS, layout.SAMPLER, layout.RNG)}
-        self.saver.save(step, state, self.components.optimizer)
+        self.saver.save(step, state, self.components.optimizer, wait=final)
         if final or not self.cfg["async_save"]:
             self.saver.wait()
         digests = {}

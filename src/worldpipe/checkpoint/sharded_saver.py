@@ -48,18 +48,20 @@ class ShardedSaver:
         self._buffers: dict = {}
         self._guards: dict[int, Any] = {}
 
-    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None,
+             wait: bool = False) -> None:
         """Publish ``state`` (see :func:`.sharded_publication.save_sharded` for what each rank passes).
 
         Sync: returns once durable. Async: returns after the snapshot (the copy of what ``optimizer.step()``
-        writes continues in the background when ``optimizer`` is given).
+        writes continues in the background when ``optimizer`` is given). ``wait`` (every rank alike): publish on
+        this thread, as a sync save does (a final save is waited for anyway; see CheckpointManager.save).
         """
         layout.step_dir_name(step)
         if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):
             raise ValueError("state['model'] must be a dict of tensors")
         self.wait()
         local = shards.split_state(state)
-        if not self.async_save:
+        if not self.async_save or wait:
             self._publish(step, local, None)
             return
         if local.skeleton.get(layout.PROGRESS) is not None:
