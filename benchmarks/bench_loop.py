@@ -22,7 +22,8 @@ Whole-run views, in the same run:
   for async saves. On a shared machine the runs of one contender differ by more than the target between rounds,
   so each is also given paired (``..._paired``: the median over rounds of that round's with/without - 1, the two
   runs adjacent in time) and from the trainer's own clock (``checkpoint_share_of_wall``: the loop's time inside
-  checkpoint saves over its wall time; a background writer's slowdown of later steps is not in it).
+  checkpoint saves, less that of the run without cadence saves (both save the final step), over its wall time;
+  a background writer's slowdown of later steps is not in it).
 * ``wall_split`` per trainer contender: where the training loop's wall time went (the trainer's own part
   clock, all steps): ``compute`` (forward, backward, optimizer; under DDP this includes the gradient
   all-reduce it overlaps), ``waiting_io`` (the next batch, checkpoint saves, tracking records),
@@ -162,8 +163,10 @@ def run_level_overheads(report: dict, cadence: int) -> None:
                             ("async", WITH_ASYNC_CHECKPOINTS, "run_level_async_checkpoint_overhead")):
         report[key] = contenders[name]["mean_ms"] / without["mean_ms"] - 1
         report[f"{key}_paired"] = paired_overhead(contenders[name]["round_means_ms"], without["round_means_ms"])
-        split = contenders[name].get("wall_split")
-        share = split["parts_s"].get("checkpoint", 0.0) / split["wall_s"] if split else None
+        split, base = contenders[name].get("wall_split"), without.get("wall_split")
+        # Less the run without cadence saves' own time in saves: both save the final step.
+        share = ((split["parts_s"].get("checkpoint", 0.0) - base["parts_s"].get("checkpoint", 0.0)) / split["wall_s"]
+                 if split and base else None)
         contenders[name]["checkpoint_share_of_wall"] = share
         print(f"run-level checkpoint overhead, {kind} saves every {cadence} steps: {100 * report[key]:+.2f}% "
               f"(paired by round {100 * report[f'{key}_paired']:+.2f}%"

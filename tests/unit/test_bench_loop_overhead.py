@@ -31,9 +31,9 @@ def test_overheads_pair_each_round_and_read_the_trainers_clock(bench_loop, capsy
     # The load doubles between rounds: each round's pair costs 2% (sync) and 1% (async) however loaded it was.
     without = [10.0, 20.0, 40.0]
     report = {"contenders": {
-        bench_loop.WITHOUT_CHECKPOINTS: _contender(without),
-        bench_loop.WITH_CHECKPOINTS: _contender([1.02 * t for t in without], checkpoint_s=0.2),
-        bench_loop.WITH_ASYNC_CHECKPOINTS: _contender([1.01 * t for t in without], checkpoint_s=0.05),
+        bench_loop.WITHOUT_CHECKPOINTS: _contender(without, checkpoint_s=0.1),  # its final save
+        bench_loop.WITH_CHECKPOINTS: _contender([1.02 * t for t in without], checkpoint_s=0.3),
+        bench_loop.WITH_ASYNC_CHECKPOINTS: _contender([1.01 * t for t in without], checkpoint_s=0.15),
     }}
     bench_loop.run_level_overheads(report, 250)
     assert report["run_level_checkpoint_overhead_paired"] == pytest.approx(0.02)
