@@ -13,6 +13,7 @@ import zipfile
 import pytest
 
 from pipeline_project import Project, planned_jobs
+from worldpipe.config.compose import compose_config
 
 # Seven benchmarks, each starting processes (torchrun ranks, servers, training runs): minutes on a busy 2-core box.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -71,7 +72,9 @@ def _ratio_fields(bench: dict) -> None:
     _startup_shows_sync_and_background_run_start(bench["startup"])
     assert bench["loop"]["loop_ratio"] > 0 and bench["loop"]["steps"] == TINY["loop"]["steps"]
     assert "trainer, compiled" not in bench["loop"]["contenders"]  # no_compile: true reached the CLI
-    assert "run_level_checkpoint_overhead" in bench["loop"]
+    assert "run_level_checkpoint_overhead" in bench["loop"] and "run_level_async_checkpoint_overhead" in bench["loop"]
+    # The cadence conf/checkpoint ships (read from the composed config), not the smoke experiment's own.
+    assert bench["loop"]["checkpoint_every"] == compose_config([]).checkpoint.every != 10
     pipeline = bench["pipeline"]["rows"]
     assert [r["microbatches"] for r in pipeline] == [1, 2, 4, 8]
     assert [r["idle_model"] for r in pipeline] == [1 / 2, 1 / 3, 1 / 5, 1 / 9]  # P = 2

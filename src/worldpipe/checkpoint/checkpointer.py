@@ -214,7 +214,8 @@ class Checkpointer:
         if self.listener is not None:
             self.listener.before_publish(step)
         # Async: the copy of what optimizer.step() writes overlaps the next forward/backward (a step pre-hook waits).
-        self.manager.save(step, state, optimizer=self.components.optimizer)
+        # The final save is waited for: it publishes on this thread, not on the background-priority writer.
+        self.manager.save(step, state, optimizer=self.components.optimizer, wait=final)
         digest = state_digest(state)  # now, before the next step changes the live tensors
         if self.listener is not None:
             self._undurable.append(self.listener.published(step, state, digest))
@@ -235,7 +236,7 @@ class Checkpointer:
             if self.listener is not None:
                 self.listener.before_publish(step)
             self._records[step] = {k: state[k] for k in (layout.PROGRESS, layout.SAMPLER, layout.RNG)}
-        self.saver.save(step, state, self.components.optimizer)
+        self.saver.save(step, state, self.components.optimizer, wait=final)
         if final or not self.cfg["async_save"]:
             self.saver.wait()
         digests = {}

@@ -14,7 +14,8 @@ from typing import Any
 
 from . import layout, shards
 from .state import from_portable, rng_view, to_portable, validate_state
-from .tensorfile import EncodedFile, Segment, encode_with_fallback
+from .tensorfile import EncodedFile, Segment, encode
+from .tensorfile import encode_with_fallback as _encode_with_fallback
 
 
 @dataclass
@@ -35,9 +36,15 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
 
 
-def encode_state(state: Mapping) -> tuple[list[PendingFile], dict]:
-    """Files for ``state`` and the manifest's ``contents`` table (state key -> relative path(s))."""
+def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFile], dict]:
+    """Files for ``state`` and the manifest's ``contents`` table (state key -> relative path(s)).
+
+    Tensor bytes are referenced, never read, unless an object needs ``torch.save``'s fallback; with
+    ``fallback=False`` such an object raises :class:`.tensorfile.UnsupportedObject` instead, so a snapshot whose
+    copy is still running can be encoded without reading it.
+    """
     validate_state(state)
+    encode_with_fallback = _encode_with_fallback if fallback else encode
     files: list[PendingFile] = []
     contents: dict[str, Any] = {}
     for key in layout.TENSOR_KEYS:

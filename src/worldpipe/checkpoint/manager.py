@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import fault, layout
-from .codec import decode_state, encode_state, files_for_keys
+from .codec import PendingFile, decode_state, encode_state, files_for_keys
 from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError, load_error_line
@@ -24,6 +24,8 @@ from .retention import select_deletions
 from .state import snapshot_state, validate_state
 from .stores import Store, open_store
 from .structure import tensor_table
+from .tensorfile import UnsupportedObject
+from .thread_pool import background_executor
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -45,6 +47,15 @@ class CheckpointInfo:
     is_latest: bool
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What a publication writes, encoded from the state (tensor bytes referenced, not yet read)."""
+    files: list[PendingFile]
+    contents: dict
+    identity: Mapping
+    tensors: list[dict]
+
+
 class CheckpointManager:
     """Publishes, verifies and loads the checkpoints of one run (single writer: rank 0).
 
@@ -53,11 +64,13 @@ class CheckpointManager:
     ``storage_options`` go to fsspec). ``keep_last`` (>= 2) intact checkpoints are kept, plus every step that
     is a multiple of ``keep_every``. ``verify`` selects how loads check files against the manifest: ``"size"``,
     ``"sha256"``, or ``"first"`` (sha256 the first time a step is loaded/selected in this process, sizes after).
-    With ``async_save`` a save copies the state (the only stall) and publishes on a background thread.
+    With ``async_save`` a save copies the state (the only stall) and publishes on a background thread, at the
+    lowest CPU priority unless ``background_priority`` is False (a benchmark's before).
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 2, keep_every: int | None = None,
-                 async_save: bool = False, verify: str = "first", storage_options: Mapping | None = None) -> None:
+                 async_save: bool = False, verify: str = "first", storage_options: Mapping | None = None,
+                 background_priority: bool = True) -> None:
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 2:
             # One checkpoint is no fallback: a corrupt newest one would leave nothing to resume from.
             raise ValueError(f"keep_last must be an int >= 2, got {keep_last!r}")
@@ -72,6 +85,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
+        self.background_priority = background_priority
         self.verify_mode = verify
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
@@ -83,7 +97,8 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None,
+             wait: bool = False) -> None:
         """Publish ``state`` as checkpoint ``step``.
 
         Sync: returns once the checkpoint is durable and ``latest`` names it. Async: returns after copying the
@@ -92,14 +107,16 @@ class CheckpointManager:
         Async with ``optimizer``: the tensors ``optimizer.step()`` writes (parameters, optimizer state) are
         copied on a background thread too; the optimizer's next ``step()`` waits for that copy (a step
         pre-hook, or call :meth:`before_optimizer_step`), so the copy overlaps the next forward and backward.
+        ``wait``: publish on this thread as a sync save does, async or not (a final save that is waited for
+        anyway must not wait for a background-priority writer that the machine's other work starves).
         """
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
         layout.step_dir_name(step)
         validate_state(state)
         self._collect()
-        if not self.async_save:
-            self._publish(step, state)
+        if not self.async_save or wait:
+            self._publish(step, self._prepare(state))
             return
         buffers: dict = {}
         pairs: list = []
@@ -111,8 +128,13 @@ class CheckpointManager:
         if optimizer is not None and id(optimizer) not in self._guards:
             self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
-        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot, self._copy)
+            self._executor = (background_executor("ckpt-writer") if self.background_priority
+                              else ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer"))
+        try:  # here, not on the writer: its Python work would hold the GIL at background priority
+            prepared = self._prepare(snapshot, fallback=False)
+        except UnsupportedObject:  # torch.save's fallback reads the bytes: only once the copy is complete
+            prepared = None
+        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot, self._copy, prepared)
 
     def before_optimizer_step(self) -> None:
         """Block until the background copy of the last async save is complete (the optimizer may step then)."""
@@ -157,18 +179,23 @@ class CheckpointManager:
             if error is not None:
                 raise error
 
-    def _publish_in_background(self, step: int, state: Mapping, copy: DeferredCopy | None = None) -> None:
+    def _publish_in_background(self, step: int, state: Mapping, copy: DeferredCopy | None,
+                               prepared: _Prepared | None) -> None:
         try:
             if copy is not None:
                 copy.wait()
-            self._publish(step, state)
+            self._publish(step, prepared or self._prepare(state))
         except BaseException as exc:
             # Logged now (the process may never call save/wait/close again) and re-raised by _collect().
             logger.error("background save of step %d failed: %s", step, exc)
             raise
 
-    def _publish(self, step: int, state: Mapping) -> None:
-        files, contents = encode_state(state)
+    @staticmethod
+    def _prepare(state: Mapping, fallback: bool = True) -> _Prepared:
+        files, contents = encode_state(state, fallback)
+        return _Prepared(files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state))
+
+    def _publish(self, step: int, prepared: _Prepared) -> None:
         with self.store.writer_lock(step), fault.publishing(step):
             try:
                 removed = self.store.remove_leftovers()
@@ -176,7 +203,7 @@ class CheckpointManager:
                 raise CheckpointWriteError(step, self.root, f"cannot remove leftovers: {exc}") from exc
             for path in removed:
                 logger.warning("removed leftover of an interrupted save or deletion: %s", path)
-            self.store.publish(step, files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state))
+            self.store.publish(step, prepared.files, prepared.contents, prepared.identity, prepared.tensors)
             self.retain_after(step)
 
     def retain_after(self, step: int) -> None:

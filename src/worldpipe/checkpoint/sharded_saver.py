@@ -24,6 +24,7 @@ from .digest import state_digest
 from .resharding import lazy_state
 from .sharded_publication import publish_shards
 from .state import snapshot_state, validate_state
+from .thread_pool import background_executor
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -47,18 +48,20 @@ class ShardedSaver:
         self._buffers: dict = {}
         self._guards: dict[int, Any] = {}
 
-    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None,
+             wait: bool = False) -> None:
         """Publish ``state`` (see :func:`.sharded_publication.save_sharded` for what each rank passes).
 
         Sync: returns once durable. Async: returns after the snapshot (the copy of what ``optimizer.step()``
-        writes continues in the background when ``optimizer`` is given).
+        writes continues in the background when ``optimizer`` is given). ``wait`` (every rank alike): publish on
+        this thread, as a sync save does (a final save is waited for anyway; see CheckpointManager.save).
         """
         layout.step_dir_name(step)
         if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):
             raise ValueError("state['model'] must be a dict of tensors")
         self.wait()
         local = shards.split_state(state)
-        if not self.async_save:
+        if not self.async_save or wait:
             self._publish(step, local, None)
             return
         if local.skeleton.get(layout.PROGRESS) is not None:
@@ -73,7 +76,7 @@ class ShardedSaver:
         if optimizer is not None and id(optimizer) not in self._guards:
             self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
         if self._executor is None:  # one long-lived thread: no thread start on the training thread's clock
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-sharded-writer")
+            self._executor = background_executor("ckpt-sharded-writer")
         self._inflight = self._executor.submit(self._publish, step, local, self._copy)
 
     def _publish(self, step: int, local: shards.LocalShards, copy: DeferredCopy | None) -> None:
