@@ -2,8 +2,9 @@
 every layout's training step equals the single-process reference on the same global batch.
 
 Tolerances: the ring and scan checks run in float64 (1e-10: rounding only). The layout checks run the models
-in float32; gradients agree to 1e-5 absolute (observed: ~3e-7; reductions are reordered across ranks), the
-loss to 1e-6 relative, parameters after one AdamW step to 1e-6.
+in float32; gradients agree to 1e-5 of the largest gradient, or absolute where that is below 1 (observed: ~3e-7;
+reductions are reordered across ranks; the pixel model's loss sums over every pixel, so its gradients reach ~25
+and differ by ~3.5e-5 under fsdp2), the loss to 1e-6 relative, parameters after one AdamW step to 1e-6.
 """
 
 import json
@@ -55,7 +56,7 @@ def test_scan_over_real_ranks_with_unequal_chunks(tmp_path, env_with_venv):
 def assert_matches_reference(results: list[dict]) -> None:
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-6 * abs(r["ref_loss"]), r
-        assert r["grad_diff"] <= 1e-5, r
+        assert r["grad_diff"] <= 1e-5 * max(1.0, r["grad_scale"]), r
         assert r["param_diff_after_step"] <= 1e-6, r
         assert r["grad_scale"] > 1e-2  # the gradients compared are not all zero
 
