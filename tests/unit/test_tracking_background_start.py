@@ -73,7 +73,7 @@ def test_a_segment_ended_at_once_still_gets_its_run_and_a_system_sample(
     assert [s for s, _, _ in histories(client, run_id, ["lr"])["lr"]] == list(range(1, 11))
 
 
-def test_host_samples_taken_before_the_run_existed_are_logged_first_and_none_reads_an_unprimed_zero(sqlite_uri):
+def test_host_samples_taken_before_the_run_existed_are_logged_first(sqlite_uri):
     # The background start creates the run seconds into training, about as long as a short run lasts: what the
     # host did meanwhile must reach the run, numbered before what is sampled after it exists.
     sampler = SystemMetricsSampler(0.05, sqlite_uri).start()
@@ -89,8 +89,6 @@ def test_host_samples_taken_before_the_run_existed_are_logged_first_and_none_rea
     memory = client.get_metric_history(run_id, SYSTEM_PREFIX + "system_memory_usage_megabytes")
     assert len(memory) >= 9 and sorted(m.step for m in memory) == list(range(len(memory))), len(memory)
     assert all(m.value > 0 for m in memory)
-    busy = [m.value for m in client.get_metric_history(run_id, SYSTEM_PREFIX + "cpu_utilization_percentage")]
-    assert busy[0] > 0 or max(busy) == 0, busy  # the first point measures since start(), not psutil's unset 0
 
 
 def system_metric_samplers() -> list[threading.Thread]:
