@@ -64,6 +64,7 @@ def assert_killed_mid_files(root: Path, step: int, previous: int) -> None:
     assert (root / "latest").read_text().strip() == f"step-{previous:06d}"
 
 
+@pytest.mark.slow  # 15 s of torchrun: the default tier's budget is 5 minutes
 def test_each_rank_resumes_with_the_rng_state_it_saved(tmp_path, smoke_dataset, env_with_venv, capsys):
     """Killed inside the save of step 4 (step 2 is the newest intact), resumed: at step 3 every rank draws
     from the state it saved at step 2 and from the very state the killed process drew from."""

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline_project import plan_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two dataset builds: ~23 s
 
 
 def smoke_datasets(repo: Path) -> dict[str, str]:

@@ -103,7 +103,8 @@ def test_two_dimensional_mesh_step_equals_single_process(tmp_path, env_with_venv
     assert results[0]["layout"] == {"strategy": case[1], "dp": dp, "tp": case[2], "cp": case[3], **stages}
 
 
-@pytest.mark.parametrize(("tp", "cp"), [(2, 1), pytest.param(2, 2, marks=pytest.mark.slow)], ids=["dp_tp", "tp_cp"])
+@pytest.mark.parametrize(("tp", "cp"), [pytest.param(2, 1, marks=pytest.mark.slow), pytest.param(2, 2, marks=pytest.mark.slow)],
+                         ids=["dp_tp", "tp_cp"])
 def test_shard_index_of_a_tensor_parallel_model_covers_every_element_once(tmp_path, env_with_venv, tp, cp):
     # 4 gloo ranks, mesh dp×tp or cp×tp = 2×2: tensor-parallel weights are 2-D DTensors on the whole mesh; the
     # modules tp leaves whole are sharded by FSDP over a submesh ("dp", or dp×cp flattened), replicated across tp.
