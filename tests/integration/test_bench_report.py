@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(150
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY = {
-    "comm": {"nproc": 2, "max_mb": 1, "repeat": 1},
+    "comm": {"nproc": 2, "max_mb": 1, "rounds": 2, "repeat": 1},
     "checkpoint": {"mb": 1, "repeat": 1, "step_s": 0.05, "ranks": 2},
     "rollout": {"duration_s": 0.5, "loop_steps": 3},
     "startup": {"repeats": 1},
@@ -125,6 +125,10 @@ def _comm_agrees_with_its_exact_models(comm: dict) -> None:
     # Not speed: quantities the benchmark counts exactly, which must equal their closed forms on any machine.
     assert [r["bytes"] for r in comm["all_reduce"]] == [1024 * 2**k for k in range(11)]  # 1 KB .. 1 MB, x2
     assert all("fit_error" in r for r in comm["all_reduce"])
+    # The fitted time of a size is the mean of its samples (what a run pays per call), one sample per round.
+    rounds = TINY["comm"]["rounds"]
+    assert all(len(r["samples_s"]) == rounds and r["seconds"] == pytest.approx(sum(r["samples_s"]) / rounds)
+               for r in comm["all_reduce"])
     # Counted bytes are what the ring sends: exactly the model (N-1)·S·d_kv/N on every rank.
     assert all(r["bytes_sent"] == r["model_bytes"] for r in comm["ring_attention"])
     # Parameters, gradients and Adam state per rank follow the ZeRO formulas (FSDP2 pads uneven shards: 5%).
