@@ -17,6 +17,11 @@ time is not, so ``fraction_of_peak_best`` (the fastest step against the same pea
 ``fraction_of_peak_cpu``: the step's FLOPs over its thread CPU time against the peak by CPU time (both the calling
 thread's ``time.thread_time``), which time other processes take from this one does not enter.
 
+``matmul_floor``: every matmul one model step makes (recorded by a dispatch mode, grouped by operand shapes and
+strides) replayed alone on fresh operands, best of 30 calls each, summed: the step's time if it did nothing but
+its matmuls. Its fraction of peak is the most these shapes allow (16-row GEMMs reach half the peak here); its
+share of the step says how much of the rest is element-wise work, copies and dispatch.
+
     worldpipe bench step [--experiment pendulum_rssm] [--rounds 5] [--steps 20] [--out results/bench/step.json]
 """
 
@@ -120,6 +125,47 @@ def timed(fn, calls: int, warmup: int = 3, cpu: list[float] | None = None) -> li
     return out
 
 
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def _operand_like(t: torch.Tensor) -> torch.Tensor:
+    """A random tensor of ``t``'s shape and strides (a transposed operand stays transposed: MKL's path differs)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).normal_()
+
+
+def step_matmuls(step) -> dict[tuple, dict]:
+    """The matmul-class calls of one call of ``step``, grouped by operator and operand shapes and strides."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: dict[tuple, dict] = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in MATMULS:
+                tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+                key = (name, *((tuple(t.shape), t.stride()) for t in tensors))
+                calls.setdefault(key, {"func": func, "operands": tensors, "count": 0})["count"] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        step()
+    return calls
+
+
+def matmul_floor(step, repeat: int = 30) -> dict:
+    """Seconds of one step's matmuls alone, each shape replayed on fresh operands (best of ``repeat`` calls):
+    the time the step would take if it did nothing else, and the highest fraction of peak its shapes allow."""
+    total, shapes = 0.0, []
+    for key, call in step_matmuls(step).items():
+        operands = [_operand_like(t) for t in call["operands"]]
+        best = min(timed(lambda f=call["func"], o=operands: f(*o), calls=repeat, warmup=3))
+        total += best * call["count"]
+        shapes.append({"op": key[0], "shapes": [list(shape) for shape, _ in key[1:]], "calls": call["count"],
+                       "best_us": 1e6 * best})
+    return {"seconds": total, "distinct_shapes": len(shapes), "shapes": shapes}
+
+
 def mm_peak(sizes: list[int], cpu_rates: dict[str, float] | None = None) -> dict[str, float]:
     """GFLOP/s of fp32 ``torch.mm`` per square size (best of a few calls each); by CPU time into ``cpu_rates``."""
     rates = {}
@@ -219,9 +265,11 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     steps, about = contenders(args)
     flops = {name: step_flops(step) for name, step in steps.items()}
+    floor = matmul_floor(steps["model"])
     cpu: dict[str, list] = {}
     samples = measure_rounds(args, steps, cpu)
     report = summarize(samples, flops, about, args, load_before, cpu)
+    report["matmul_floor"] = describe_floor(floor, report, flops["model"])
     for name, c in report["contenders"].items():
         print(f"{name:14s} {c['step_ms']:7.2f} ms/step  {c['flops'] / 1e6:7.1f} MFLOP  {c['gflops']:6.1f} GFLOP/s"
               f"  {c['fraction_of_peak']:.3f} of peak (best step {c['best_step_ms']:.2f} ms: "
@@ -229,8 +277,22 @@ def main(argv=None) -> int:
     print(f"peak {report['peak_gflops']:.1f} GFLOP/s (fp32 mm, {args.threads} thread(s)); model step at "
           f"{report['fraction_of_peak']:.3f} of peak (target >= {TARGET_FRACTION_OF_PEAK}); by CPU time "
           f"{report['fraction_of_peak_cpu']:.3f} of the CPU-time peak {report['peak_gflops_cpu']:.1f} GFLOP/s")
+    floor = report["matmul_floor"]
+    print(f"matmul floor: the step's {floor['calls']} matmuls ({floor['distinct_shapes']} shapes) alone take "
+          f"{floor['ms']:.2f} ms = {floor['fraction_of_peak']:.3f} of peak at best; they are "
+          f"{floor['share_of_step']:.0%} of the model's step, the other {1 - floor['share_of_step']:.0%} is "
+          f"element-wise work, copies and dispatch")
     publish_result(report, args.out, plot)
     return 0
+
+
+def describe_floor(floor: dict, report: dict, flops: int) -> dict:
+    """The matmul floor beside the step: its time, the fraction of peak its shapes reach, its share of the step."""
+    return {"ms": 1e3 * floor["seconds"], "calls": sum(s["calls"] for s in floor["shapes"]),
+            "distinct_shapes": floor["distinct_shapes"],
+            "fraction_of_peak": flops / floor["seconds"] / 1e9 / report["peak_gflops"],
+            "share_of_step": 1e3 * floor["seconds"] / report["contenders"]["model"]["step_ms"],
+            "shapes": floor["shapes"]}
 
 
 def plot(report: dict, path: Path) -> None:

@@ -135,3 +135,14 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
     assert model["flops"] == pytest.approx(per_step["flops"], rel=0.02)
     assert result["fraction_of_peak"] == model["fraction_of_peak"] and isinstance(result["meets_target"], bool)
     assert result["machine"]["load_average_before"] and out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    # The matmul floor replays exactly the step's matmuls: their FLOPs are the step's, and alone they are faster.
+    floor = result["matmul_floor"]
+    assert sum(_matmul_flops(s) * s["calls"] for s in floor["shapes"]) == model["flops"]
+    assert floor["fraction_of_peak"] > model["fraction_of_peak"] and 0 < floor["share_of_step"] < 1
+
+
+def _matmul_flops(call: dict) -> int:
+    """2·m·k·n (times the batch of a bmm) of one recorded matmul from its operand shapes."""
+    *_, left, right = call["shapes"]  # addmm/baddbmm: the bias comes first
+    batch = left[0] if len(left) == 3 else 1
+    return 2 * batch * left[-2] * left[-1] * right[-1]
