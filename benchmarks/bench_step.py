@@ -20,7 +20,8 @@ thread's ``time.thread_time``), which time other processes take from this one do
 ``matmul_floor``: every matmul one model step makes (recorded by a dispatch mode, grouped by operand shapes and
 strides) replayed alone on fresh operands, best of 30 calls each, summed: the step's time if it did nothing but
 its matmuls. Its fraction of peak is the most these shapes allow (16-row GEMMs reach half the peak here); its
-share of the step says how much of the rest is element-wise work, copies and dispatch.
+share of the step says how much of the rest is element-wise work, copies and dispatch; ``operator_calls``
+counts every operator the step calls (views included), each paying the dispatcher's fixed cost.
 
     worldpipe bench step [--experiment pendulum_rssm] [--rounds 5] [--steps 20] [--out results/bench/step.json]
 """
@@ -133,8 +134,9 @@ def _operand_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).normal_()
 
 
-def step_matmuls(step) -> dict[tuple, dict]:
-    """The matmul-class calls of one call of ``step``, grouped by operator and operand shapes and strides."""
+def step_matmuls(step, operators: dict[str, int] | None = None) -> dict[tuple, dict]:
+    """The matmul-class calls of one call of ``step``, grouped by operator and operand shapes and strides; every
+    operator call (views included) counted by name into ``operators`` when given."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     calls: dict[tuple, dict] = {}
@@ -142,6 +144,8 @@ def step_matmuls(step) -> dict[tuple, dict]:
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.overloadpacket.__name__
+            if operators is not None:
+                operators[name] = operators.get(name, 0) + 1
             if name in MATMULS:
                 tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
                 key = (name, *((tuple(t.shape), t.stride()) for t in tensors))
@@ -156,14 +160,15 @@ def step_matmuls(step) -> dict[tuple, dict]:
 def matmul_floor(step, repeat: int = 30) -> dict:
     """Seconds of one step's matmuls alone, each shape replayed on fresh operands (best of ``repeat`` calls):
     the time the step would take if it did nothing else, and the highest fraction of peak its shapes allow."""
-    total, shapes = 0.0, []
-    for key, call in step_matmuls(step).items():
+    total, shapes, operators = 0.0, [], {}
+    for key, call in step_matmuls(step, operators).items():
         operands = [_operand_like(t) for t in call["operands"]]
         best = min(timed(lambda f=call["func"], o=operands: f(*o), calls=repeat, warmup=3))
         total += best * call["count"]
         shapes.append({"op": key[0], "shapes": [list(shape) for shape, _ in key[1:]], "calls": call["count"],
                        "best_us": 1e6 * best})
-    return {"seconds": total, "distinct_shapes": len(shapes), "shapes": shapes}
+    return {"seconds": total, "distinct_shapes": len(shapes), "shapes": shapes,
+            "operator_calls": sum(operators.values()), "operator_calls_by_name": operators}
 
 
 def mm_peak(sizes: list[int], cpu_rates: dict[str, float] | None = None) -> dict[str, float]:
@@ -281,7 +286,7 @@ def main(argv=None) -> int:
     print(f"matmul floor: the step's {floor['calls']} matmuls ({floor['distinct_shapes']} shapes) alone take "
           f"{floor['ms']:.2f} ms = {floor['fraction_of_peak']:.3f} of peak at best; they are "
           f"{floor['share_of_step']:.0%} of the model's step, the other {1 - floor['share_of_step']:.0%} is "
-          f"element-wise work, copies and dispatch")
+          f"element-wise work, copies and dispatch of {floor['operator_calls']} operator calls per step")
     publish_result(report, args.out, plot)
     return 0
 
@@ -292,7 +297,8 @@ def describe_floor(floor: dict, report: dict, flops: int) -> dict:
             "distinct_shapes": floor["distinct_shapes"],
             "fraction_of_peak": flops / floor["seconds"] / 1e9 / report["peak_gflops"],
             "share_of_step": 1e3 * floor["seconds"] / report["contenders"]["model"]["step_ms"],
-            "shapes": floor["shapes"]}
+            "shapes": floor["shapes"], "operator_calls": floor["operator_calls"],
+            "operator_calls_by_name": floor["operator_calls_by_name"]}
 
 
 def plot(report: dict, path: Path) -> None:

@@ -139,6 +139,8 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
     floor = result["matmul_floor"]
     assert sum(_matmul_flops(s) * s["calls"] for s in floor["shapes"]) == model["flops"]
     assert floor["fraction_of_peak"] > model["fraction_of_peak"] and 0 < floor["share_of_step"] < 1
+    by_name = floor["operator_calls_by_name"]
+    assert floor["operator_calls"] == sum(by_name.values()) > by_name["mm"] + by_name["addmm"] == floor["calls"]
 
 
 def _matmul_flops(call: dict) -> int:
