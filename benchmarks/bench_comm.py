@@ -11,8 +11,8 @@ Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures,
   either running or has to be woken by the hypervisor), so the median jumps between the modes from run to run
   (1 KB: 0.65 or 1.4 ms) while the mean of 60 samples moves by a few percent. Fitted with the ring model
   T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G piecewise, up to three regimes (latency-bound, cache-resident,
-  memory-bound copies), each with its own alpha and beta and >= 3 sizes, breakpoints where the largest relative
-  error is least (least squares on relative error within each regime); the fit error per size, the largest
+  memory-bound copies), each with its own alpha and beta and >= 3 sizes, breakpoints where the summed squared
+  relative error over all sizes is least (least squares on relative error within each regime); the fit error per size, the largest
   error at >= 1 MB (target 15%) beside the measurement's own spread there, alpha fitted to odd and even samples
   separately (its stability), and the one-line fit over all sizes for comparison; plot ``comm_allreduce.png``.
 * ring attention: bytes sent per rank (counted at the send calls) vs the model (N-1)·S·d_kv/N, with S the
@@ -76,9 +76,9 @@ def _calls_per_sample(fn) -> int:
     return min(int(calls), 10_000)
 
 
-def measure_all_reduce(max_mb: int, repeat: int, device: torch.device, step: int = 2) -> list[dict]:
+def measure_all_reduce(max_mb: int, rounds: int, device: torch.device, step: int = 2) -> list[dict]:
     """all_reduce seconds per call per message size (bytes of fp32, 1 KB .. ``max_mb`` MB, x``step``): mean, median
-    and p10/p90 over ``repeat`` samples, each the slowest rank's (the collective ends when its last rank does).
+    and p10/p90 over ``rounds`` samples, each the slowest rank's (the collective ends when its last rank does).
 
     Sizes are interleaved: every round takes one sample of every size, so a change of the machine's load during
     the run shifts all sizes alike instead of bending the curve between neighbouring sizes.
@@ -92,7 +92,7 @@ def measure_all_reduce(max_mb: int, repeat: int, device: torch.device, step: int
     buffers = {g: torch.ones(g // 4, device=device) for g in sizes}
     calls = {g: _calls_per_sample(_one_all_reduce(buffers[g], device)) for g in sizes}
     samples: dict[int, list[float]] = {g: [] for g in sizes}
-    for _ in range(repeat):
+    for _ in range(rounds):
         for g in sizes:
             samples[g].append(_sample(_one_all_reduce(buffers[g], device), calls[g]))
     slowest = torch.tensor([samples[g] for g in sizes], dtype=torch.float64)
@@ -342,8 +342,8 @@ def fit_regimes(rows: list[dict], n: int) -> dict:
     would then choose the breakpoints for every size (two quiet runs, the same samples: 15% and 14% at >= 1 MB
     with breakpoints by the worst error, 3.4% and 2.2% by the sum). Writes
     ``model_s``, ``fit_error`` and ``regime`` (index) into every row; returns every regime's fit, the breakpoints,
-    the errors, and the measurement's own spread at >= 1 MB (the larger distance of p10 or p90 from the mean, over the mean): how
-    far one sample strays from what the model predicts.
+    the errors, and the measurement's own spread at >= 1 MB (the larger distance of p10 or p90 from the mean, over
+    the mean): how far one sample strays from what the model predicts.
     """
     best = None
     for regimes in range(1, MAX_REGIMES + 1):
