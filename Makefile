@@ -30,11 +30,10 @@ report: install
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(if $(CONFIGFILE),--configfile $(CONFIGFILE),) --report results/report.html
 
 # --no-skips: a tier that cannot run here (no SLURM cluster, no strace, ...) fails the target instead of skipping.
-# Three xdist workers on two cores: most slow tests wait (on servers, schedulers, fsync, a peer's checkpoint) more
-# than they compute; tests/conftest.py groups them so each module's fixtures, the SLURM cluster and the README
-# pipelines are built once. With two workers everything passed in 54 min on this VM on a slow day (2669 s the day
-# before), over the 45-minute budget.
-TEST_WORKERS ?= 3
+# Two xdist workers: most slow tests wait (on servers, schedulers, fsync, a peer's checkpoint) more than they
+# compute; tests/conftest.py groups them so each module's fixtures, the SLURM cluster and the README pipelines
+# are built once.
+TEST_WORKERS ?= 2
 test: install system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
