@@ -1,6 +1,7 @@
 """Communication and memory model of the parallel layouts, measured on the ranks available.
 
-    python benchmarks/bench_comm.py [--nproc 2] [--max-mb 64] [--rounds 60] [--repeat 15] [--out results/bench/comm.json]
+    python benchmarks/bench_comm.py [--nproc 2] [--max-mb 64] [--rounds 60] [--repeat 15]
+                                    [--out results/bench/comm.json]
 
 Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures, in the same run:
 
@@ -12,9 +13,9 @@ Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures,
   (1 KB: 0.65 or 1.4 ms) while the mean of 60 samples moves by a few percent. Fitted with the ring model
   T(G) = 2(N-1)·alpha + 2(N-1)/N·beta·G piecewise, up to three regimes (latency-bound, cache-resident,
   memory-bound copies), each with its own alpha and beta and >= 3 sizes, breakpoints where the summed squared
-  relative error over all sizes is least (least squares on relative error within each regime); the fit error per size, the largest
-  error at >= 1 MB (target 15%) beside the measurement's own spread there, alpha fitted to odd and even samples
-  separately (its stability), and the one-line fit over all sizes for comparison; plot ``comm_allreduce.png``.
+  relative error over all sizes is least (least squares on relative error within each regime); the fit error
+  per size, the largest error at >= 1 MB (target 15%) beside the measurement's own spread there, alpha fitted
+  to odd and even samples separately (its stability), and the one-line fit over all sizes for comparison; plot ``comm_allreduce.png``.
 * ring attention: bytes sent per rank (counted at the send calls) vs the model (N-1)·S·d_kv/N, with S the
   sequence length and d_kv the key+value bytes per position; forward time vs dense attention over the
   whole sequence on one rank (the baseline); plot ``comm_ring_bytes.png``.
@@ -282,8 +283,7 @@ def worker(out: Path, max_mb: int, rounds: int, repeat: int) -> None:
     torch.set_num_threads(1)
     runtime = init_runtime()
     raw = {"world_size": runtime.world_size, "backend": dist.get_backend(), "device": str(runtime.device),
-           "all_reduce": measure_all_reduce(max_mb, rounds, runtime.device),
-           "all_reduce_rounds": rounds}
+           "all_reduce": measure_all_reduce(max_mb, rounds, runtime.device)}
     ring = measure_ring_attention(repeat, runtime.device)
     gathered = [None] * runtime.world_size
     dist.all_gather_object(gathered, ring)
@@ -338,8 +338,8 @@ def fit_regimes(rows: list[dict], n: int) -> dict:
 
     Breakpoints are fitted: every split into contiguous ranges of >= MIN_SIZES_PER_REGIME sizes is tried and the one
     with the least sum of squared relative errors wins, the objective each regime's own fit minimizes (a partition
-    with more regimes unless the sums tie). Not the worst error: one noisy latency-bound size
-    would then choose the breakpoints for every size (two quiet runs, the same samples: 15% and 14% at >= 1 MB
+    with more regimes unless the sums tie). Not the worst error: one noisy latency-bound size would then choose
+    the breakpoints for every size (two quiet runs, the same samples: 15% and 14% at >= 1 MB
     with breakpoints by the worst error, 3.4% and 2.2% by the sum). Writes
     ``model_s``, ``fit_error`` and ``regime`` (index) into every row; returns every regime's fit, the breakpoints,
     the errors, and the measurement's own spread at >= 1 MB (the larger distance of p10 or p90 from the mean, over
@@ -509,7 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
     parser.add_argument("--rounds", type=int, default=60, help="all_reduce samples per size (mean), sizes interleaved")
-    parser.add_argument("--repeat", type=int, default=15, help="timed repetitions per point of ring attention and GPipe")
+    parser.add_argument("--repeat", type=int, default=15,
+                        help="timed repetitions per point of ring attention and GPipe")
     parser.add_argument("--out", default=f"{BENCH_DIR}/comm.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -158,8 +158,8 @@ def step_matmuls(step, operators: dict[str, int] | None = None) -> dict[tuple, d
 
 
 def matmul_floor(step, repeat: int = 30) -> dict:
-    """Seconds of one step's matmuls alone, each shape replayed on fresh operands (best of ``repeat`` calls):
-    the time the step would take if it did nothing else, and the highest fraction of peak its shapes allow."""
+    """Milliseconds of one step's matmuls alone, each shape replayed on fresh operands (best of ``repeat``
+    calls): the time the step would take if it did nothing else; its matmul and operator calls beside it."""
     total, shapes, operators = 0.0, [], {}
     for key, call in step_matmuls(step, operators).items():
         operands = [_operand_like(t) for t in call["operands"]]
@@ -167,8 +167,8 @@ def matmul_floor(step, repeat: int = 30) -> dict:
         total += best * call["count"]
         shapes.append({"op": key[0], "shapes": [list(shape) for shape, _ in key[1:]], "calls": call["count"],
                        "best_us": 1e6 * best})
-    return {"seconds": total, "distinct_shapes": len(shapes), "shapes": shapes,
-            "operator_calls": sum(operators.values()), "operator_calls_by_name": operators}
+    return {"ms": 1e3 * total, "calls": sum(s["calls"] for s in shapes), "distinct_shapes": len(shapes),
+            "shapes": shapes, "operator_calls": sum(operators.values()), "operator_calls_by_name": operators}
 
 
 def mm_peak(sizes: list[int], cpu_rates: dict[str, float] | None = None) -> dict[str, float]:
@@ -274,7 +274,10 @@ def main(argv=None) -> int:
     cpu: dict[str, list] = {}
     samples = measure_rounds(args, steps, cpu)
     report = summarize(samples, flops, about, args, load_before, cpu)
-    report["matmul_floor"] = describe_floor(floor, report, flops["model"])
+    # Beside the step: the fraction of peak the floor's shapes reach, and its share of the model's step time.
+    floor["fraction_of_peak"] = flops["model"] / (floor["ms"] / 1e3) / 1e9 / report["peak_gflops"]
+    floor["share_of_step"] = floor["ms"] / report["contenders"]["model"]["step_ms"]
+    report["matmul_floor"] = floor
     for name, c in report["contenders"].items():
         print(f"{name:14s} {c['step_ms']:7.2f} ms/step  {c['flops'] / 1e6:7.1f} MFLOP  {c['gflops']:6.1f} GFLOP/s"
               f"  {c['fraction_of_peak']:.3f} of peak (best step {c['best_step_ms']:.2f} ms: "
@@ -282,23 +285,12 @@ def main(argv=None) -> int:
     print(f"peak {report['peak_gflops']:.1f} GFLOP/s (fp32 mm, {args.threads} thread(s)); model step at "
           f"{report['fraction_of_peak']:.3f} of peak (target >= {TARGET_FRACTION_OF_PEAK}); by CPU time "
           f"{report['fraction_of_peak_cpu']:.3f} of the CPU-time peak {report['peak_gflops_cpu']:.1f} GFLOP/s")
-    floor = report["matmul_floor"]
     print(f"matmul floor: the step's {floor['calls']} matmuls ({floor['distinct_shapes']} shapes) alone take "
           f"{floor['ms']:.2f} ms = {floor['fraction_of_peak']:.3f} of peak at best; they are "
           f"{floor['share_of_step']:.0%} of the model's step, the other {1 - floor['share_of_step']:.0%} is "
           f"element-wise work, copies and dispatch of {floor['operator_calls']} operator calls per step")
     publish_result(report, args.out, plot)
     return 0
-
-
-def describe_floor(floor: dict, report: dict, flops: int) -> dict:
-    """The matmul floor beside the step: its time, the fraction of peak its shapes reach, its share of the step."""
-    return {"ms": 1e3 * floor["seconds"], "calls": sum(s["calls"] for s in floor["shapes"]),
-            "distinct_shapes": floor["distinct_shapes"],
-            "fraction_of_peak": flops / floor["seconds"] / 1e9 / report["peak_gflops"],
-            "share_of_step": 1e3 * floor["seconds"] / report["contenders"]["model"]["step_ms"],
-            "shapes": floor["shapes"], "operator_calls": floor["operator_calls"],
-            "operator_calls_by_name": floor["operator_calls_by_name"]}
 
 
 def plot(report: dict, path: Path) -> None:
