@@ -12,6 +12,7 @@ $(BIN)/worldpipe: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.lock -e .
+	$(BIN)/python -m worldpipe.models.native
 	touch $@
 
 install: $(BIN)/worldpipe

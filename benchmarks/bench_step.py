@@ -7,7 +7,10 @@ Everything in one process and one run, on ``--threads`` intra-op threads (defaul
 * ``model``: the experiment's model as it is (``worldpipe.models``), one training step = forward, backward of
   the loss over a random batch of the config's shape (B = trainer.batch_size, T = data.window), zeroed grads;
 * ``per-step RSSM`` (baseline, RSSM experiments only): the same weights with the filter written the way it used
-  to be, every layer inside the Python loop over time (kept here only, as the before of the batched filter).
+  to be, every layer inside the Python loop over time (kept here only, as the before of the batched filter);
+* ``python-loop core`` (RSSM experiments only): the batched filter with its loops through time in Python, the
+  reference the compiled core (``worldpipe/models/native/filter_core.cpp``) transcribes operator for operator
+  (the same bits; the difference is the interpreter between operators).
 
 FLOPs of one step come from ``torch.utils.flop_counter.FlopCounterMode`` (matmuls; element-wise work is not
 counted), so ``fraction of peak = FLOPs / step time / peak``. Contenders run in rounds whose order rotates
@@ -46,6 +49,13 @@ from worldpipe.models.rssm import RSSM
 
 TARGET_FRACTION_OF_PEAK = 0.4
 BASELINE = "per-step RSSM"
+PYTHON_CORE = "python-loop core"
+
+
+class PythonCoreRSSM(RSSM):
+    """The RSSM with the Python reference of the filter's loops through time."""
+
+    compiled_core = False
 
 
 class PerStepRSSM(RSSM):
@@ -148,8 +158,9 @@ def step_matmuls(step, operators: dict[str, int] | None = None) -> dict[tuple, d
                 operators[name] = operators.get(name, 0) + 1
             if name in MATMULS:
                 tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+                outputs = {k: v for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)}  # out= forms
                 key = (name, *((tuple(t.shape), t.stride()) for t in tensors))
-                calls.setdefault(key, {"func": func, "operands": tensors, "count": 0})["count"] += 1
+                calls.setdefault(key, {"func": func, "operands": tensors, "outputs": outputs, "count": 0})["count"] += 1
             return func(*args, **(kwargs or {}))
 
     with Record():
@@ -163,7 +174,8 @@ def matmul_floor(step, repeat: int = 30) -> dict:
     total, shapes, operators = 0.0, [], {}
     for key, call in step_matmuls(step, operators).items():
         operands = [_operand_like(t) for t in call["operands"]]
-        best = min(timed(lambda f=call["func"], o=operands: f(*o), calls=repeat, warmup=3))
+        outputs = {k: _operand_like(t) for k, t in call["outputs"].items()}
+        best = min(timed(lambda f=call["func"], o=operands, out=outputs: f(*o, **out), calls=repeat, warmup=3))
         total += best * call["count"]
         shapes.append({"op": key[0], "shapes": [list(shape) for shape, _ in key[1:]], "calls": call["count"],
                        "best_us": 1e6 * best})
@@ -197,9 +209,10 @@ def contenders(args) -> tuple[dict, dict]:
              "noise": None if noise_shape is None else torch.randn(batch_size, *noise_shape, generator=g)}
     steps = {}
     if type(model) is RSSM:
-        baseline = PerStepRSSM(obs_dim, act_dim, **{k: v for k, v in model_cfg.items() if k != "_target_"})
-        baseline.load_state_dict(model.state_dict())
-        steps[BASELINE] = make_step(baseline, batch)
+        for name, cls in ((BASELINE, PerStepRSSM), (PYTHON_CORE, PythonCoreRSSM)):
+            same = cls(obs_dim, act_dim, **{k: v for k, v in model_cfg.items() if k != "_target_"})
+            same.load_state_dict(model.state_dict())
+            steps[name] = make_step(same, batch)
     steps["model"] = make_step(model, batch)
     about = {"model": model_cfg["_target_"], "batch": batch_size, "window": window,
              "parameters": sum(p.numel() for p in model.parameters())}
@@ -261,6 +274,7 @@ def summarize(samples: dict, flops: dict, about: dict, args, load_before, cpu: d
     report["meets_target"] = model["fraction_of_peak"] >= TARGET_FRACTION_OF_PEAK
     if BASELINE in report["contenders"]:
         report["speedup_vs_per_step"] = report["contenders"][BASELINE]["step_ms"] / model["step_ms"]
+        report["speedup_vs_python_core"] = report["contenders"][PYTHON_CORE]["step_ms"] / model["step_ms"]
     return report
 
 

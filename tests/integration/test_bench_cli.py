@@ -120,7 +120,8 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
                  "--mm-sizes", "64,128", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result["contenders"]) == {"per-step RSSM", "model"} and result["batch"] == 8 and result["window"] == 16
+    assert set(result["contenders"]) == {"per-step RSSM", "python-loop core", "model"}
+    assert result["batch"] == 8 and result["window"] == 16
     assert len(result["peak_round_gflops"]) == 2 and result["peak_gflops"] > 0
     for c in result["contenders"].values():
         assert c["flops"] > 0 and len(c["round_step_ms"]) == 2
@@ -133,6 +134,10 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
     # Same model, same FLOPs (up to the split first layers): the baseline differs only in how it loops.
     per_step, model = result["contenders"]["per-step RSSM"], result["contenders"]["model"]
     assert model["flops"] == pytest.approx(per_step["flops"], rel=0.02)
+    # The Python loops and their compiled transcription make the same matmuls.
+    assert result["contenders"]["python-loop core"]["flops"] == model["flops"]
+    assert result["speedup_vs_python_core"] == pytest.approx(
+        result["contenders"]["python-loop core"]["step_ms"] / model["step_ms"])
     assert result["fraction_of_peak"] == model["fraction_of_peak"] and isinstance(result["meets_target"], bool)
     assert result["machine"]["load_average_before"] and out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     # The matmul floor replays exactly the step's matmuls: their FLOPs are the step's, and alone they are faster.

@@ -53,6 +53,8 @@ class RSSM(WorldModel):
     loss_terms = ("total", "recon", "reward", "kl")
     parallel = ParallelSupport(batch=True, tensor_parallel=False, time_partition=None)
     dimensions = ("embed", "deter", "stoch", "hidden")
+    # The filter's loops through time run compiled where the extension is built (the same bits either way).
+    compiled_core = True
 
     def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, stoch: int = 16,
                  hidden: int = 128, min_std: float = 0.1, kl_scale: float = 1.0, free_nats: float = 0.5,
@@ -128,7 +130,8 @@ class RSSM(WorldModel):
         weights = CoreWeights(cell_in.weight[:, :stoch], self.cell.weight_ih, self.cell.bias_ih, self.cell.weight_hh,
                               self.cell.bias_hh, post[0].weight[:, :deter], post[2].weight, post[2].bias,
                               post[4].weight, post[4].bias)
-        states = filter_core(act_part, embed_part, noise.transpose(0, 1).contiguous(), weights, self.cfg.min_std)
+        states = filter_core(act_part, embed_part, noise.transpose(0, 1).contiguous(), weights, self.cfg.min_std,
+                             self.compiled_core)
         return {key: value.transpose(0, 1) for key, value in zip(("h", "z", "post_mean", "post_std"), states,
                                                                   strict=True)}
 

@@ -10,6 +10,11 @@ what the backward needs (inputs of each layer, gate values); the backward carrie
 On CPU torch has no fused GRU cell kernel (its ``gru_cell`` is a composite of the same element-wise ops), so
 the gates are written out here (gate order r, u, n as in ``torch.nn.GRUCell``) and their values kept for the
 backward. Tensors are time-major ([T, B, ...]): one step's slice is contiguous.
+
+The loops here are the reference; what runs is their C++ transcription (:mod:`worldpipe.models.native`,
+``filter_core.cpp``): the same operators in the same order, so the same bits, without the interpreter between
+operators (on B = 16 rows that is most of the core's time). This Python runs only where the extension cannot be
+built, and in the test that holds the two equal.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from worldpipe.models.native import load_extension
 
 
 @dataclass(frozen=True)
@@ -41,13 +48,40 @@ class CoreWeights:
 
 
 def filter_core(act_part: torch.Tensor, embed_part: torch.Tensor, noise: torch.Tensor, weights: CoreWeights,
-                min_std: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                min_std: float, compiled: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [T,B,D], z, post mean, post std [T,B,S] of the recurrence (see the module docstring).
 
     act_part [T-1,B,H]: cell_input's action block applied to a_0..a_{T-2}, plus its bias; embed_part [T,B,H]:
     posterior_head's embedding block applied to e_0..e_{T-1}, plus its bias; noise [T,B,S]; h_0 = z_{-1} = 0.
+    ``compiled=False`` runs the Python reference even where the extension is built (tests, benchmarks).
     """
-    return _FilterCore.apply(act_part, embed_part, noise, min_std, *weights.tensors())
+    core = _NativeFilterCore if compiled and native_filter_core() is not None else _FilterCore
+    return core.apply(act_part, embed_part, noise, min_std, *weights.tensors())
+
+
+def native_filter_core():
+    """The compiled core (``filter_core.cpp``), or None where it cannot be built."""
+    return load_extension("filter_core")
+
+
+class _NativeFilterCore(torch.autograd.Function):
+    """:class:`_FilterCore` with both loops through time in the compiled extension (the same bits)."""
+
+    @staticmethod
+    def forward(ctx, act_part, embed_part, noise, min_std, *weights):
+        h, z, mean, std, *saved = native_filter_core().filter_forward(act_part, embed_part, noise, list(weights),
+                                                                      min_std)
+        ctx.save_for_backward(noise, h, z, *saved, *weights)
+        ctx.saved_count = len(saved)
+        return h, z, mean, std
+
+    @staticmethod
+    def backward(ctx, g_h, g_z, g_mean, g_std):
+        noise, h, z, *rest = ctx.saved_tensors
+        saved, weights = rest[:ctx.saved_count], rest[ctx.saved_count:]
+        d_act, d_embed, *d_weights = native_filter_core().filter_backward(g_h, g_z, g_mean, g_std, noise, h, z,
+                                                                          saved, weights)
+        return (d_act, d_embed, None, None, *d_weights)
 
 
 # The element-wise backward kernels autograd itself uses: one op each, from the saved outputs.
