@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from worldpipe.models.native import EXTENSIONS_DIR_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 TEST_TIMEOUT_S = 900  # per mutant: the whole set of named tests
 
@@ -100,6 +102,10 @@ MUTANTS = (
            "return (self.model_version, self.initial_state, prefix, self.sampling, self.stream)",
            "return (self.model_version, self.initial_state, prefix, self.stream)",
            ("tests/unit/test_rollout_cache.py",)),
+    Mutant("compiled_core_drops_sample_path", "the compiled filter's backward is the Python reference's, to the bit",
+           "at::cat_out(stats_t, {at::add(g_mean[t], dzt), d_raw}, -1);",
+           "at::cat_out(stats_t, {g_mean[t], d_raw}, -1);",
+           ("tests/unit/test_rssm.py",)),
 )
 
 
@@ -116,7 +122,8 @@ def copy_tree(dest: Path) -> None:
 
 def apply(mutant: Mutant, root: Path) -> str:
     """Apply ``mutant`` under ``root/src``; returns the relative path changed. ValueError if not exactly once."""
-    hits = [p for p in (root / "src").rglob("*.py") if mutant.old in p.read_text()]
+    sources = [p for pattern in ("*.py", "*.cpp") for p in (root / "src").rglob(pattern)]  # compiled parts too
+    hits = [p for p in sources if mutant.old in p.read_text()]
     count = sum(p.read_text().count(mutant.old) for p in hits)
     if count != 1:
         raise ValueError(f"mutant {mutant.name}: its text occurs {count} times under src/ (expected once); "
@@ -126,9 +133,14 @@ def apply(mutant: Mutant, root: Path) -> str:
     return str(path.relative_to(root))
 
 
-def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, str]:
-    """Run ``tests`` in ``root`` with the default pytest options; returns (exit status, output tail)."""
+def run_tests(root: Path, tests: tuple[str, ...], own_build: bool = False) -> tuple[int, str]:
+    """Run ``tests`` in ``root`` with the default pytest options; returns (exit status, output tail).
+
+    ``own_build``: compiled extensions are built inside ``root`` (a mutated C++ source never lands in the venv).
+    """
     env = dict(os.environ, PYTHONPATH=str(root / "src"), PYTHONDONTWRITEBYTECODE="1")
+    if own_build:
+        env[EXTENSIONS_DIR_ENV] = str(root / ".extensions")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     try:
@@ -153,7 +165,7 @@ def probe(mutant: Mutant) -> dict:
         except ValueError as err:
             return {"mutant": mutant.name, "verdict": "error", "detail": str(err)}
         start = time.monotonic()
-        status, tail = run_tests(root, mutant.tests)
+        status, tail = run_tests(root, mutant.tests, own_build=where.endswith(".cpp"))
         return {"mutant": mutant.name, "file": where, "verdict": verdict(status), "pytest_status": status,
                 "seconds": round(time.monotonic() - start, 1), "detail": tail if verdict(status) != "caught" else ""}
 

@@ -36,8 +36,8 @@ def _positive_numbers(mapping: dict, keys: set[str]) -> None:
 @pytest.mark.slow  # 21 s on a quiet 2-core machine: the default tier's 5-minute budget
 def test_bench_checkpoint_writes_its_json(tmp_path, env_with_venv):
     out, work = tmp_path / "bench" / "checkpoint.json", tmp_path / "scratch"
-    proc = bench(env_with_venv, tmp_path, "checkpoint", "--mb", "1", "--repeat", "2", "--dir", str(work),
-                 "--out", str(out))
+    proc = bench(env_with_venv, tmp_path, "checkpoint", "--mb", "1", "--repeat", "2", "--step-s", "0.05",
+                 "--dir", str(work), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["repeat"] == 2 and 0.5 < result["state_mb"] < 2

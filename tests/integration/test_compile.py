@@ -18,7 +18,10 @@ def compiled_run(run_dir: Path, dataset, env: dict, fault: str | None = None) ->
     cmd = ["worldpipe", "train", "experiment=smoke", "parallel=single", "trainer.compile=true", f"run_dir={run_dir}",
            f"paths.compile_cache={cache}",
            f"data.store={store}", f"data.manifest={manifest}", "tracking.enabled=false", "trainer.progress_bar=false",
-           "trainer.steps=6", "checkpoint.every=3"]
+           "trainer.steps=6", "checkpoint.every=3",
+           # The compiled graph unrolls the recurrence over the window: 2 steps compile in about half the time of
+           # the smoke experiment's 16, and hold the same promise.
+           "data.window=2"]
     env = {k: v for k, v in env.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     env = {**env, "WORLDPIPE_CKPT_FAULT": fault} if fault else env
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)

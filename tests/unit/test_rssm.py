@@ -184,12 +184,14 @@ def test_without_a_compiler_one_warning_line_and_the_same_bits(tmp_path):
     import subprocess
     import sys
 
+    from worldpipe.models.native import EXTENSIONS_DIR_ENV
+
     def run(**env):
         return subprocess.run([sys.executable, "-c", _LOSS_SCRIPT], capture_output=True, text=True, timeout=120,
                               env={**os.environ, **env})
 
     built = run()
-    without = run(WORLDPIPE_EXTENSIONS_DIR=str(tmp_path), CXX=str(tmp_path / "no-such-compiler"))
+    without = run(**{EXTENSIONS_DIR_ENV: str(tmp_path), "CXX": str(tmp_path / "no-such-compiler")})
     assert built.returncode == 0 and without.returncode == 0, without.stderr
     assert built.stderr == "" and without.stdout == built.stdout
     warning = without.stderr.strip().splitlines()
