@@ -86,7 +86,7 @@ def load_extension(extension: str) -> ModuleType | None:
     """The built extension module (building it first if needed), or None, with one warning, if it cannot be built."""
     try:
         library = build(extension)
-        return _import_library(_versioned_name(extension), library)
+        return _import_library(library.stem, library)  # the file is named by its module (one hash per process)
     except Exception as err:  # any failed build costs only speed: the reference gives the same bits
         lines = str(err).strip().splitlines()
         reason = lines[0][:160] if lines else type(err).__name__
