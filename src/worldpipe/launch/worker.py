@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from worldpipe.core.process_exit import exit_now
 from worldpipe.launch.lifeline import bind_worker_to_launcher
 
 USAGE = "usage: python -m worldpipe.launch.worker --config RUN_DIR/hydra/config.yaml"
@@ -30,4 +31,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as done:  # a failure already reported as one line (worldpipe.core.errors.run_worker_main)
+        exit_now(done.code)
+    exit_now(0)  # without the interpreter's teardown of torch (worldpipe.core.process_exit)
