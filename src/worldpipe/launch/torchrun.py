@@ -102,6 +102,10 @@ def install_loopback_stores() -> None:
 
 def main() -> None:
     """Run torchrun with ``sys.argv[1:]``; stores of a loopback rendezvous listen on 127.0.0.1 only."""
+    from worldpipe.measure.startup import mark
+
+    # A fork of the launcher starts with torch imported (worldpipe.launch.forked); a fresh interpreter does not.
+    mark("torchrun_main", torch_preloaded="torch" in sys.modules)
     install_loopback_stores()
     from torch.distributed.run import main as torchrun_main
 
