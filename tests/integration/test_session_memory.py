@@ -57,19 +57,21 @@ def test_session_bytes_track_resident_memory_and_the_budget_evicts_accordingly(c
     assert after["live"] == WARM_UP + SESSIONS
     assert 0.75 <= held_each / rss_each <= 1.33
 
-    # A budget of 800 sessions' real bytes: the server holds about 800 and grows by about the budget.
+    # A budget of 800 sessions' real bytes: the server holds about 800 and grows by about the budget. It is sent
+    # twice as many sessions as above: without eviction it would grow by 5 budgets; the allocator's own noise
+    # (a few MiB, about one budget here) stays well inside the 2 budgets allowed.
     budget = 800 * rss_each
     bounded = ServerProcess(checkpoints, tmp_path / "bounded", env_with_venv, "--max-batch", "1",
                             "--session-budget-mb", str(budget / 2**20))
     try:
         _open_many(bounded, WARM_UP)
         start = _memory(bounded)
-        _open_many(bounded, SESSIONS, WARM_UP)
+        _open_many(bounded, 2 * SESSIONS, WARM_UP)
         end = _memory(bounded)
     finally:
         assert bounded.stop() == 0
     print(f"budget {budget / 2**20:.2f} MiB: {end['live']} live, {end['evicted']} evicted, resident set "
           f"+{(end['process_rss'] - start['process_rss']) / 2**20:.2f} MiB")
-    assert 600 <= end["live"] <= 1000 and end["evicted"] == WARM_UP + SESSIONS - end["live"]
+    assert 600 <= end["live"] <= 1000 and end["evicted"] == WARM_UP + 2 * SESSIONS - end["live"]
     assert end["session_held"] <= budget
-    assert end["process_rss"] - start["process_rss"] <= 1.5 * budget
+    assert end["process_rss"] - start["process_rss"] <= 2 * budget

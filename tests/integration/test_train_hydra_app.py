@@ -51,7 +51,9 @@ def test_train_ends_naming_its_run_dir_and_the_mlflow_run_in_the_model_training_
                  "trainer.steps=10", *_data(smoke_dataset), env=env_with_venv)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    run_id = __import__("json").loads((run_dir / "train_done.json").read_text())["mlflow_run_id"]
+    done = __import__("json").loads((run_dir / "train_done.json").read_text())
+    run_id = done["mlflow_run_id"]
+    assert done["mlflow_experiment_id"] == "1"  # the link needs no MLflow lookup at the end of the run
     assert last == (f"run directory: {run_dir}; MLflow run: http://127.0.0.1:5000/#/experiments/1/runs/{run_id}"
                     "?workflowType=machine_learning")
 

@@ -143,18 +143,24 @@ def closing_line(overrides: list[str]) -> str:
     cfg = compose_config(overrides)
     run_dir = Path(str(cfg.run_dir))
     try:
-        run_id = json.loads((run_dir / paths.COMPLETION_RECORD).read_text()).get("mlflow_run_id")
+        record = json.loads((run_dir / paths.COMPLETION_RECORD).read_text())
     except (OSError, ValueError):
-        run_id = None
-    return f"run directory: {run_dir}; MLflow run: {_run_link(cfg, run_id) if run_id else 'none (tracking off)'}"
+        record = {}
+    run_id = record.get("mlflow_run_id")
+    link = _run_link(cfg, run_id, record) if run_id else "none (tracking off)"
+    return f"run directory: {run_dir}; MLflow run: {link}"
 
 
-def _run_link(cfg, run_id: str) -> str:
-    from worldpipe.tracking.history import client_for
-    from worldpipe.tracking.links import run_url
+def _run_link(cfg, run_id: str, record: dict) -> str:
+    """The run's page; its experiment from the completion record, else asked of MLflow (an older record)."""
+    from worldpipe.tracking.links import MLFLOW_EXPERIMENT_KEY, run_url
     from worldpipe.tracking.recorder import resolve_tracking_uri
 
     uri = resolve_tracking_uri(cfg.tracking.uri)
+    if record.get(MLFLOW_EXPERIMENT_KEY):  # no MLflow import, no request: seconds at the end of every run
+        return run_url(uri, str(record[MLFLOW_EXPERIMENT_KEY]), run_id)
+    from worldpipe.tracking.history import client_for
+
     try:
         experiment_id = client_for(uri).get_run(run_id).info.experiment_id
     except Exception as err:  # noqa: BLE001 - an unreachable server still gets the run named

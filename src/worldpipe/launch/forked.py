@@ -26,9 +26,11 @@ import traceback
 from collections.abc import Sequence
 from typing import IO
 
+from worldpipe.core.process_exit import exit_now
 from worldpipe.launch.lifeline import die_with_parent
+from worldpipe.launch.torchrun import main as torchrun_main
 
-TORCHRUN_MODULE = "worldpipe.launch.torchrun"
+TORCHRUN_MODULE = torchrun_main.__module__
 # WORLDPIPE_TORCHRUN_START=exec: always a fresh interpreter (the path every other platform takes).
 START_ENV = "WORLDPIPE_TORCHRUN_START"
 
@@ -99,15 +101,11 @@ def _run_child(args: list[str], env: dict[str, str], stderr_fd: int) -> None:
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [TORCHRUN_MODULE, *args]
-        from worldpipe.launch.torchrun import main
-
-        main()
+        torchrun_main()
         code = 0
     except SystemExit as done:
         code = done.code
     except BaseException:  # noqa: BLE001 - as an uncaught exception ends a fresh interpreter: traceback, 1
         traceback.print_exc()
     finally:
-        from worldpipe.core.process_exit import exit_now
-
         exit_now(code)

@@ -129,7 +129,7 @@ class _Applier:
         new_run = state.get("new_run") or {}
         run_id = state["run_id"] or (None if new_run else record.get("reopen_run_id"))
         if run_id is not None:
-            client.get_run(run_id)  # raises if it does not exist
+            state["experiment_id"] = client.get_run(run_id).info.experiment_id  # raises if it does not exist
             client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         else:
             experiment_id = _experiment_id(client, record["experiment"])

@@ -9,6 +9,8 @@ suppressed by the CLI.
 from __future__ import annotations
 
 WORKFLOW_QUERY = "workflowType=machine_learning"
+# The completion record's key for the run's experiment id (next to mlflow_run_id): enough for the run's link.
+MLFLOW_EXPERIMENT_KEY = "mlflow_experiment_id"
 # Where `mlflow ui` listens by default: the link for a local (file or SQLite) store opened with it.
 LOCAL_UI = "http://127.0.0.1:5000"
 

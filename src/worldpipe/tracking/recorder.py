@@ -131,6 +131,11 @@ class RunRecorder:
         """The MLflow run id if the run has been created (or reopened) by now; never waits."""
         return self._spool.state()["run_id"] if self._spool else None
 
+    @property
+    def experiment_id(self) -> str | None:
+        """The id of the run's MLflow experiment once the run has been created (or reopened); never waits."""
+        return self._spool.state().get("experiment_id") if self._spool else None
+
     # ---- lifecycle ----
     def start(self, run_id: str | None, run_name: str, tags: dict[str, str], resume_step: int = 0,
               checkpoint_dir: str | None = None) -> str | None:

@@ -33,6 +33,7 @@ from worldpipe.core.atomic import append_durably, write_text_atomic
 from worldpipe.core.locations import recorded_form
 from worldpipe.measure.startup import mark
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
+from worldpipe.tracking.links import MLFLOW_EXPERIMENT_KEY
 from worldpipe.tracking.recorder import RunRecorder, background_start_wanted
 from worldpipe.tracking.records import (
     checkpoint_artifacts,
@@ -188,6 +189,10 @@ class TrainingRecords:
         for target in (self._identity, record):
             if run_id and target is not None:
                 target["mlflow_run_id"] = run_id
+        if run_id and record is not None and self.recorder.experiment_id:
+            # For the run's link (`worldpipe train`'s last line) without asking MLflow; not in the identity, which
+            # checkpoints hold.
+            record[MLFLOW_EXPERIMENT_KEY] = self.recorder.experiment_id
 
     # ---- endings ----
     def finished(self, record: dict[str, Any]) -> None:
