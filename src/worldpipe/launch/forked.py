@@ -11,7 +11,9 @@ forever, so :func:`start_torchrun` forks only while this process runs no other P
 command is this interpreter running :mod:`worldpipe.launch.torchrun`; otherwise it starts the command with
 ``Popen``, as before. Native thread pools are their libraries' business: numpy's OpenBLAS starts one at import
 and stops it around every fork (``pthread_atfork``); torch's OpenMP pool starts only on a parallel operator,
-which the launcher never runs, and the child computes nothing. The workers are started by torchrun itself, as fresh processes, either way.
+which the launcher never runs, and the child computes nothing. The workers are started by torchrun itself, as
+fresh processes, either way; a launcher that dies before the child has armed its lifeline is caught by the
+workers' own check of the chain (:func:`worldpipe.launch.lifeline.bind_worker_to_launcher`).
 """
 
 from __future__ import annotations
