@@ -83,17 +83,23 @@ def kill_tree(proc: subprocess.Popen, run_dir: Path, mode: str) -> None:
     torchrun starts each worker in a session of its own, so "launcher_group" reaches the launcher and torchrun
     only; the workers must die with them (no orphan keeps training or publishing).
     """
-    processes = pids_with_arg(f"run_dir={run_dir}")
+    # The launcher and torchrun carry run_dir=...; the workers carry --config=RUN_DIR/hydra/config.yaml.
+    def ours() -> set[int]:
+        return pids_with_arg(f"run_dir={run_dir}") | pids_with_arg(f"{run_dir}/hydra/")
+
+    processes = ours()
     os.killpg(proc.pid, signal.SIGKILL)
     if mode == "tree":
         for pid in processes - {proc.pid}:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
-    at_kill = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    survivors = wait_gone(processes | pids_with_arg(f"run_dir={run_dir}"), timeout=30)
+    # The workers die a moment after torchrun (their lifeline): the state is the one they leave when gone.
+    survivors = wait_gone(processes | ours(), timeout=30)
     assert not survivors, f"orphans after killing the launcher ({mode}): {survivors}"
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == at_kill
+    at_kill = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    time.sleep(0.5)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == at_kill, "written after every process died"
 
 
 @pytest.mark.parametrize("mode", ["tree", "launcher_group"])
