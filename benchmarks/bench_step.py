@@ -9,11 +9,13 @@ Everything in one process and one run, on ``--threads`` intra-op threads (defaul
 * ``per-step RSSM`` (baseline, RSSM experiments only): the same weights with the filter written the way it used
   to be, every layer inside the Python loop over time (kept here only, as the before of the batched filter);
 * ``python-loop core`` (RSSM experiments only): the batched filter with its loops through time in Python, the
-  reference the compiled core (``worldpipe/models/native/filter_core.cpp``) transcribes operator for operator
-  (the same bits; the difference is the interpreter between operators).
+  reference the compiled core (``worldpipe/models/native/filter_core.cpp``) computes to the same bits (the
+  difference is the interpreter and ATen's per-call costs between operators).
 
 FLOPs of one step come from ``torch.utils.flop_counter.FlopCounterMode`` (matmuls; element-wise work is not
-counted), so ``fraction of peak = FLOPs / step time / peak``. Contenders run in rounds whose order rotates
+counted), so ``fraction of peak = FLOPs / step time / peak``. The compiled core's per-step products call BLAS
+below the dispatcher, where the counter does not see them, so an RSSM model's FLOPs (and its matmul floor) are
+those of the python-loop core: the same products on the same operands. Contenders run in rounds whose order rotates
 (:mod:`worldpipe.measure.rounds`); each is the median over rounds of its per-round mean. Target: the model's
 step at >= 0.4 of the same run's peak. The peak is a best-of (the fastest call); on a busy machine a mean step
 time is not, so ``fraction_of_peak_best`` (the fastest step against the same peak) is reported beside it, and
@@ -168,6 +170,13 @@ def step_matmuls(step, operators: dict[str, int] | None = None) -> dict[tuple, d
     return calls
 
 
+def operators_called(step) -> dict[str, int]:
+    """Operator calls (views included) one call of ``step`` makes through the dispatcher, by name."""
+    operators: dict[str, int] = {}
+    step_matmuls(step, operators)
+    return operators
+
+
 def matmul_floor(step, repeat: int = 30) -> dict:
     """Milliseconds of one step's matmuls alone, each shape replayed on fresh operands (best of ``repeat``
     calls): the time the step would take if it did nothing else; its matmul and operator calls beside it."""
@@ -284,10 +293,15 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     steps, about = contenders(args)
     flops = {name: step_flops(step) for name, step in steps.items()}
-    floor = matmul_floor(steps["model"])
+    counted_on = PYTHON_CORE if PYTHON_CORE in steps else "model"  # the same products, all visible (docstring)
+    flops["model"] = flops[counted_on]
+    floor = matmul_floor(steps[counted_on])
+    floor["operator_calls_by_name"] = operators_called(steps["model"])
+    floor["operator_calls"] = sum(floor["operator_calls_by_name"].values())
     cpu: dict[str, list] = {}
     samples = measure_rounds(args, steps, cpu)
     report = summarize(samples, flops, about, args, load_before, cpu)
+    report["contenders"]["model"]["flops_counted_on"] = counted_on
     # Beside the step: the fraction of peak the floor's shapes reach, and its share of the model's step time.
     floor["fraction_of_peak"] = flops["model"] / (floor["ms"] / 1e3) / 1e9 / report["peak_gflops"]
     floor["share_of_step"] = floor["ms"] / report["contenders"]["model"]["step_ms"]

@@ -134,7 +134,9 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
     # Same model, same FLOPs (up to the split first layers): the baseline differs only in how it loops.
     per_step, model = result["contenders"]["per-step RSSM"], result["contenders"]["model"]
     assert model["flops"] == pytest.approx(per_step["flops"], rel=0.02)
-    # The Python loops and their compiled transcription make the same matmuls.
+    # The compiled core's per-step products are BLAS calls the counter cannot see: the model's FLOPs are those of
+    # the Python loops, which make the same products.
+    assert model["flops_counted_on"] == "python-loop core"
     assert result["contenders"]["python-loop core"]["flops"] == model["flops"]
     assert result["speedup_vs_python_core"] == pytest.approx(
         result["contenders"]["python-loop core"]["step_ms"] / model["step_ms"])
@@ -144,8 +146,11 @@ def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_w
     floor = result["matmul_floor"]
     assert sum(_matmul_flops(s) * s["calls"] for s in floor["shapes"]) == model["flops"]
     assert floor["fraction_of_peak"] > model["fraction_of_peak"] and 0 < floor["share_of_step"] < 1
+    # The model's own operator calls: its matmuls through the dispatcher are fewer than the floor's (the compiled
+    # core's per-step products are not operator calls).
     by_name = floor["operator_calls_by_name"]
-    assert floor["operator_calls"] == sum(by_name.values()) > by_name["mm"] + by_name["addmm"] == floor["calls"]
+    assert floor["operator_calls"] == sum(by_name.values()) > by_name["mm"] + by_name.get("addmm", 0)
+    assert 0 < by_name["mm"] + by_name.get("addmm", 0) < floor["calls"]
 
 
 def _matmul_flops(call: dict) -> int:

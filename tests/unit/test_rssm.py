@@ -1,5 +1,6 @@
 """The RSSM: shapes, masking, determinism, and that it can learn."""
 
+import pytest
 import torch
 
 from worldpipe.models.rssm import RSSM, RSSMConfig
@@ -122,12 +123,18 @@ def test_fused_core_is_bit_identical_to_itself():
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _core_inputs(steps: int, dtype: torch.dtype, seed: int = 0):
+# (batch, hidden, deter, stoch): odd widths, whose element-wise work falls in scalar tails; the default model's,
+# whose runs are whole vectors (softplus on 16 float32 values per row is scalar, on 16 float64 vector); and sizes
+# of 1, whose products the compiled core leaves to ATen's matmuls (BLAS leading dimensions differ there).
+CORE_SIZES = ((5, 12, 6, 4), (16, 128, 64, 16), (1, 8, 5, 1))
+
+
+def _core_inputs(steps: int, dtype: torch.dtype, seed: int = 0, sizes: tuple[int, int, int, int] = CORE_SIZES[0]):
     """Random inputs of the filter core (act part, embed part, noise, weights) with gradients recorded."""
     from worldpipe.models.rssm_filter import CoreWeights
 
     g = torch.Generator().manual_seed(seed)
-    batch, hidden, deter, stoch = 5, 12, 6, 4
+    batch, hidden, deter, stoch = sizes
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
@@ -139,8 +146,9 @@ def _core_inputs(steps: int, dtype: torch.dtype, seed: int = 0):
                                                                                       dtype=dtype), weights
 
 
-def test_compiled_core_is_built_and_gives_the_python_references_bits():
-    # The compiled loops transcribe the Python reference operator for operator: the same outputs and gradients
+@pytest.mark.parametrize("sizes", CORE_SIZES, ids=("odd", "default", "ones"))
+def test_compiled_core_is_built_and_gives_the_python_references_bits(sizes):
+    # The compiled loops compute what the Python reference's operators compute: the same outputs and gradients
     # to the bit, in float32 and float64, with no transition (T=1), one, and many. make test builds the
     # extension; a machine where it did not build fails here rather than silently running the slow loops.
     from worldpipe.models.rssm_filter import filter_core, native_filter_core
@@ -150,7 +158,7 @@ def test_compiled_core_is_built_and_gives_the_python_references_bits():
         for steps in (1, 2, 9):
             results = []
             for compiled in (True, False):
-                act, embed, noise, weights = _core_inputs(steps, dtype)
+                act, embed, noise, weights = _core_inputs(steps, dtype, sizes=sizes)
                 outs = filter_core(act, embed, noise, weights, 0.1, compiled=compiled)
                 g = torch.Generator().manual_seed(1)
                 loss = sum((o * torch.randn(o.shape, generator=g, dtype=dtype)).sum() for o in outs)

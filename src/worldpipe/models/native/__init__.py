@@ -1,14 +1,16 @@
 """Compiled parts of the models: the RSSM filter's loops over time in C++ (``filter_core.cpp``).
 
-The extension calls the same ATen operators in the same order as the Python reference
-(:mod:`worldpipe.models.rssm_filter`), so both give the same bits; the compiled loop only removes the interpreter
-between operators. It is built with torch's C++ extension toolchain (a C++ compiler and ninja) once per source
-version, by ``make install`` (``python -m worldpipe.models.native``) or by the first process that needs it, and
-later processes import the built library directly. Where it cannot be built the Python reference runs instead
+The extension computes what the Python reference (:mod:`worldpipe.models.rssm_filter`) computes, to the bit: its
+products call the BLAS gemm ATen's matmuls call, and its element-wise loops ATen's own vector functions with the
+same fused multiply-adds, so it is built for the CPU capability ATen dispatches to (``compiler_flags``); what the
+compiled loop removes is the cost around each small operator. It is built with torch's C++ extension toolchain
+(a C++ compiler and ninja) once per source version and CPU capability, by ``make install`` (``python -m
+worldpipe.models.native``) or by the first process that needs it, and later processes import the built library
+directly. Where it cannot be built the Python reference runs instead
 (same results, slower) and one warning line says why.
 
 Build layout: ``$WORLDPIPE_EXTENSIONS_DIR`` or ``<sys.prefix>/share/worldpipe/extensions``, one folder per
-extension and source hash, published by rename after a complete build (a build killed half-way leaves only a
+extension and hash of its source, torch version and flags, published by rename after a complete build (a build killed half-way leaves only a
 ``.partial`` folder, removed by the next build); a file lock makes concurrent first uses (torchrun ranks) build
 once.
 """
@@ -35,12 +37,37 @@ def extensions_dir() -> Path:
     return Path(os.environ.get(EXTENSIONS_DIR_ENV) or Path(sys.prefix) / "share" / "worldpipe" / "extensions")
 
 
+# Compiler flags per CPU capability ATen dispatches its kernels to: the extension's element-wise loops use
+# ATen's vector functions and its fused multiply-adds, so they are built for the same instruction set
+# (filter_core.cpp, "Element-wise kernels"); -ffp-contract=off keeps every other sum and product unfused.
+_CAPABILITY_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2"],
+}
+
+
+def cpu_capability() -> str:
+    """The instruction set ATen runs its CPU kernels with here (``ATEN_CPU_CAPABILITY`` can lower it)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def compiler_flags() -> list[str]:
+    """Flags of a build for this machine's ATen CPU capability."""
+    capability = cpu_capability()
+    flags = _CAPABILITY_FLAGS.get(capability, [])
+    name = capability if flags else "DEFAULT"
+    return ["-O3", "-ffp-contract=off", f"-DCPU_CAPABILITY={name}", *flags]
+
+
 def _versioned_name(extension: str) -> str:
     """The module name of one source version (its Python init symbol and folder name)."""
     source = SOURCES[extension].read_bytes()
-    import torch  # the ABI the library links against is part of its version
+    import torch  # the ABI the library links against is part of its version, and so are the flags
 
-    digest = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:12]
+    stamp = source + torch.__version__.encode() + " ".join(compiler_flags()).encode()
+    digest = hashlib.sha256(stamp).hexdigest()[:12]
     return f"worldpipe_{extension}_{digest}"
 
 
@@ -74,7 +101,7 @@ def build(extension: str) -> Path:
         from torch.utils.cpp_extension import load
 
         try:
-            load(name, [str(SOURCES[extension])], extra_cflags=["-O2"], build_directory=str(partial), verbose=False)
+            load(name, [str(SOURCES[extension])], extra_cflags=compiler_flags(), build_directory=str(partial), verbose=False)
             os.replace(partial, final)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
