@@ -179,9 +179,9 @@ def operators_called(step) -> dict[str, int]:
 
 def matmul_floor(step, repeat: int = 30) -> dict:
     """Milliseconds of one step's matmuls alone, each shape replayed on fresh operands (best of ``repeat``
-    calls): the time the step would take if it did nothing else; its matmul and operator calls beside it."""
-    total, shapes, operators = 0.0, [], {}
-    for key, call in step_matmuls(step, operators).items():
+    calls): the time the step would take if it did nothing else; its matmul calls beside it."""
+    total, shapes = 0.0, []
+    for key, call in step_matmuls(step).items():
         operands = [_operand_like(t) for t in call["operands"]]
         outputs = {k: _operand_like(t) for k, t in call["outputs"].items()}
         best = min(timed(lambda f=call["func"], o=operands, out=outputs: f(*o, **out), calls=repeat, warmup=3))
@@ -189,7 +189,7 @@ def matmul_floor(step, repeat: int = 30) -> dict:
         shapes.append({"op": key[0], "shapes": [list(shape) for shape, _ in key[1:]], "calls": call["count"],
                        "best_us": 1e6 * best})
     return {"ms": 1e3 * total, "calls": sum(s["calls"] for s in shapes), "distinct_shapes": len(shapes),
-            "shapes": shapes, "operator_calls": sum(operators.values()), "operator_calls_by_name": operators}
+            "shapes": shapes}
 
 
 def mm_peak(sizes: list[int], cpu_rates: dict[str, float] | None = None) -> dict[str, float]:
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     counted_on = PYTHON_CORE if PYTHON_CORE in steps else "model"  # the same products, all visible (docstring)
     flops["model"] = flops[counted_on]
     floor = matmul_floor(steps[counted_on])
-    floor["operator_calls_by_name"] = operators_called(steps["model"])
+    floor["operator_calls_by_name"] = operators_called(steps["model"])  # the model's own, beside its floor
     floor["operator_calls"] = sum(floor["operator_calls_by_name"].values())
     cpu: dict[str, list] = {}
     samples = measure_rounds(args, steps, cpu)

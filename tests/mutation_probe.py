@@ -103,8 +103,8 @@ MUTANTS = (
            "return (self.model_version, self.initial_state, prefix, self.stream)",
            ("tests/unit/test_rollout_cache.py",)),
     Mutant("compiled_core_drops_sample_path", "the compiled filter's backward is the Python reference's, to the bit",
-           "out[c] = g_mean.row(r)[c] + dz;",
-           "out[c] = g_mean.row(r)[c];",
+           "d_mean[c] = g_mean.row(r)[c] + dz;",
+           "d_mean[c] = g_mean.row(r)[c];",
            ("tests/unit/test_rssm.py",)),
 )
 

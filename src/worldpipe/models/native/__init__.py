@@ -6,13 +6,13 @@ same fused multiply-adds, so it is built for the CPU capability ATen dispatches 
 compiled loop removes is the cost around each small operator. It is built with torch's C++ extension toolchain
 (a C++ compiler and ninja) once per source version and CPU capability, by ``make install`` (``python -m
 worldpipe.models.native``) or by the first process that needs it, and later processes import the built library
-directly. Where it cannot be built the Python reference runs instead
-(same results, slower) and one warning line says why.
+directly. Where it cannot be built the Python reference runs instead (same results, slower) and one warning line
+says why.
 
 Build layout: ``$WORLDPIPE_EXTENSIONS_DIR`` or ``<sys.prefix>/share/worldpipe/extensions``, one folder per
-extension and hash of its source, torch version and flags, published by rename after a complete build (a build killed half-way leaves only a
-``.partial`` folder, removed by the next build); a file lock makes concurrent first uses (torchrun ranks) build
-once.
+extension and hash of its source, torch version and flags, published by rename after a complete build (a build
+killed half-way leaves only a ``.partial`` folder, removed by the next build); a file lock makes concurrent first
+uses (torchrun ranks) build once.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def build(extension: str) -> Path:
         from torch.utils.cpp_extension import load
 
         try:
-            load(name, [str(SOURCES[extension])], extra_cflags=compiler_flags(), build_directory=str(partial), verbose=False)
+            load(name, [str(SOURCES[extension])], extra_cflags=compiler_flags(), build_directory=str(partial),
+                 verbose=False)
             os.replace(partial, final)
         finally:
             shutil.rmtree(partial, ignore_errors=True)

@@ -56,16 +56,24 @@ template <typename T> inline T madd(T a, T b, T c) { return c + a * b; }
 
 template <typename T> using Vec = at::vec::Vectorized<T>;
 
-// out[i] = f(in[i]) over one contiguous run as ATen's vectorized loop splits it (out may be in).
-template <typename T, typename VecF, typename ScalarF>
-inline void transcendental_run(T* out, const T* in, int64_t n, const VecF& vec_f, const ScalarF& scalar_f) {
+// ATen's vectorized loop over one contiguous run of n elements: vec_at(i) for each pair of whole vectors from the
+// start, then scalar_at(i) for each remaining element.
+template <typename T, typename VecAt, typename ScalarAt>
+inline void split_run(int64_t n, const VecAt& vec_at, const ScalarAt& scalar_at) {
   constexpr int64_t width = Vec<T>::size();
   int64_t i = 0;
   for (; i <= n - 2 * width; i += 2 * width) {
-    vec_f(Vec<T>::loadu(in + i)).store(out + i);
-    vec_f(Vec<T>::loadu(in + i + width)).store(out + i + width);
+    vec_at(i);
+    vec_at(i + width);
   }
-  for (; i < n; ++i) out[i] = scalar_f(in[i]);
+  for (; i < n; ++i) scalar_at(i);
+}
+
+// out[i] = f(in[i]) over one contiguous run, split as ATen splits it (out may be in).
+template <typename T, typename VecF, typename ScalarF>
+inline void transcendental_run(T* out, const T* in, int64_t n, const VecF& vec_f, const ScalarF& scalar_f) {
+  split_run<T>(n, [&](int64_t i) { vec_f(Vec<T>::loadu(in + i)).store(out + i); },
+               [&](int64_t i) { out[i] = scalar_f(in[i]); });
 }
 
 // elu (alpha = scale = input_scale = 1) in place over n contiguous values: ATen's own element functions.
@@ -146,22 +154,18 @@ void posterior_sample(Block<T> stats, Block<T> noise, double min_std, Block<T> m
   }
 }
 
-// softplus'(raw) * grad (ATen's softplus_backward) over one row of n values, split as transcendental_run.
-template <typename T> void softplus_backward_run(T* out, const T* grad, const T* raw, int64_t n) {
-  const auto vec_part = [&](int64_t c) {
-    const auto b = Vec<T>::loadu(raw + c), a = Vec<T>::loadu(grad + c), e = b.exp();
-    Vec<T>::blendv(a * e / (e + Vec<T>(T(1))), a, b > Vec<T>(T(20))).store(out + c);
-  };
-  constexpr int64_t width = Vec<T>::size();
-  int64_t c = 0;
-  for (; c <= n - 2 * width; c += 2 * width) {
-    vec_part(c);
-    vec_part(c + width);
-  }
-  for (; c < n; ++c) {
-    const T e = std::exp(raw[c]);
-    out[c] = raw[c] > T(20) ? grad[c] : grad[c] * e / (e + T(1));
-  }
+// grad * softplus'(raw) (ATen's softplus_backward) in place on grad over one row of n values, split as ATen does.
+template <typename T> void softplus_backward_run(T* grad, const T* raw, int64_t n) {
+  split_run<T>(
+      n,
+      [&](int64_t i) {
+        const auto b = Vec<T>::loadu(raw + i), a = Vec<T>::loadu(grad + i), e = b.exp();
+        Vec<T>::blendv(a * e / (e + Vec<T>(T(1))), a, b > Vec<T>(T(20))).store(grad + i);
+      },
+      [&](int64_t i) {
+        const T e = std::exp(raw[i]);
+        grad[i] = raw[i] > T(20) ? grad[i] : grad[i] * e / (e + T(1));
+      });
 }
 
 // Back through z = mean + std * noise and std = softplus(raw) + min_std: d_stats = [g_mean + dz, d_raw] with
@@ -169,15 +173,14 @@ template <typename T> void softplus_backward_run(T* out, const T* grad, const T*
 template <typename T>
 void posterior_backward(Block<T> g_z, Block<T> dz_next, Block<T> g_std, Block<T> g_mean, Block<T> noise,
                         Block<T> stats, Block<T> d_stats, int64_t rows, int64_t stoch) {
-  std::vector<T> grad(stoch);
   for (int64_t r = 0; r < rows; ++r) {
-    T* out = d_stats.row(r);
+    T *d_mean = d_stats.row(r), *d_raw = d_stats.row(r) + stoch;
     for (int64_t c = 0; c < stoch; ++c) {
       const T dz = g_z.row(r)[c] + dz_next.row(r)[c];
-      out[c] = g_mean.row(r)[c] + dz;
-      grad[c] = madd(dz, noise.row(r)[c], g_std.row(r)[c]);
+      d_mean[c] = g_mean.row(r)[c] + dz;
+      d_raw[c] = madd(dz, noise.row(r)[c], g_std.row(r)[c]);  // the gradient of std, then through softplus
     }
-    softplus_backward_run(out + stoch, grad.data(), stats.row(r) + stoch, stoch);
+    softplus_backward_run(d_raw, stats.row(r) + stoch, stoch);
   }
 }
 
@@ -306,7 +309,7 @@ std::vector<Tensor> forward_loop(const Tensor& act_part, const Tensor& embed_par
   stats_all.copy_(w.b3.expand_as(stats_all));
   h_all[0].zero_();
   const Steps<T> h(h_all), z(z_all), mean(mean_all), sd(std_all), x(x_all), ru(ru_all), n(n_all), ghn(ghn_all),
-      gi(gi_all), gh(gh_all), a1(a1_all), a2(a2_all), stats(stats_all), eps(noise.view({steps, batch, stoch}));
+      gi(gi_all), gh(gh_all), a1(a1_all), a2(a2_all), stats(stats_all), eps(noise);
   for (int64_t t = 0; t < steps; ++t) {
     if (t > 0) {
       const int64_t k = t - 1;
