@@ -36,3 +36,11 @@ class TinyKV(WorldModel):
         out = self.decode(attended)
         new_key = torch.tanh(attended).unsqueeze(1)
         return out[:, :-1], out[:, -1], {"keys": torch.cat([keys, new_key], dim=1)}
+
+
+class BatchCoupled(TinyKV):
+    """TinyKV whose step adds a trace of the batch mean: a row's bits depend on its neighbours by construction."""
+
+    def imagine_step(self, state, action, noise=None):
+        out, reward, new_state = super().imagine_step(state, action, noise)
+        return out + 1e-3 * out.mean(0, keepdim=True), reward, new_state
