@@ -1,4 +1,5 @@
-"""A tiny KV-cache world model for tests: its rollout state grows by one key per step, like a transformer's."""
+"""Tiny world models for rollout tests: a KV cache (its state grows by one key per step, like a transformer's),
+one whose rows cannot depend on their batch (element-wise sums and products only), one whose rows always do."""
 
 from __future__ import annotations
 
@@ -44,3 +45,32 @@ class BatchCoupled(TinyKV):
     def imagine_step(self, state, action, noise=None):
         out, reward, new_state = super().imagine_step(state, action, noise)
         return out + 1e-3 * out.mean(0, keepdim=True), reward, new_state
+
+
+class ElementwiseRecurrent(WorldModel):
+    """A leaky sum of observations and actions, with element-wise additions and multiplications only.
+
+    Each of those rounds once per element, identically in a vector lane and in scalar code, and mixes no rows, so
+    a row's bits cannot depend on its batch on any machine (unlike a BLAS product, whose kernel and register
+    blocking depend on the shape and on a row's place in it).
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int) -> None:
+        super().__init__(obs_dim, act_dim)
+        self.decay = nn.Parameter(torch.rand(obs_dim) * 0.5 + 0.25)
+        self.gain = nn.Parameter(torch.randn(obs_dim))
+
+    def rollout_noise_shape(self) -> tuple[int, ...]:
+        return (self.obs_dim,)
+
+    def observe_context(self, obs, action):
+        h = obs.new_zeros(obs.shape[0], self.obs_dim)
+        for t in range(obs.shape[1]):
+            h = h * self.decay + obs[:, t] + action[:, t, :1] * self.gain
+        return {"h": h}
+
+    def imagine_step(self, state, action, noise=None):
+        h = state["h"] * self.decay + action[:, :1] * self.gain
+        if noise is not None:
+            h = h + noise * 0.1
+        return h, h[:, 0] * h[:, -1], {"h": h}

@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 from worldpipe.models.native import load_extension
-from worldpipe.models.row_independent import products_row_independent
 
 
 @dataclass(frozen=True)
@@ -55,11 +54,9 @@ def filter_core(act_part: torch.Tensor, embed_part: torch.Tensor, noise: torch.T
 
     act_part [T-1,B,H]: cell_input's action block applied to a_0..a_{T-2}, plus its bias; embed_part [T,B,H]:
     posterior_head's embedding block applied to e_0..e_{T-1}, plus its bias; noise [T,B,S]; h_0 = z_{-1} = 0.
-    ``compiled=False`` runs the Python reference even where the extension is built (tests, benchmarks); so does
-    serving (:func:`~worldpipe.models.row_independent.row_independent_products`): the extension calls BLAS itself.
+    ``compiled=False`` runs the Python reference even where the extension is built (tests, benchmarks).
     """
-    native = compiled and not products_row_independent() and native_filter_core() is not None
-    core = _NativeFilterCore if native else _FilterCore
+    core = _NativeFilterCore if compiled and native_filter_core() is not None else _FilterCore
     return core.apply(act_part, embed_part, noise, min_std, *weights.tensors())
 
 

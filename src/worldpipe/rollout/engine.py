@@ -1,16 +1,13 @@
 """Batched imagination: run many rollout jobs through one model, each row's bits independent of the batch.
 
 CPU kernels pick their code path by batch size (a 1- or 2-row product is not computed like an 8-row one), and
-some (gemm register blocks, batched matrix-vector products, reductions) by a row's position in the batch.
+some (batched matrix-vector products, reductions) by a row's memory alignment, i.e. its position in the batch.
 So a row's bits can change with which other requests share its batch. Two rules keep them from changing:
 
 * every model call runs on a batch padded to a multiple of :data:`ROW_MULTIPLE` rows (padding rows repeat
   row 0 and are discarded);
-* a model is batched only if :func:`worldpipe.rollout.padding.choose_batching` found, when it was loaded, that
-  each row's result is the same at every position and padded width: with plain kernels, or else with every
-  matrix product computing each row as a product of its own (``ServedModel.rows_alone``,
-  :func:`worldpipe.models.row_independent.row_independent_products`); otherwise every job runs alone, as row 0
-  of a batch of one.
+* a model is batched only if :func:`worldpipe.rollout.padding.probe_batch_invariance` found, when it was loaded, that each row's result
+  is the same at every position and padded width; otherwise every job runs alone, as row 0 of a batch of one.
 
 ``tests/unit/test_rollout_engine.py`` checks the result against single-job runs over many compositions.
 
@@ -29,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worldpipe.models import RolloutState
-from worldpipe.rollout.padding import ROW_MULTIPLE, pad_rows, padded, served_products
+from worldpipe.rollout.padding import ROW_MULTIPLE, pad_rows, padded
 from worldpipe.rollout.registry import ServedModel
 from worldpipe.rollout.streams import StreamId, step_noise
 
@@ -112,8 +109,7 @@ def filter_contexts(jobs: list[RolloutJob], pad: bool = True) -> None:
         width = padded(len(group), ROW_MULTIPLE if pad else 1)
         obs = pad_rows(torch.stack([j.context_obs for j in group]), width)
         action = pad_rows(torch.stack([j.context_action for j in group]), width)
-        with served_products(group[0].served.rows_alone):
-            state = model.observe_context((obs - model.obs_mean) / model.obs_std, action)
+        state = model.observe_context((obs - model.obs_mean) / model.obs_std, action)
         for i, job in enumerate(group):
             job.start = _row(state, i)
 
@@ -121,11 +117,6 @@ def filter_contexts(jobs: list[RolloutJob], pad: bool = True) -> None:
 @torch.no_grad()
 def imagine_group(group: list[RolloutJob]) -> list[JobResult]:
     """Imagine a group of jobs with the same model, noise use and state shapes, in one padded batch per step."""
-    with served_products(group[0].served.rows_alone):
-        return _imagine_batch(group)
-
-
-def _imagine_batch(group: list[RolloutJob]) -> list[JobResult]:
     order = sorted(range(len(group)), key=lambda i: -group[i].actions.shape[0])
     jobs = [group[i] for i in order]
     served = jobs[0].served

@@ -2,17 +2,11 @@
 
 Every batched call runs on a batch padded to a multiple of :data:`ROW_MULTIPLE` rows (padding rows repeat row 0
 and are discarded), so the shapes a model sees do not depend on how many jobs happened to arrive together.
-Where a machine's BLAS still mixes rows (MKL on AVX-512 computes odd and even rows of some small products
-differently), the model is served under :func:`~worldpipe.models.row_independent.row_independent_products`.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
-
-from worldpipe.models.row_independent import row_independent_products
 
 ROW_MULTIPLE = 8
 
@@ -29,29 +23,9 @@ def pad_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([t, t[:1].expand(width - t.shape[0], *t.shape[1:])], dim=0)
 
 
-def choose_batching(model, obs_dim: int, act_dim: int) -> tuple[bool, bool]:
-    """(batch_invariant, rows_alone) of a model on this machine.
-
-    Batched with plain kernels where they keep rows apart (the fastest), else with row-independent products where
-    those do (every product about 2x slower, but a batch of N rows costs far less than N single jobs), else never.
-    """
-    if probe_batch_invariance(model, obs_dim, act_dim):
-        return True, False
-    if probe_batch_invariance(model, obs_dim, act_dim, rows_alone=True):
-        return True, True
-    return False, False
-
-
-def served_products(rows_alone: bool):
-    """The products a served model computes with: row-independent ones if ``rows_alone``, else plain."""
-    return row_independent_products() if rows_alone else nullcontext()
-
-
 @torch.no_grad()
-def probe_batch_invariance(model, obs_dim: int, act_dim: int, rows: int = 24, steps: int = 3,
-                           rows_alone: bool = False) -> bool:
-    """True when every row of a random rollout has the same bits at every batch position and padded width
-    (computed with row-independent products if ``rows_alone``)."""
+def probe_batch_invariance(model, obs_dim: int, act_dim: int, rows: int = 24, steps: int = 3) -> bool:
+    """True when every row of a random rollout has the same bits at every batch position and padded width."""
     g = torch.Generator().manual_seed(0)
     obs, action = torch.randn(rows, 3, obs_dim, generator=g), torch.randn(rows, 3 + steps, act_dim, generator=g)
     shape = model.rollout_noise_shape()
@@ -66,11 +40,6 @@ def probe_batch_invariance(model, obs_dim: int, act_dim: int, rows: int = 24, st
         result = torch.stack(outputs, dim=1)[:len(order)]
         return result[torch.argsort(order)]
 
-    with served_products(rows_alone):
-        return _each_order_matches(run, rows)
-
-
-def _each_order_matches(run, rows: int) -> bool:
     reference = run(torch.arange(rows), padded(rows))
     for seed, width in ((1, ROW_MULTIPLE), (2, 2 * ROW_MULTIPLE), (3, padded(rows)), (4, padded(rows) + ROW_MULTIPLE)):
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))[:min(rows, width)]

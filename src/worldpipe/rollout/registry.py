@@ -30,7 +30,7 @@ from worldpipe.checkpoint.layout import parse_step_dir
 from worldpipe.checkpoint.loadable import step_problems
 from worldpipe.models import WorldModel
 from worldpipe.models.restore import restore_model
-from worldpipe.rollout.padding import choose_batching
+from worldpipe.rollout.padding import probe_batch_invariance
 
 log = logging.getLogger("worldpipe.rollout")
 
@@ -51,7 +51,6 @@ class ServedModel:
     identity: dict = field(repr=False)
     pins: int = 0
     batch_invariant: bool = True  # may share a batch with other jobs (see worldpipe.rollout.engine)
-    rows_alone: bool = False  # computed with row-independent products (worldpipe.models.row_independent)
 
     @property
     def frame_shape(self) -> tuple[int, int, int] | None:
@@ -88,8 +87,6 @@ def load_served_model(root: Path, step: int, device: str = "cpu", manager: Check
     """Load and verify (sha256 of every file) checkpoint ``step`` under ``root`` as a servable model.
 
     ``manager``: the one that just chose ``step`` (its decoded state is reused, not read twice).
-    The products it computes with are chosen for batching even on a server that never batches, so a result does
-    not depend on the server's batch setting either.
     """
     state = (manager or CheckpointManager(root, verify="sha256")).load(step)
     identity = state.get("identity") or {}
@@ -108,13 +105,10 @@ def load_served_model(root: Path, step: int, device: str = "cpu", manager: Check
     obs_dim, act_dim = model.obs_dim, model.act_dim
     for p in model.parameters():
         p.requires_grad_(False)
-    invariant, rows_alone = choose_batching(model, obs_dim, act_dim)
+    invariant = probe_batch_invariance(model, obs_dim, act_dim)
     if not invariant:
         log.warning("step %d: a row's result depends on its batch position on this machine; serving unbatched", step)
-    elif rows_alone:
-        log.info("step %d: this machine's products mix rows; batching with row-independent products", step)
-    return ServedModel(state_digest(state), step, model, obs_dim, act_dim, identity, batch_invariant=invariant,
-                       rows_alone=rows_alone)
+    return ServedModel(state_digest(state), step, model, obs_dim, act_dim, identity, batch_invariant=invariant)
 
 
 class ModelRegistry:
