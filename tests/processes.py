@@ -29,12 +29,24 @@ def pids_with_arg(fragment: str, cwd: Path | None = None) -> set[int]:
 
 
 def is_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
+    """True while any thread of process ``pid`` is running (neither a zombie nor gone).
+
+    Threads, not just the main one: a killed multi-threaded process (torchrun, with its store and monitor
+    threads) shows its leader as a zombie while other threads are still exiting, and its open files (a run
+    lock's flock among them) are released only when the last thread has gone.
+    """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    for tid in threads:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def wait_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
