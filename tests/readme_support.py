@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "# not run by tests:"
-# Seconds, no results needed: the default tier.
+# Seconds each, no results needed: run by test_cheap_readme_commands_run_as_written, before any pipeline.
 CHEAP = (r"^source \.venv/bin/activate$", r"^snakemake -n\b", r"^snakemake --dag \| dot ", r"^worldpipe sweep points ",
          r"^worldpipe train --cfg ", r"^worldpipe train --help", r"^eval \"\$\(worldpipe train -sc install=bash\)\"")
 # The README's pipelines that make the results the other commands read: run first in the slow tier.

@@ -114,6 +114,7 @@ def test_a_bad_option_is_one_line_naming_the_command(tmp_path, env_with_venv, na
     assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_bench_step_reports_flops_peak_and_the_per_step_baseline(tmp_path, env_with_venv):
     out = tmp_path / "bench" / "step.json"
     proc = bench(env_with_venv, tmp_path, "step", "--experiment", "smoke", "--rounds", "2", "--steps", "2",

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.integration
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_loader.py"
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_bench_loader_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_loader", BENCH)
     bench = importlib.util.module_from_spec(spec)

@@ -38,6 +38,7 @@ def s3(moto_endpoint, monkeypatch):
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_s3_build_seal_verify_read(s3, tmp_path):
     bucket, options, fs = s3
     url = f"s3://{bucket}/data/{SPEC.name}/store.zarr"

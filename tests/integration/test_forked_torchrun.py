@@ -33,6 +33,7 @@ def _one(events: list[dict], name: str) -> dict:
     return event
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_forked_torchrun_trains_the_same_bits_as_a_fresh_one(tmp_path, smoke_dataset, env_with_venv):
     forked, forked_done = _trained(tmp_path / "forked", smoke_dataset, env_with_venv, "fork")
     fresh, fresh_done = _trained(tmp_path / "fresh", smoke_dataset, env_with_venv, "exec")

@@ -25,6 +25,7 @@ def test_every_readme_command_is_run_or_says_why_not():
     assert {"cheap", "setup", "slow", "skipped"} <= tiers, tiers
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_cheap_readme_commands_run_as_written(tmp_path, env_with_venv):
     project, env = project_env(tmp_path, env_with_venv)
     cheap = [c for c in readme_commands() if c.tier == "cheap"]

@@ -20,6 +20,7 @@ def rollout(checkpoint, request_file, env) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_rollout_command_is_reproducible_and_rejects_bad_input(tmp_path, env_with_venv):
     publish_demo_checkpoint(tmp_path / "checkpoints", step=5)
     good = tmp_path / "request.json"

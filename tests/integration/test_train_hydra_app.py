@@ -44,6 +44,7 @@ def _data(smoke_dataset) -> list[str]:
     return [f"data.store={store}", f"data.manifest={manifest}", "trainer.progress_bar=false", "parallel=single"]
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_train_ends_naming_its_run_dir_and_the_mlflow_run_in_the_model_training_view(env_with_venv, tmp_path,
                                                                                    smoke_dataset):
     run_dir = tmp_path / "run"

@@ -120,6 +120,7 @@ def test_shard_index_of_a_tensor_parallel_model_covers_every_element_once(tmp_pa
     assert counts[0][0] > counts[0][1] and counts[0][2] > counts[0][3], counts[0]
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_trainer_step_on_unequal_slices_follows_the_global_mean_gradient(tmp_path, env_with_venv, smoke_dataset):
     """The trainer's own step (not a re-implementation of its loss line) on 2 ranks holding 3 and 2 windows:
     each rank's loss must be scaled by the valid count of the whole global batch, so that the averaged

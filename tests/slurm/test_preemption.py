@@ -26,6 +26,7 @@ from pipeline_runs import (
     failure_report,
     latest_step,
     overlay_config,
+    seed_datasets,
     slurm_jobs,
     smoke_dataset,
     smoke_target,
@@ -56,9 +57,11 @@ def running_train_job(exclude: set[str]) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def preempted_run(slurm_cluster, env_with_venv, tmp_path_factory):
-    """The pipeline up to training, preempted once by the warning signal and once by a requeue."""
+def preempted_run(slurm_cluster, env_with_venv, tmp_path_factory, workstation_smoke):
+    """Training through the pipeline (on datasets made earlier), preempted once by the warning signal and once
+    by a requeue."""
     workdir = tmp_path_factory.mktemp("preempted")
+    seed_datasets(workstation_smoke[0], workdir)
     overlay = overlay_config(workdir / "long.yaml", train=TRAIN)
     run_dir = workdir / RUN_DIR
     proc = start_snakemake(workdir, env_with_venv, [SMOKE, overlay], *SLURM_ARGS, smoke_target([SMOKE, overlay]))

@@ -19,6 +19,7 @@ from pipeline_runs import (
     failure_report,
     overlay_config,
     run_snakemake,
+    seed_datasets,
     slurm_jobs,
     smoke_target,
     train_log,
@@ -30,9 +31,10 @@ SLURM_NODES = ("wp1", "wp2")
 
 
 @pytest.fixture(scope="module")
-def two_node_run(slurm_cluster, env_with_venv, tmp_path_factory):
+def two_node_run(slurm_cluster, env_with_venv, tmp_path_factory, workstation_smoke):
     assert set(slurm_cluster.node_states()) == set(SLURM_NODES)
     workdir = tmp_path_factory.mktemp("two_nodes")
+    seed_datasets(workstation_smoke[0], workdir)  # training is what spans the nodes; the data rules run elsewhere
     overlay = overlay_config(workdir / "two_nodes.yaml", train={"nproc_per_node": 1, "nnodes": 2, "overrides": []})
     proc = run_snakemake(workdir, env_with_venv, [SMOKE, overlay], *SLURM_ARGS, smoke_target([SMOKE, overlay]))
     assert proc.returncode == 0, failure_report(proc.stdout + proc.stderr, workdir, slurm_cluster)

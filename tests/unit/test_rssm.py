@@ -56,6 +56,7 @@ def test_same_seed_same_output_and_noise_matters():
     assert not torch.equal(b, model(obs, action, reward, mask, noise + 1)["total"])
 
 
+@pytest.mark.slow  # default tier over its 5 minutes (407 s here on 2026-12-03): make test runs it
 def test_learns_a_linear_system_better_than_repeating():
     torch.manual_seed(0)
     steps, batch = 12, 32
