@@ -129,7 +129,7 @@ class _ObjectStep:
     def begin(self) -> None:
         """Rank 0: clear what an earlier attempt at this step left (never mix old and new files)."""
         if self.store.step_exists(self.step):
-            self.store._remove_step(self.step)
+            self.store.delete_step(self.step)
 
     def path(self, relpath: str) -> str:
         """Object path of a file of the step."""
@@ -148,13 +148,10 @@ class _ObjectStep:
     def commit(self, records: list[FileRecord], contents: Mapping, identity: Mapping, tensors: list[dict]) -> None:
         """Rank 0: the manifest (a single PUT) is the commit point; then ``latest``."""
         fault.inject("after_files")
-        self.store.fs.pipe_file(self.path(layout.MANIFEST_NAME), build_manifest(self.step, records, contents,
-                                                                                identity, tensors))
+        self.store.commit_manifest(self.step, build_manifest(self.step, records, contents, identity, tensors))
         fault.inject("after_manifest")
         fault.inject("after_rename")
-        self.store.fs.pipe_file(f"{self.store.root}/{layout.LATEST_NAME}",
-                                f"{layout.step_dir_name(self.step)}\n".encode())
-        self.store.fs.invalidate_cache()
+        self.store.write_latest(layout.step_dir_name(self.step))
         fault.inject("after_latest")
 
     def abort(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import fsspec
 import torch
 
+from worldpipe.core import ownership
+
 from .. import fault, layout
 from ..codec import PendingFile
 from ..errors import CheckpointWriteError
@@ -107,7 +109,7 @@ class ObjectStore(Store):
             fault.inject("before_files")
             if self.step_exists(step):
                 # A crashed earlier attempt (or a step being re-saved): never mix old and new files.
-                self._remove_step(step)
+                self.delete_step(step)
             records = []
             for index, pending in enumerate(files):
                 current = self._step_path(step, pending.relpath)
@@ -120,8 +122,7 @@ class ObjectStore(Store):
                     fault.inject("mid_files")
             fault.inject("after_files")
             current = self._step_path(step, layout.MANIFEST_NAME)
-            # The commit point: a single PUT of the manifest.
-            self.fs.pipe_file(current, build_manifest(step, records, contents, identity, tensors))
+            self.commit_manifest(step, build_manifest(step, records, contents, identity, tensors))
         except Exception as exc:
             with contextlib.suppress(Exception):
                 self._remove_step(step)
@@ -130,8 +131,7 @@ class ObjectStore(Store):
         try:
             fault.inject("after_manifest")
             fault.inject("after_rename")  # no rename in object stores: same point as after_manifest
-            self.fs.pipe_file(current, f"{layout.step_dir_name(step)}\n".encode())
-            self.fs.invalidate_cache()
+            self.write_latest(layout.step_dir_name(step))
             fault.inject("after_latest")
         except Exception as exc:
             raise CheckpointWriteError(step, current, exc) from exc
@@ -144,5 +144,17 @@ class ObjectStore(Store):
                 removed.append(self.location(step))
         return removed
 
+    def commit_manifest(self, step: int, manifest: bytes) -> None:
+        """The commit point of a step: a single PUT of its manifest (every file is written before)."""
+        ownership.confirm(f"publishing step {step}")
+        self.fs.pipe_file(self._step_path(step, layout.MANIFEST_NAME), manifest)
+
+    def write_latest(self, name: str) -> None:
+        """Point ``latest`` at ``name`` (a single PUT)."""
+        ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
+        self.fs.pipe_file(posixpath.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
+        self.fs.invalidate_cache()
+
     def delete_step(self, step: int) -> None:  # noqa: D102
+        ownership.confirm(f"deleting step {step}")
         self._remove_step(step)

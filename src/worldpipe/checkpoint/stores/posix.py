@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from worldpipe.core import ownership
 from worldpipe.core.atomic import (
     fsync_and_close,
     fsync_dir,
@@ -243,6 +244,7 @@ class PosixStore(Store):
     def rename_into_place(self, partial: str, final: str, step: int, nonce: str) -> None:
         """Step 3 of the protocol: the durable partial directory becomes ``step-NNNNNN`` (a re-saved step's old
         directory is moved aside under a hidden name first, and removed once the new one is durable)."""
+        ownership.confirm(f"publishing step {step}")
         publish_dir(partial, final, os.path.join(self.root, layout.temp_name(step, "replaced", nonce)))
 
     def write_latest(self, name: str) -> None:
@@ -250,6 +252,7 @@ class PosixStore(Store):
         tmp = os.path.join(self.root, layout.latest_temp_name(secrets.token_hex(6)))
         try:
             write_file_durably(tmp, [f"{name}\n".encode()])
+            ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
             os.replace(tmp, os.path.join(self.root, layout.LATEST_NAME))
         except BaseException:
             with contextlib.suppress(OSError):
@@ -277,6 +280,7 @@ class PosixStore(Store):
         return removed
 
     def delete_step(self, step: int) -> None:  # noqa: D102
+        ownership.confirm(f"deleting step {step}")
         # Renamed aside first: readers see the whole step or nothing, never a half-deleted one.
         remove_atomic(self._path(step), os.path.join(self.root, layout.temp_name(step, "deleting", secrets.token_hex(6))))
 
