@@ -24,6 +24,7 @@ Shapes: B = sequences in the batch, T = time steps, O/A = observation/action siz
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -179,6 +180,16 @@ class WorldModel(nn.Module):
         Only models whose ``parallel.time_partition`` is set implement it.
         """
         raise NotImplementedError(f"{type(self).__name__} has no valid time partition")
+
+
+def has_dtensor_parameters(module: nn.Module) -> bool:
+    """Whether any parameter of ``module`` is a DTensor (sharded by FSDP2 or tensor parallelism).
+
+    Asked without importing ``torch.distributed.tensor`` (about a second of start-up, paid by the launcher and at
+    every Snakefile parse for nothing): a DTensor cannot exist before that module is imported.
+    """
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in module.parameters())
 
 
 def flat_observations(arrays: dict[str, Any], key: str) -> Any:

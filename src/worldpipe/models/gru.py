@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
+from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel, has_dtensor_parameters
 
 
 def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
@@ -56,7 +55,7 @@ class GRUDynamics(WorldModel):
         if inputs.shape[1] == 0:
             return inputs.new_zeros(obs.shape[0], 0, self.deter)
         cell = self.cell
-        if torch.compiler.is_compiling() or any(isinstance(p, DTensor) for p in cell.parameters()):
+        if torch.compiler.is_compiling() or has_dtensor_parameters(cell):
             states = []
             for t in range(inputs.shape[1]):
                 h = cell(inputs[:, t], h)

@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
+from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel, has_dtensor_parameters
 from worldpipe.models.rssm_filter import CoreWeights, filter_core
 
 
@@ -118,7 +117,7 @@ class RSSM(WorldModel):
         (:mod:`worldpipe.models.rssm_filter`). Under ``torch.compile``, or when the layers' parameters live
         sharded outside their own forward (FSDP2), the same recurrence runs layer by layer through the modules.
         """
-        if torch.compiler.is_compiling() or any(isinstance(p, DTensor) for p in self.cell.parameters()):
+        if torch.compiler.is_compiling() or has_dtensor_parameters(self.cell):
             return self._filter_by_modules(embed, action, noise)
         stoch, deter = self.cfg.stoch, self.cfg.deter
         cell_in, post = self.cell_input[0], self.posterior_head
