@@ -36,12 +36,15 @@ def world_size_of(cfg: DictConfig | Mapping) -> int:
     return p["nproc_per_node"] * p["nnodes"]
 
 
-def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> DictConfig:
-    """Compose and fully validate the training config for ``overrides`` (no data is read)."""
+def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR, remember_pass: bool = False) -> DictConfig:
+    """Compose and fully validate the training config for ``overrides`` (no data is read).
+
+    ``remember_pass``: see :func:`worldpipe.trainer.validation.validate_config` (the Snakefile's parse only).
+    """
     check_override_syntax(overrides)
     cfg = compose_config(overrides, config_dir)
     check_value_types(cfg, overrides, config_dir)
-    validate_config(cfg, world_size_of(cfg))
+    validate_config(cfg, world_size_of(cfg), remember_pass)
     return cfg
 
 

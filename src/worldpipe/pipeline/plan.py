@@ -118,7 +118,9 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     try:
         # Validated (types, ranges, layout against world size) with the settings too, so a bad value stops the
         # pipeline while the Snakefile is parsed, before any data stage runs; the settings cannot change the hash.
-        cfg = checked_config([*overrides, *training_settings(config, "")], conf or paths.conf_dir())
+        # A pass is remembered: later parses with the same config and code skip importing torch for it.
+        cfg = checked_config([*overrides, *training_settings(config, "")], conf or paths.conf_dir(),
+                             remember_pass=True)
     except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
         message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
         raise PipelineError(f"experiments: experiment {experiment!r} does not compose with overrides "

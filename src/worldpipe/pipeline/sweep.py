@@ -254,7 +254,7 @@ def _run_overrides(config: Mapping[str, Any], experiment: str) -> tuple[list[str
 
 def _check_point(point: SweepPoint, overrides: list[str], conf: Path) -> None:
     try:
-        checked_config(overrides, conf)
+        checked_config(overrides, conf, remember_pass=True)  # at parse time, as the plan's runs
     except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
         message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
         raise SweepError(f"sweep point {point.name} ({' '.join(point.overrides)}) fails the checks of a "

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from omegaconf import DictConfig
 
+from worldpipe.config import validation_cache
 from worldpipe.config.identity import ConfigError, to_container
 from worldpipe.config.schema import check_ranges
 from worldpipe.config.tracking_uri import tracking_uri_problem
@@ -22,22 +23,22 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"config key '{key}': {message}")
 
 
-def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
+def validate_config(cfg: DictConfig | Mapping, world_size: int, remember_pass: bool = False) -> None:
     """Check the training config for the given world size; raise ConfigError naming the bad key.
 
     Types and single-key ranges come from the group schemas (:mod:`worldpipe.config.schema`); the checks that
-    relate several keys (or the world size) are here, once.
+    relate several keys (or the world size) are here, once. ``remember_pass``: skip the checks that import torch
+    (the model's signature, the layout's rules) for a config that passed them with this code before, and record
+    a pass (:mod:`worldpipe.config.validation_cache`; the Snakefile's parse, which needs no torch otherwise).
     """
     mark("config_validated")  # once per start (`worldpipe bench startup`, tests/integration/test_local_run.py)
     c = to_container(cfg)
     for key, problem in check_ranges(c):
         raise ConfigError(f"config key '{key}': {problem}")
-    # The model's signature is its schema. Imported here: models bring torch, and the Snakefile's parse and
-    # the launcher's refusals run this check without paying that start-up time.
-    from worldpipe.models import check_model_config
-
-    for key, problem in check_model_config(c.get("model") or {}):
-        raise ConfigError(f"config key '{key}': {problem}")
+    key = validation_cache.verdict_key(c, world_size) if remember_pass else None
+    torch_checks = not validation_cache.passed_before(key)
+    if torch_checks:
+        _check_model(c)
     t, p = c["trainer"], c["parallel"]
     tracking, env_uri = c.get("tracking") or {}, os.environ.get("MLFLOW_TRACKING_URI")
     if tracking.get("enabled") and not tracking.get("uri") and env_uri:
@@ -57,7 +58,21 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int) -> None:
             f"global batch {t['batch_size']} is not divisible by the world size {world_size} "
             "(parallel.even_batches=true); pick a multiple or set parallel.even_batches=false",
         )
-    # The layout's own rules (degrees, model axes); imported here for the same reason (torch start-up).
+    if torch_checks:
+        _check_layout(c, world_size)
+        validation_cache.record_pass(key)
+
+
+def _check_model(c: Mapping) -> None:
+    """The model's constructor signature is its schema. Imported here: models bring torch (seconds)."""
+    from worldpipe.models import check_model_config
+
+    for key, problem in check_model_config(c.get("model") or {}):
+        raise ConfigError(f"config key '{key}': {problem}")
+
+
+def _check_layout(c: Mapping, world_size: int) -> None:
+    """The layout's own rules (degrees, model axes); imported here for the same reason (torch start-up)."""
     from worldpipe.parallel.validation import validate_layout
 
     validate_layout(c, world_size)
