@@ -142,7 +142,8 @@ def run_tests(root: Path, tests: tuple[str, ...], own_build: bool = False) -> tu
     if own_build:
         env[EXTENSIONS_DIR_ENV] = str(root / ".extensions")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    # One process: under xdist, -x ends an interrupted session (exit 2), which would read as "error", not "caught".
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *tests]
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
