@@ -12,6 +12,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/native/cpu/Elu.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -106,6 +107,12 @@ template <typename T> struct Block {
 template <typename T> void add_into(Block<T> out, Block<T> a, Block<T> b, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out.row(r)[c] = a.row(r)[c] + b.row(r)[c];
+}
+
+// out = src row by row over [rows, cols]: a step's product output set to what its addmm adds (a bias row, with
+// src.ld 0, or the step's part computed outside the loop) just before the product, while it is in cache.
+template <typename T> void fill_block(Block<T> out, Block<T> src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(src.row(r), cols, out.row(r));
 }
 
 // The GRU cell's gates after its two products, gi = x W_ih^T + b_ih and gh = h W_hh^T + b_hh (order r, u, n):
@@ -300,30 +307,34 @@ std::vector<Tensor> forward_loop(const Tensor& act_part, const Tensor& embed_par
   auto gi_all = steps_buffer(steps - 1, batch, 3 * deter, opts), gh_all = steps_buffer(steps - 1, batch, 3 * deter, opts);
   auto a1_all = steps_buffer(steps, batch, hidden, opts), a2_all = steps_buffer(steps, batch, hidden, opts);
   auto stats_all = steps_buffer(steps, batch, 2 * stoch, opts);
-  // Every product's output starts as what its addmm adds (the bias, or the part computed outside the loop).
-  x_all.copy_(act_part);
-  gi_all.copy_(w.b_ih.expand_as(gi_all));
-  gh_all.copy_(w.b_hh.expand_as(gh_all));
-  a1_all.copy_(embed_part);
-  a2_all.copy_(w.b2.expand_as(a2_all));
-  stats_all.copy_(w.b3.expand_as(stats_all));
   h_all[0].zero_();
   const Steps<T> h(h_all), z(z_all), mean(mean_all), sd(std_all), x(x_all), ru(ru_all), n(n_all), ghn(ghn_all),
-      gi(gi_all), gh(gh_all), a1(a1_all), a2(a2_all), stats(stats_all), eps(noise);
+      gi(gi_all), gh(gh_all), a1(a1_all), a2(a2_all), stats(stats_all), eps(noise), act(act_part),
+      embed(embed_part);
+  // Every product's output starts as what its addmm adds: a bias row (row stride 0) or a step of the part
+  // computed outside the loop (filled per step, not up front: a sequence's buffers outgrow the cache).
+  const auto bias = [](const Tensor& b) { return Block<T>{b.data_ptr<T>(), 0}; };
+  const Block<T> b_ih = bias(w.b_ih), b_hh = bias(w.b_hh), b2 = bias(w.b2), b3 = bias(w.b3);
   for (int64_t t = 0; t < steps; ++t) {
     if (t > 0) {
       const int64_t k = t - 1;
+      fill_block<T>(x.block(k), act.block(k), batch, hidden);
       product<T>(z.at(k), z.ld, batch, z_in, T(1), x.at(k), x.ld, direct);
       elu_inplace(x.at(k), batch * hidden);
+      fill_block<T>(gi.block(k), b_ih, batch, 3 * deter);
       product<T>(x.at(k), x.ld, batch, w_ih, T(1), gi.at(k), gi.ld, direct);
+      fill_block<T>(gh.block(k), b_hh, batch, 3 * deter);
       product<T>(h.at(k), h.ld, batch, w_hh, T(1), gh.at(k), gh.ld, direct);
       gru_gates<T>(gi.block(k), gh.block(k), h.block(k), ru.block(k), n.block(k), n_all[k], ghn.block(k), h.block(t),
                    batch, deter);
     }
+    fill_block<T>(a1.block(t), embed.block(t), batch, hidden);
     product<T>(h.at(t), h.ld, batch, h_in, T(1), a1.at(t), a1.ld, direct);
     elu_inplace(a1.at(t), batch * hidden);
+    fill_block<T>(a2.block(t), b2, batch, hidden);
     product<T>(a1.at(t), a1.ld, batch, w2, T(1), a2.at(t), a2.ld, direct);
     elu_inplace(a2.at(t), batch * hidden);
+    fill_block<T>(stats.block(t), b3, batch, 2 * stoch);
     product<T>(a2.at(t), a2.ld, batch, w3, T(1), stats.at(t), stats.ld, direct);
     posterior_sample<T>(stats.block(t), eps.block(t), min_std, mean.block(t), sd.block(t), z.block(t), batch, stoch);
   }
