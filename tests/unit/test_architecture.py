@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"core", "config", "data", "measure", "trainer"},
     "pipeline": {"core", "config", "data", "checkpoint", "tracking", "trainer", "launch"},
     "rollout": {"core", "config", "data", "models", "measure", "checkpoint", "evaluate"},
-    "reproduce": {"core", "config", "data", "checkpoint", "tracking", "trainer", "launch"},
+    "reproduce": {"core", "config", "data", "checkpoint", "tracking", "trainer", "evaluate", "launch"},
     "commands": {"core", "config", "data", "parallel", "models", "measure", "checkpoint", "tracking", "trainer",
                  "evaluate", "launch", "pipeline", "rollout", "reproduce"},
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from worldpipe.commands import command, overrides
+from worldpipe.core import numerics
 
 
 def _common() -> list[click.Parameter]:
@@ -20,7 +21,14 @@ def _common() -> list[click.Parameter]:
 
 def register(cli: click.Group) -> None:
     cli.add_command(command("rerun", _rerun, "Retrain a recorded run from MLflow alone and compare: bit-identical? "
-                            "(exit 0 identical, 1 different, 2 error)", _common()))
+                            "On another numerics environment, judged within tolerance. (exit 0 identical, 1 "
+                            "different, 2 error, 3 equivalent on a different numerics environment)", [
+        *_common(),
+        click.Option(["--rtol"], type=float, default=numerics.DEFAULT_RTOL, show_default=True,
+                     help="on another numerics environment: largest relative difference of any metric value"),
+        click.Option(["--ratio-tol"], type=float, default=numerics.DEFAULT_RATIO_TOL, show_default=True,
+                     help="on another numerics environment: relative difference of the final models' open-loop "
+                          "error ratios")]))
     cli.add_command(command("resume", _resume, "Continue a recorded run from one of its checkpoints into a new run "
                             "dir (resume-safe Hydra overrides may follow, e.g. trainer.steps=200).", [
         *_common(), click.Option(["--step"], type=int, required=True, help="recorded checkpoint step to continue from"),
@@ -28,9 +36,10 @@ def register(cli: click.Group) -> None:
 
 
 def _rerun(args) -> int:
-    from worldpipe.reproduce.rerun import rerun
+    from worldpipe.reproduce.rerun import Tolerance, rerun
 
-    return rerun(args.run_id, args.tracking_uri, args.allow_code_drift, args.run_dir, args.data_dir)
+    return rerun(args.run_id, args.tracking_uri, args.allow_code_drift, args.run_dir, args.data_dir,
+                 Tolerance(args.rtol, args.ratio_tol))
 
 
 def _resume(args) -> int:

@@ -40,7 +40,7 @@ def register(cli: click.Group) -> None:
 
 def _list(args) -> int:
     from worldpipe.config import paths
-    from worldpipe.pipeline.run_index import config_changes, experiment_runs
+    from worldpipe.pipeline.run_index import config_changes, experiment_runs, numerics_lines
 
     root = Path(args.runs_dir or paths.layout()["runs"])
     if not root.is_dir():
@@ -59,7 +59,7 @@ def _list(args) -> int:
             print(f"  {run.path.name}  {run.record.get('started_at', '?'):<25}  {run.status:<40}  "
                   f"mlflow {run.mlflow_run_id or '-'}{mark}")
             changes = config_changes(previous, run.record) if previous is not None else ["(first run)"]
-            for line in changes or ["(same identity as the previous run)"]:
+            for line in [*(changes or ["(same identity as the previous run)"]), *numerics_lines(run.path)]:
                 print(f"      {line}")
             previous = run.record
     return 0

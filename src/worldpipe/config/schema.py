@@ -22,6 +22,7 @@ from worldpipe.config.tracking_uri import tracking_uri_problem
 
 STRATEGIES = ("none", "ddp", "fsdp2")
 VERIFY_MODES = ("size", "sha256", "first")
+NUMERICS_MODES = ("native", "portable")
 
 
 def _range(default: Any, **bounds: Any) -> Any:
@@ -112,12 +113,28 @@ class TrackingConfig:
     register_as: str | None = None  # model registry name of the evaluated model (worldpipe evaluate)
 
 
+@dataclass
+class NumericsConfig:
+    """Which code paths decide the floating-point bits (:mod:`worldpipe.core.numerics`).
+
+    ``native``: this machine's fastest paths, as the libraries choose them (bits depend on the CPU type).
+    ``portable``: the paths pinned below, set in every process before its first kernel, so that any x86 CPU
+    with AVX2 and FMA gives the same bits (at a measured cost; README).
+    """
+
+    mode: str = _range("native", choices=NUMERICS_MODES)
+    mkl_cbwr: str | None = None              # MKL_CBWR, e.g. COMPATIBLE
+    aten_cpu_capability: str | None = _range(None, choices=("default", "avx2", "avx512"))  # ATEN_CPU_CAPABILITY
+    onednn_max_cpu_isa: str | None = None    # ONEDNN_MAX_CPU_ISA, e.g. AVX2
+
+
 GROUP_SCHEMAS: dict[str, type] = {
     "data": DataConfig,
     "trainer": TrainerConfig,
     "parallel": ParallelConfig,
     "checkpoint": CheckpointConfig,
     "tracking": TrackingConfig,
+    "numerics": NumericsConfig,
 }
 SCHEMA_NAME = "schema"  # conf/<group>/*.yaml list it first in their defaults
 

@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 
 from worldpipe.config.compose import check_override_syntax, compose_config
 from worldpipe.config.paths import CONF_DIR
+from worldpipe.core import numerics
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
 from worldpipe.core.last_words import ENV_VAR, LastWords
 from worldpipe.launch import slurm
@@ -99,6 +100,8 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
     lock = _lock_before_composing(overrides, config_dir) if _holds_run_lock() and cfg is None else None
     try:
         cfg = cfg if cfg is not None else checked_config(overrides, config_dir)
+        # The numerics config's code paths, for this process and every one it starts (before any computes).
+        pinned_now = numerics.pin(cfg.get("numerics"))
         slurm.check_nodes(slurm.placement(os.environ), int(cfg.parallel.nnodes), None, os.environ, rdzv_endpoint)
         check_data(cfg)
         run_dir = Path(cfg.run_dir)
@@ -116,7 +119,9 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         recorded = record_config(cfg, overrides)  # under the lock: no other launcher's workers read it
         mark("config_composed")
         world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
-        if runs_in_process(world_size, rdzv_endpoint):  # one process: no torchrun (worldpipe.launch.local_run)
+        # One process: no torchrun (worldpipe.launch.local_run), unless variables were pinned only now in a process
+        # that has loaded torch: it may have computed already, so a fresh one trains.
+        if runs_in_process(world_size, rdzv_endpoint) and not (pinned_now and "torch" in sys.modules):
             return run_in_process(cfg)
         cmd = torchrun_command(cfg, recorded, rdzv_endpoint, rdzv_id)
         return _run_torchrun(cmd, run_dir, int(cfg.parallel.nproc_per_node))
@@ -146,6 +151,7 @@ def start_training(overrides: list[str], rdzv_endpoint: str | None = None, rdzv_
     if slurm.placement(os.environ) != slurm.BATCH_STEP:
         return launch_training(overrides, rdzv_endpoint, rdzv_id=rdzv_id, cfg=cfg)
     cfg = cfg if cfg is not None else prepared_config(overrides)
+    numerics.pin(cfg.get("numerics"))  # srun passes the environment on to every node's launcher
     return _run_job_step(overrides, int(cfg.parallel.nnodes))
 
 

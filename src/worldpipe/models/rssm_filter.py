@@ -56,8 +56,16 @@ def filter_core(act_part: torch.Tensor, embed_part: torch.Tensor, noise: torch.T
     posterior_head's embedding block applied to e_0..e_{T-1}, plus its bias; noise [T,B,S]; h_0 = z_{-1} = 0.
     ``compiled=False`` runs the Python reference even where the extension is built (tests, benchmarks).
     """
-    core = _NativeFilterCore if compiled and native_filter_core() is not None else _FilterCore
+    core = chosen_core(act_part, compiled)
     return core.apply(act_part, embed_part, noise, min_std, *weights.tensors())
+
+
+def chosen_core(example: torch.Tensor, compiled: bool = True) -> type[torch.autograd.Function]:
+    """The implementation that runs for tensors like ``example``: the compiled core only for CPU tensors (its C++
+    reads tensor memory from the host), the reference elsewhere (CUDA, meta) and where the core is not built."""
+    if compiled and example.device.type == "cpu" and native_filter_core() is not None:
+        return _NativeFilterCore
+    return _FilterCore
 
 
 def native_filter_core():

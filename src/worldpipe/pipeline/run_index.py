@@ -18,9 +18,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir
+from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir, read_manifest_bytes
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
+from worldpipe.core import numerics
 from worldpipe.core.atomic import remove_atomic, symlink_atomic, write_text_atomic
 from worldpipe.core.errors import UsageError
 from worldpipe.launch.run_lock import RunLock
@@ -143,6 +144,24 @@ def run_status(run_dir: Path, record: dict[str, Any]) -> str:
     if code is None or code == EXIT_PREEMPTED:
         return f"interrupted {where}" + (" (preempted)" if code == EXIT_PREEMPTED else "")
     return f"failed {where} (exit code {code})"
+
+
+def numerics_lines(run_dir: Path) -> list[str]:
+    """The numerics environment the run's newest checkpoint was written on, and each resume onto another one."""
+    step = checkpoint_step(run_dir)
+    raw = read_manifest_bytes(paths.checkpoints_dir(run_dir), step) if step is not None else None
+    try:
+        identity = json.loads(raw)["identity"] if raw else {}
+    except (ValueError, KeyError, TypeError):
+        identity = {}
+    env = identity.get(numerics.IDENTITY_KEY)
+    if not env:
+        return []
+    lines = [f"numerics {numerics.summary(env)} ({env.get('cpu.model', '?')}, {env.get('blas', '?')})"]
+    for change in identity.get(numerics.CHANGES_KEY) or []:
+        fields = ", ".join(line.split(":", 1)[0] for line in change["fields"])
+        lines.append(f"resumed at step {change['step']} on a different numerics environment: {fields}")
+    return lines
 
 
 def mlflow_run_id(run_dir: Path) -> str | None:

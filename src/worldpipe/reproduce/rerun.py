@@ -9,6 +9,13 @@ A rerun trains the recorded config from scratch into a new run directory and a n
 checkpoint digests: ``bit-identical`` (exit 0) or the first differing step and metric (exit 1). Anything that
 prevents a faithful rerun (code drift without ``--allow-code-drift``, a dataset that cannot be found or
 regenerated with the recorded hash, a failed training) exits 2.
+
+Bits depend on the numerics environment too (CPU type, MKL code path, ...: :mod:`worldpipe.core.numerics`). Before
+training, the rerun names every field in which this machine differs from the recorded one. Then a bitwise match
+is not to be expected, and a difference is judged within a stated tolerance instead: the largest relative
+difference of any metric value at any step (``--rtol``), and, where the original's final checkpoint is still
+on disk, the open-loop prediction error of both final models over repeat-last on the same episodes (``--ratio-tol``):
+``equivalent on a different numerics environment`` (exit 3) or ``differs beyond tolerance`` (exit 1).
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from worldpipe.reproduce.dataset import locate_dataset
+from worldpipe.config import paths
+from worldpipe.core import numerics
+from worldpipe.core.locations import local_path
+from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
 from worldpipe.reproduce.drift import RerunError, check_code
 from worldpipe.reproduce.launching import (
     default_run_dir,
@@ -26,11 +36,20 @@ from worldpipe.reproduce.launching import (
     prepare_run_dir,
     training_config,
 )
-from worldpipe.tracking.history import RecordError, client_for, first_difference, histories, load_recorded_run
+from worldpipe.tracking.history import (
+    RecordError,
+    client_for,
+    first_difference,
+    histories,
+    largest_relative_difference,
+    load_recorded_run,
+)
 from worldpipe.tracking.recorder import resolve_tracking_uri
-from worldpipe.tracking.records import TIMING_METRICS
+from worldpipe.tracking.records import NUMERICS_TAG, TIMING_METRICS
 
-EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
+EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR, EXIT_EQUIVALENT = 0, 1, 2, 3
+# Segments of the open-loop comparison of both final models (the pipeline's evaluation defaults).
+EQUIVALENCE_CONTEXT, EQUIVALENCE_HORIZON = 4, 8
 
 
 @dataclass
@@ -61,9 +80,56 @@ def compare_runs(client, original: str, rerun: str) -> RerunResult:
     return RerunResult(rerun, diff is None and da is not None and da == db, diff, (da, db), message)
 
 
+@dataclass
+class Tolerance:
+    """How far a rerun on another numerics environment may land from the original and still be equivalent."""
+
+    rtol: float = numerics.DEFAULT_RTOL            # largest relative difference of any metric value at any step
+    ratio_tol: float = numerics.DEFAULT_RATIO_TOL  # relative difference of the final models' open-loop error ratios
+
+
+def judge_equivalence(client, original: str, rerun_id: str, checkpoint_dirs: tuple[str | None, str],
+                      data: tuple[str, str], tolerance: Tolerance) -> tuple[bool, str]:
+    """(equivalent?, the reasons) for two runs trained on different numerics environments."""
+    worst, step, key = largest_relative_difference(histories(client, original), histories(client, rerun_id))
+    ok = worst <= tolerance.rtol
+    parts = [f"largest relative metric difference {worst:.3g} ({key} at step {step})"
+             f" {'<=' if ok else '>'} rtol {tolerance.rtol:g}" if key else "metric histories identical"]
+    original_dir, rerun_dir = checkpoint_dirs
+    if original_dir is None or not Path(original_dir).is_dir():
+        parts.append("open-loop check skipped: the original's checkpoints are not on this machine")
+        return ok, "; ".join(parts)
+    # Imported only now: evaluation brings torch (seconds); the verdicts above do without it.
+    from worldpipe.evaluate.open_loop import evaluate
+
+    ratios = [evaluate(d, data[0], data[1], EQUIVALENCE_CONTEXT, EQUIVALENCE_HORIZON)["ratio"][-1]
+              for d in (original_dir, rerun_dir)]
+    spread = abs(ratios[0] - ratios[1]) / max(abs(ratios[0]), 1e-12)
+    ratio_ok = spread <= tolerance.ratio_tol
+    parts.append(f"open-loop error ratio at horizon {EQUIVALENCE_HORIZON} {ratios[0]:.4g} vs {ratios[1]:.4g}"
+                 f" (relative {spread:.3g} {'<=' if ratio_ok else '>'} {tolerance.ratio_tol:g})")
+    return ok and ratio_ok, "; ".join(parts)
+
+
+def environment_differences(client, recorded, rerun_id: str | None = None) -> list[str]:
+    """Fields in which this machine (or, given ``rerun_id``, what that run recorded) differs from the original."""
+    before = recorded.identity.get(numerics.IDENTITY_KEY) or numerics.from_tags(recorded.tags, NUMERICS_TAG)
+    if rerun_id is None:
+        return numerics.differences(before, numerics.expected_environment(recorded.config))
+    return numerics.differences(before, numerics.from_tags(client.get_run(rerun_id).data.tags, NUMERICS_TAG))
+
+
+def _original_checkpoints(recorded) -> str | None:
+    directory = recorded.config.get("checkpoint", {}).get("dir")
+    if not directory:
+        return None
+    return local_path(resolve_recorded_path(str(directory), recorded.tags.get("worldpipe.cwd")))
+
+
 def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, run_dir: str | None = None,
-          data_dir: str | None = None) -> int:
+          data_dir: str | None = None, tolerance: Tolerance | None = None) -> int:
     """Rebuild and retrain run `run_id`, compare, print the verdict; returns the exit code."""
+    tolerance = tolerance or Tolerance()
     uri = resolve_tracking_uri(uri)
     client = client_for(uri)
     try:
@@ -71,6 +137,10 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
         drift = check_code(recorded, allow_code_drift)
         store, manifest, how = locate_dataset(recorded, data_dir)
         print(f"dataset {recorded.identity.get('dataset_hash', '')[:16]}… ({how}): {store}", flush=True)
+        expected = environment_differences(client, recorded)
+        if expected:
+            print("numerics environment differs from the original run's (bits may differ; judged within rtol "
+                  f"{tolerance.rtol:g}): " + "; ".join(expected), flush=True)
         target = Path(run_dir) if run_dir else default_run_dir(recorded, "rerun")
         tags = {"worldpipe.rerun_of": run_id}
         if drift:
@@ -82,12 +152,30 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
         if code != 0:
             raise RerunError(f"rerun training exited with {code} (run dir {target})")
         result = compare_runs(client, run_id, new_run_id(target))
+        code, message = _verdict(client, recorded, result, target, (store, manifest), tolerance)
     except (RerunError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
-    client.set_tag(result.new_run_id, "worldpipe.rerun_result", result.message[:5000])
+    client.set_tag(result.new_run_id, "worldpipe.rerun_result", message[:5000])
     if recorded.run.info.status != "FINISHED":
         print(f"note: the original run's status is {recorded.run.info.status}", file=sys.stderr)
     print(f"rerun of {run_id}: new run {result.new_run_id} in {target}")
-    print(result.message)
-    return EXIT_IDENTICAL if result.identical else EXIT_DIFFERENT
+    print(message)
+    return code
+
+
+def _verdict(client, recorded, result: RerunResult, target: Path, data: tuple[str, str],
+             tolerance: Tolerance) -> tuple[int, str]:
+    """Exit code and message: bitwise on the same environment; within tolerance on another."""
+    fields = environment_differences(client, recorded, result.new_run_id)
+    if not fields:
+        return (EXIT_IDENTICAL if result.identical else EXIT_DIFFERENT), result.message
+    where = f"on a different numerics environment ({'; '.join(fields)})"
+    if result.identical:
+        return EXIT_IDENTICAL, f"{result.message}, {where}"
+    equivalent, reasons = judge_equivalence(
+        client, recorded.run_id, result.new_run_id,
+        (_original_checkpoints(recorded), paths.checkpoints_dir(target)), data, tolerance)
+    if equivalent:
+        return EXIT_EQUIVALENT, f"equivalent {where}: {reasons} (bitwise: {result.message})"
+    return EXIT_DIFFERENT, f"differs beyond tolerance {where}: {reasons} (bitwise: {result.message})"

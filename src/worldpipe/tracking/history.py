@@ -93,6 +93,28 @@ def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[s
     return None
 
 
+def largest_relative_difference(a: Mapping[str, list[tuple[int, int, float]]],
+                                b: Mapping[str, list[tuple[int, int, float]]],
+                                ignore: Iterable[str] = TIMING_METRICS) -> tuple[float, int | None, str | None]:
+    """(largest |x - y| / max(|x|, |y|), its step, its metric) over the values both histories hold at the same
+    step (the metrics :func:`first_difference` compares); inf where only one side holds a value or one is NaN."""
+    skip = set(ignore)
+    worst: tuple[float, int | None, str | None] = (0.0, None, None)
+    for key in sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES)):
+        va = {s: v for s, _, v in a.get(key, [])}
+        vb = {s: v for s, _, v in b.get(key, [])}
+        for step in sorted(set(va) | set(vb)):
+            x, y = va.get(step), vb.get(step)
+            if x is None or y is None or math.isnan(x) != math.isnan(y):
+                return math.inf, step, key
+            if _same(x, y):
+                continue
+            relative = abs(x - y) / max(abs(x), abs(y))
+            if relative > worst[0]:
+                worst = (relative, step, key)
+    return worst
+
+
 @dataclass
 class RecordedRun:
     """Everything `rerun`/`resume` rebuild a run from, read from MLflow alone."""

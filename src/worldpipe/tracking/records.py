@@ -3,7 +3,8 @@
 Artifact layout of a run (everything `worldpipe rerun` needs is here)::
 
     config.yaml                          resolved config of the latest segment (types exact)
-    identity.json                        config hash, dataset hash, code version, versions, world size, ...
+    identity.json                        config hash, dataset hash, code version, versions, world size, numerics
+                                         environment (also as tags worldpipe.numerics.*), ...
     hydra/{overrides,config,hydra}.yaml  Hydra's record of the command line (run_dir/hydra)
     dataset/manifest.json                the dataset manifest, including its generation spec
     environment/packages.txt             every installed distribution, `name==version`
@@ -33,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from worldpipe.core import numerics
 from worldpipe.core import provenance as ident
 from worldpipe.tracking.jsonable import to_jsonable
 
@@ -41,6 +43,8 @@ TIMING_METRICS = ("samples_per_s", "step_time_s", "data_wait_s")
 CHECKPOINT_ARTIFACT_DIR = "checkpoints"
 RULE_ENV, JOB_ENV = "WORLDPIPE_RULE", "WORLDPIPE_JOB"
 CHECKPOINT_STEP_TAG, CHECKPOINT_DIGEST_TAG = "worldpipe.checkpoint.step", "worldpipe.checkpoint.digest"
+NUMERICS_TAG = "worldpipe.numerics"
+NUMERICS_CHANGED_TAG = f"{NUMERICS_TAG}.changed"
 
 
 def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]:
@@ -74,12 +78,25 @@ def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]
         tags["mlflow.source.git.commit"] = str(code["git_sha"])
     if code.get("git_dirty"):
         tags["worldpipe.git_diff_sha256"] = hashlib.sha256(ident.git_diff().encode()).hexdigest()
+    tags.update(numerics_tags(identity))
     if os.environ.get(RULE_ENV):
         tags["worldpipe.snakemake.rule"] = os.environ[RULE_ENV]
     if os.environ.get(JOB_ENV):
         tags["worldpipe.snakemake.job"] = os.environ[JOB_ENV]
     if os.environ.get("SLURM_JOB_ID"):
         tags["worldpipe.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    return tags
+
+
+def numerics_tags(identity: Mapping[str, Any]) -> dict[str, str]:
+    """``worldpipe.numerics.<field>`` for each field of the numerics environment, and
+    ``worldpipe.numerics.changed`` naming every resume onto another environment (step and fields)."""
+    tags = {f"{NUMERICS_TAG}.{key}": str(value)[:500]
+            for key, value in (identity.get(numerics.IDENTITY_KEY) or {}).items()}
+    changes = identity.get(numerics.CHANGES_KEY) or []
+    if changes:
+        tags[NUMERICS_CHANGED_TAG] = "; ".join(
+            f"step {c['step']}: " + ", ".join(line.split(":", 1)[0] for line in c["fields"]) for c in changes)[:5000]
     return tags
 
 
@@ -121,7 +138,7 @@ def start_artifacts(identity: Mapping[str, Any], manifest: Mapping[str, Any] | N
         "start_step": start_step, "world_size": identity.get("world_size"),
         "parallel_layout": identity.get("parallel_layout"), "code_version": identity["code_version"],
         "versions": identity.get("versions"), "host": ident.host(), "time_ms": int(time.time() * 1000),
-        "argv": sys.argv, "cwd": os.getcwd(),
+        numerics.IDENTITY_KEY: identity.get(numerics.IDENTITY_KEY), "argv": sys.argv, "cwd": os.getcwd(),
         "snakemake": {"rule": os.environ.get(RULE_ENV), "job": os.environ.get(JOB_ENV)},
     }
     files[f"segments/start-{start_step:06d}.json"] = json_artifact(segment)

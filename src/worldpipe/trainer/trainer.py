@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
 from worldpipe.config.identity import ConfigError, run_identity
+from worldpipe.core import numerics
 from worldpipe.data.loader import WindowLoader
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.sampler import GlobalWindowSampler
@@ -69,6 +70,9 @@ class Trainer:
     def setup(self) -> None:
         """Seeds, data, model, optimizer, schedule, Checkpointer, records (every rank; no files written)."""
         cfg, rt = self.cfg, self.rt
+        numerics.check_pinned(cfg.get("numerics"))  # a portable run's code paths hold in this process
+        if cfg.trainer.deterministic and rt.device.type == "cuda":
+            numerics.set_deterministic_cuda()  # before the first CUDA kernel
         torch.set_num_threads(cfg.trainer.threads_per_rank)
         torch.use_deterministic_algorithms(cfg.trainer.deterministic)
         seed_rank_generators(cfg.seed, rt.rank)
@@ -85,6 +89,8 @@ class Trainer:
         self.identity["parallel_layout"] = {**self.layout.describe, "world_size": rt.world_size}
         # What the model was built for, so a checkpoint alone rebuilds it (identity: not part of the digest).
         self.identity[DIMS_KEY] = model_dims_record(self.core.obs_dim, self.store.act_dim)
+        # What decides the bits besides code and config (recorded beside the identity; not in the digest).
+        self.identity[numerics.IDENTITY_KEY] = numerics.environment(str(rt.device))
         self.records = TrainingRecords(cfg, rt.is_main)
         components = TrainingComponents(
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader,
@@ -136,12 +142,26 @@ class Trainer:
             if self.rt.is_main:
                 log.info("resumed from %s step %d (written by %d ranks, now %d)", self.cfg.checkpoint.dir, start,
                          resumed.identity["world_size"], self.rt.world_size)
+            self._note_numerics_change(resumed.identity, start)
         self.identity["mlflow_run_id"] = run_id
         run_id = gather_objects(self.rt, self.records.open_run(self.identity, run_id, start))[0]
         self.identity["mlflow_run_id"] = run_id
         self.records.log_start(self.identity, self.manifest, start)
         mark("mlflow_run_started")
         return start
+
+    def _note_numerics_change(self, saved: dict, step: int) -> None:
+        """A resume onto another numerics environment is never silent: one warning line, and the identity (so
+        every later checkpoint, the MLflow run's tags and `worldpipe runs list`) keeps each such change."""
+        changes = list(saved.get(numerics.CHANGES_KEY) or [])
+        fields = numerics.differences(saved.get(numerics.IDENTITY_KEY), self.identity[numerics.IDENTITY_KEY])
+        if fields:
+            changes.append({"step": step, "fields": fields})
+            if self.rt.is_main:
+                log.warning("worldpipe: resuming step %d on a different numerics environment (the steps from "
+                            "here are not bitwise those of an uninterrupted run): %s", step, "; ".join(fields))
+        if changes:
+            self.identity[numerics.CHANGES_KEY] = changes
 
     # ------------------------------------------------------------------- step
     def train_step(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -411,11 +411,19 @@ std::vector<Tensor> backward_loop(const Tensor& g_h_in, const Tensor& g_z_in, co
           weight_grad(d_stats, a2_all), bias_grad(d_stats)};
 }
 
+// The loops read tensor memory from the host: a tensor on another device is refused, never dereferenced.
+void require_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK(!t.defined() || t.device().is_cpu(), "filter_core: ", name, " is on ", t.device(), "; the compiled core runs on CPU "
+              "tensors only (worldpipe.models.rssm_filter.chosen_core picks the reference elsewhere)");
+}
+
 }  // namespace
 
 // Outputs h, z, mean, std ([T,B,D|S]) and the saved intermediates x, ru, n, gh_n ([T-1,B,...]), a1, a2, raw.
 std::vector<Tensor> filter_forward(const Tensor& act_part, const Tensor& embed_part, const Tensor& noise,
                                    const std::vector<Tensor>& weights, double min_std) {
+  for (const Tensor* t : {&act_part, &embed_part, &noise}) require_cpu(*t, "an input");
+  for (const Tensor& t : weights) require_cpu(t, "a weight");
   at::NoGradGuard no_grad;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const Weights w(weights);
@@ -430,6 +438,8 @@ std::vector<Tensor> filter_forward(const Tensor& act_part, const Tensor& embed_p
 std::vector<Tensor> filter_backward(const Tensor& g_h, const Tensor& g_z, const Tensor& g_mean, const Tensor& g_std,
                                     const Tensor& noise, const Tensor& h_all, const Tensor& z_all,
                                     const std::vector<Tensor>& saved, const std::vector<Tensor>& weights) {
+  for (const Tensor* t : {&g_h, &noise, &h_all, &z_all}) require_cpu(*t, "an input");
+  for (const Tensor& t : weights) require_cpu(t, "a weight");
   at::NoGradGuard no_grad;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const Weights w(weights);
