@@ -57,6 +57,7 @@ def test_portable_digests_are_equal_whatever_code_path_the_environment_forces(tm
         recorded = manifest["identity"]["numerics"]
         assert (recorded["mkl.cbwr"], recorded["aten.cpu_capability"]) == ("COMPATIBLE", "AVX2")
         assert manifest["identity"]["config"]["numerics"]["mode"] == "portable"
+        assert manifest["identity"]["config"]["numerics"]["fused_optimizer"] is True
     assert len(set(digests.values())) == 1, digests
 
 

@@ -101,3 +101,16 @@ def test_the_compiled_core_runs_on_cpu_tensors_only():
     assert chosen_core(torch.zeros(1)) is _NativeFilterCore
     with pytest.raises(RuntimeError, match="runs on CPU tensors only"):
         native.filter_forward(act, embed, noise, list(weights.tensors()), 0.1)
+
+
+def test_the_portable_optimizer_is_one_fused_kernel_and_replaces_the_layouts_foreach():
+    """The unfused AdamW's sqrt runs MKL's vector math, which differed between an AMD and an Intel CPU on MKL's
+    compatible path; the fused step computes exact square roots (docs/architecture.md, "Numerics identity")."""
+    from worldpipe.trainer.optim import build_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    trainer = {"lr": 1e-3, "weight_decay": 0.0}
+    fused = build_optimizer(model, trainer, True, foreach=False)
+    assert fused.param_groups[0]["fused"] is True and not fused.param_groups[0]["foreach"]
+    plain = build_optimizer(model, trainer, False, foreach=False)
+    assert not plain.param_groups[0]["fused"] and plain.param_groups[0]["foreach"] is False

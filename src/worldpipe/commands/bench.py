@@ -14,7 +14,7 @@ from worldpipe.core.provenance import PROJECT_ROOT
 
 BENCHMARKS = {"loader": "bench_loader.py", "checkpoint": "bench_checkpoint.py", "comm": "bench_comm.py",
               "rollout": "bench_rollout.py", "startup": "bench_startup.py", "loop": "bench_loop.py",
-              "step": "bench_step.py", "compile": "bench_compile.py",
+              "step": "bench_step.py", "compile": "bench_compile.py", "numerics": "bench_numerics.py",
               "pipeline": "bench_pipeline.py", "activations": "bench_activations.py", "plan": "bench_plan.py"}
 
 

@@ -126,6 +126,9 @@ class NumericsConfig:
     mkl_cbwr: str | None = None              # MKL_CBWR, e.g. COMPATIBLE
     aten_cpu_capability: str | None = _range(None, choices=("default", "avx2", "avx512"))  # ATEN_CPU_CAPABILITY
     onednn_max_cpu_isa: str | None = None    # ONEDNN_MAX_CPU_ISA, e.g. AVX2
+    # The optimizer's step as one fused kernel with exact square roots: the unfused step's sqrt runs MKL's vector
+    # math, whose results differ between CPU vendors even on MKL's compatible path (measured: AMD vs Intel).
+    fused_optimizer: bool = False
 
 
 GROUP_SCHEMAS: dict[str, type] = {

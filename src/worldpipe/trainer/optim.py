@@ -17,8 +17,14 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, trainer_cfg: Mapping[str, Any], **options: Any) -> torch.optim.Optimizer:
-    """AdamW over every parameter (sharded parameters stay sharded); ``options`` from the parallel layout."""
+def build_optimizer(model: torch.nn.Module, trainer_cfg: Mapping[str, Any], fused: bool = False,
+                    **options: Any) -> torch.optim.Optimizer:
+    """AdamW over every parameter (sharded parameters stay sharded); ``options`` from the parallel layout.
+
+    ``fused`` (``numerics.fused_optimizer``): the whole step in one kernel, replacing the layout's ``foreach``.
+    """
+    if fused:
+        options = {**{k: v for k, v in options.items() if k != "foreach"}, "fused": True}
     return torch.optim.AdamW(model.parameters(), lr=trainer_cfg["lr"], weight_decay=trainer_cfg["weight_decay"],
                              **options)
 

@@ -125,7 +125,8 @@ class Trainer:
         if self.cfg.trainer.get("compile", False):
             use_compile_cache(self.cfg.paths.get("compile_cache"))
             self.loss_fn = torch.compile(self.model)
-        self.optimizer = build_optimizer(self.model, self.cfg.trainer, **self.layout.optimizer_kwargs)
+        fused = bool((self.cfg.get("numerics") or {}).get("fused_optimizer", False))
+        self.optimizer = build_optimizer(self.model, self.cfg.trainer, fused, **self.layout.optimizer_kwargs)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.trainer)
 
     # ----------------------------------------------------------------- resume

@@ -351,7 +351,8 @@ Tensor weight_grad(const Tensor& grad, const Tensor& inputs) {
                 inputs.contiguous().reshape({-1, inputs.size(-1)}));
 }
 
-Tensor bias_grad(const Tensor& grad) { return at::sum(grad.contiguous(), {0, 1}); }
+// The dimensions as an explicit IntArrayRef: a bare braced list is ambiguous among at::sum overloads of other torch versions.
+Tensor bias_grad(const Tensor& grad) { return at::sum(grad.contiguous(), at::IntArrayRef{0, 1}); }
 
 Tensor or_zeros(const Tensor& grad, const Tensor& like) {
   return grad.defined() ? grad.contiguous() : at::zeros_like(like, at::MemoryFormat::Contiguous);
