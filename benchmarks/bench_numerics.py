@@ -3,7 +3,8 @@
 The code paths are chosen once per process (MKL, ATen and oneDNN read their variables at their first kernel), so
 each contender is a fresh worker process of this script, started with the numerics config's variables
 (:func:`worldpipe.core.numerics.pinned_variables`) in its environment; ``native`` is the baseline. Contenders
-run in rounds whose order alternates; each worker times ``--steps`` eager training steps (forward, backward) of
+run in rounds whose order alternates; each worker times ``--steps`` eager training steps (forward, backward,
+the optimizer's step as the mode builds it) of
 the experiment's model on one random batch of its shape after 5 warm-up steps, on ``--threads`` threads (one
 rank's share); a contender's step time is the median over rounds of its per-round mean. The ratio
 portable / native is the cost.
@@ -62,6 +63,7 @@ def worker(args) -> None:
     from bench_step import experiment_shapes, make_step  # the same model and batch as `bench step`
 
     from worldpipe.models import build_model
+    from worldpipe.trainer.optim import build_optimizer
 
     torch.set_num_threads(args.threads)
     model_cfg, batch_size, window, obs_dim, act_dim = experiment_shapes(args.experiment, args.env)
@@ -73,7 +75,13 @@ def worker(args) -> None:
              "action": torch.randn(batch_size, window, act_dim, generator=g),
              "reward": torch.randn(batch_size, window, generator=g), "mask": torch.ones(batch_size, window),
              "noise": None if noise_shape is None else torch.randn(batch_size, *noise_shape, generator=g)}
-    step = make_step(model, batch)
+    optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.0}, mode_settings(args.worker)["fused_optimizer"])
+    backward = make_step(model, batch)
+
+    def step() -> None:
+        backward()
+        optimizer.step()
+
     for _ in range(5):
         step()
     start = time.perf_counter()
