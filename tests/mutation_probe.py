@@ -106,6 +106,17 @@ MUTANTS = (
            "d_mean[c] = g_mean.row(r)[c] + dz;",
            "d_mean[c] = g_mean.row(r)[c];",
            ("tests/unit/test_rssm.py",)),
+    Mutant("portable_pins_nothing", "a portable run's every process runs the pinned code paths",
+           'pinned_now = numerics.pin(cfg.get("numerics"))', "pinned_now = []",
+           ("tests/integration/test_numerics_identity.py::"
+            "test_portable_digests_are_equal_whatever_code_path_the_environment_forces",)),
+    Mutant("compiled_core_on_any_device", "the compiled filter core never receives another device's tensors",
+           'if compiled and example.device.type == "cpu" and native_filter_core() is not None:',
+           "if compiled and native_filter_core() is not None:",
+           ("tests/unit/test_numerics.py",)),
+    Mutant("portable_optimizer_unfused", "the portable mode's optimizer step is the fused kernel (exact sqrt)",
+           'options = {**{k: v for k, v in options.items() if k != "foreach"}, "fused": True}', "pass",
+           ("tests/unit/test_numerics.py",)),
 )
 
 

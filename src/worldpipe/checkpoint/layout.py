@@ -21,6 +21,7 @@ A store root (``checkpoints/``) holds::
 
 from __future__ import annotations
 
+import json
 import re
 
 from worldpipe.core.locations import read_bytes
@@ -102,3 +103,16 @@ def read_manifest_bytes(root: str, step: int) -> bytes | None:
         return read_bytes(f"{str(root).rstrip('/')}/{step_dir_name(step)}/{MANIFEST_NAME}")
     except OSError:
         return None
+
+
+def latest_identity(root: str) -> dict:
+    """The run identity in the manifest of the step ``latest`` names under ``root`` ({} when there is none)."""
+    try:
+        step = parse_step_dir(read_bytes(f"{str(root).rstrip('/')}/{LATEST_NAME}").decode().strip())
+    except (OSError, UnicodeDecodeError):
+        return {}
+    raw = read_manifest_bytes(root, step) if step is not None else None
+    try:
+        return dict(json.loads(raw)["identity"]) if raw else {}
+    except (ValueError, KeyError, TypeError):
+        return {}

@@ -48,6 +48,15 @@ def command(name: str, handler: Callable[[Namespace], int], help_text: str, para
                          context_settings=PASS_ON if pass_on else None)
 
 
+def pin_recorded_numerics(checkpoints: str) -> None:
+    """Pin the numerics config recorded with the newest checkpoint under ``checkpoints`` in this process, so a
+    portable run is evaluated or served on its own code paths (:mod:`worldpipe.core.numerics`)."""
+    from worldpipe.checkpoint.layout import latest_identity
+    from worldpipe.core import numerics
+
+    numerics.pin(latest_identity(checkpoints).get("config", {}).get("numerics"))
+
+
 def group(name: str, help_text: str) -> click.Group:
     """A command group of the CLI (its own help; a missing sub-command is a one-line usage error)."""
     return click.Group(name, help=f"{help_text[:1].upper()}{help_text[1:]}.", short_help=help_text)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from worldpipe.commands import command, handled
+from worldpipe.commands import command, handled, pin_recorded_numerics
 from worldpipe.core.atomic import write_text_atomic
 
 
@@ -72,6 +72,7 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
+    pin_recorded_numerics(args.checkpoints)  # the evaluated run's code paths, before torch computes
     from worldpipe.evaluate.open_loop import evaluate, plot_error_vs_horizon
 
     with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:

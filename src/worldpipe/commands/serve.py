@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from worldpipe.commands import command
+from worldpipe.commands import command, pin_recorded_numerics
 
 
 def register(cli: click.Group) -> None:
@@ -62,6 +62,7 @@ def _config(args):
 
 
 def _serve(args) -> int:
+    pin_recorded_numerics(args.checkpoint_dir)  # the served run's code paths, before torch computes
     import torch
 
     from worldpipe.checkpoint import CheckpointError

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from worldpipe.checkpoint.layout import LATEST_NAME, parse_step_dir, read_manifest_bytes
+from worldpipe.checkpoint.layout import LATEST_NAME, latest_identity, parse_step_dir
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
 from worldpipe.core import numerics
@@ -148,12 +148,7 @@ def run_status(run_dir: Path, record: dict[str, Any]) -> str:
 
 def numerics_lines(run_dir: Path) -> list[str]:
     """The numerics environment the run's newest checkpoint was written on, and each resume onto another one."""
-    step = checkpoint_step(run_dir)
-    raw = read_manifest_bytes(paths.checkpoints_dir(run_dir), step) if step is not None else None
-    try:
-        identity = json.loads(raw)["identity"] if raw else {}
-    except (ValueError, KeyError, TypeError):
-        identity = {}
+    identity = latest_identity(paths.checkpoints_dir(run_dir))
     env = identity.get(numerics.IDENTITY_KEY)
     if not env:
         return []
