@@ -15,7 +15,7 @@ COMMANDS = ["bench", "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare
             "runs begin", "runs end", "runs list", "runs status", "serve", "sweep", "sweep link", "sweep open",
             "sweep points", "sweep summarize", "tracking", "tracking server", "tracking status", "tracking sync"]
 # The commands with defaulted options (numbers, names): their help shows each default.
-DEFAULTED = {"evaluate", "plan", "runs status", "serve", "tracking server"}
+DEFAULTED = {"evaluate", "plan", "rerun", "runs status", "serve", "tracking server"}
 
 
 def _tree(command: click.Command, path: tuple[str, ...] = ()) -> dict[str, click.Command]:
