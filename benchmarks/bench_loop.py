@@ -4,7 +4,11 @@ Same model (the config's), same data (the same store, global sampler and WindowL
 noise, one process and one thread each, measured in one run. Per-step times come from a timestamp written at
 the end of every step (``WORLDPIPE_STARTUP_TRACE``); the marginal time per step is the mean over steps 2..N-1
 (start-up and the always-saved final checkpoint excluded; checkpoints at the cadence included), median over
-rounds whose contender order rotates (:mod:`worldpipe.measure.rounds`). Contenders:
+rounds whose contender order rotates (:mod:`worldpipe.measure.rounds`). A fixed cost must not read as a per-step
+one, so each contender is reported three ways: ``startup_s`` (from launching the command to the end of its first
+step: imports, data, model, MLflow's run start), ``mean_ms`` (per step over steps 2..N-1) and ``steady_ms`` (per
+step over the second half of them, after the fixed costs have settled: the marginal cost of one more step),
+each with its ratio to the bare loop's. Contenders:
 
 * ``bare loop`` (baseline) — next_batch, noise, forward, backward, clip, AdamW, LR schedule; nothing else;
 * ``trainer``               — `worldpipe train`, tracking off, no checkpoint before the last step;
@@ -42,6 +46,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,27 +117,36 @@ WITH_ASYNC_CHECKPOINTS = "trainer + tracking + async checkpoints"
 
 @dataclass
 class Sample:
-    """One run of a contender: seconds per step (steps 2..N-1) and the trainer's part clock (None: bare loop)."""
+    """One run of a contender: seconds per step (steps 2..N-1), the trainer's part clock (None: bare loop), and
+    the start-up: seconds from the command's launch to the end of its first step."""
 
     times: np.ndarray
     parts: dict | None
+    startup_s: float = float("nan")
+
+    @property
+    def steady(self) -> np.ndarray:
+        """The second half of the timed steps: after the fixed costs (imports, MLflow's run start, the first
+        samples of the system metrics) have settled; cadence checkpoints in it stay in it."""
+        return self.times[len(self.times) // 2:]
 
 
-def read_trace(trace: Path) -> Sample:
-    """Seconds between consecutive step ends, steps 2..N-1 (first step and final checkpoint excluded), and the
-    trainer's ``loop_parts`` summary when it wrote one."""
+def read_trace(trace: Path, launched: float = float("nan")) -> Sample:
+    """Seconds between consecutive step ends, steps 2..N-1 (first step and final checkpoint excluded), the
+    trainer's ``loop_parts`` summary when it wrote one, and the start-up from ``launched`` (wall clock)."""
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     ends = np.array([e["t"] for e in events if e["event"] == "step_end"])
     parts = next((e for e in events if e["event"] == "loop_parts"), None)
-    return Sample(np.diff(ends)[:-1], parts)
+    return Sample(np.diff(ends)[:-1], parts, float(ends[0] - launched))
 
 
 def run(cmd: list[str], env: dict, trace: Path) -> Sample:
     trace.unlink(missing_ok=True)
+    launched = time.time()
     proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return read_trace(trace)
+    return read_trace(trace, launched)
 
 
 def wall_split(parts: list[dict]) -> dict:
@@ -236,17 +250,26 @@ def main(argv=None) -> int:
         samples = run_rounds(args.rounds, lambda round_: contenders(work, args, round_), measure)
         for name, rounds in samples.items():
             means = [1e3 * float(s.times.mean()) for s in rounds]
+            steady = [1e3 * float(s.steady.mean()) for s in rounds]
             report["contenders"][name] = {"mean_ms": median_of_means(means), "round_means_ms": means,
                                           "median_ms": 1e3 * float(np.median(np.concatenate([s.times for s in rounds]))),
+                                          "steady_ms": median_of_means(steady), "round_steady_ms": steady,
+                                          "startup_s": float(np.median([s.startup_s for s in rounds])),
                                           "steps_timed": int(sum(len(s.times) for s in rounds))}
             if all(s.parts for s in rounds):
                 report["contenders"][name]["wall_split"] = wall_split([s.parts for s in rounds])
     base = report["contenders"]["bare loop"]
+    print(f"{'':34s} {'start-up':>9s}  {'per step over the run':>24s}  {'steady state (2nd half)':>26s}")
     for name, c in report["contenders"].items():
         c["ratio_vs_bare_mean"] = c["mean_ms"] / base["mean_ms"]
         c["marginal_overhead_ms"] = c["mean_ms"] - base["mean_ms"]
-        print(f"{name:34s} {c['ratio_vs_bare_mean']:5.2f}x bare loop ({c['marginal_overhead_ms']:+.2f} ms/step)")
+        c["steady_ratio_vs_bare"] = c["steady_ms"] / base["steady_ms"]
+        c["startup_extra_s"] = c["startup_s"] - base["startup_s"]
+        print(f"{name:34s} {c['startup_s']:8.2f}s  {c['mean_ms']:7.2f} ms = {c['ratio_vs_bare_mean']:5.3f}x bare  "
+              f"{c['steady_ms']:7.2f} ms = {c['steady_ratio_vs_bare']:5.3f}x bare")
     report["loop_ratio"] = report["contenders"]["trainer"]["ratio_vs_bare_mean"]
+    report["steady_loop_ratio"] = report["contenders"]["trainer"]["steady_ratio_vs_bare"]
+    report["steady_tracking_ratio"] = report["contenders"]["trainer + tracking"]["steady_ratio_vs_bare"]
     run_level_overheads(report, args.cadence)
     for name, c in report["contenders"].items():
         if "wall_split" in c:
@@ -266,9 +289,14 @@ def plot(report: dict, path: Path) -> None:
 
     names = list(report["contenders"])
     fig, (ax, split_ax) = plt.subplots(1, 2, figsize=(14, 4))
-    ax.barh(names, [report["contenders"][n]["mean_ms"] for n in names], color="tab:blue", label="mean")
+    ax.barh(names, [report["contenders"][n]["mean_ms"] for n in names], color="tab:blue",
+            label="mean over the run (steps 2..N-1)")
+    ax.scatter([report["contenders"][n]["steady_ms"] for n in names], names, color="tab:orange", marker="D",
+               zorder=3, label="steady state (second half)")
     ax.scatter([report["contenders"][n]["median_ms"] for n in names], names, color="k", zorder=3, label="median")
-    ax.set_xlabel("ms per step (steps 2..N-1)")
+    ax.set_yticks(range(len(names)), [f"{n} (start-up {report['contenders'][n]['startup_s']:.1f} s)" for n in names],
+                  fontsize=8)
+    ax.set_xlabel("ms per step (start-up, a fixed cost, in the labels)")
     ax.set_title(f"Training loop vs bare torch loop ({report['experiment']}, {report['steps']} steps)\n"
                  f"checkpoints every {report['checkpoint_every']} steps: "
                  f"{100 * report['run_level_checkpoint_overhead']:+.1f}% run-level "

@@ -1,9 +1,11 @@
 """The run-level checkpoint overheads of benchmarks/bench_loop.py, computed from recorded rounds and clocks."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_loop.py"
@@ -49,3 +51,18 @@ def test_a_round_under_a_load_spike_does_not_move_the_paired_overhead(bench_loop
     # Round 2's run with checkpoints met a spike the run without them did not: the paired median ignores it.
     overhead = bench_loop.paired_overhead([10.3, 20.6, 90.0], [10.0, 20.0, 30.0])
     assert overhead == pytest.approx(0.03)
+
+
+def test_start_up_is_reported_apart_from_the_steady_state(bench_loop, tmp_path):
+    """A slow start (the first steps share the process with MLflow's run start) shows in start-up and in the mean
+    over the run, not in the steady state: the second half of the timed steps."""
+    launched, first_end = 100.0, 103.5
+    gaps = [0.010] * 10 + [0.004] * 20 + [0.5]  # slow early steps, settled ones, the final checkpoint
+    ends = np.cumsum([first_end, *gaps])
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"event": "step_end", "t": float(t)}) + "\n" for t in ends))
+    sample = bench_loop.read_trace(trace, launched)
+    assert sample.startup_s == pytest.approx(3.5)
+    assert len(sample.times) == 30  # the final checkpoint's gap is left out
+    assert sample.steady.mean() == pytest.approx(0.004)
+    assert sample.times.mean() == pytest.approx((10 * 0.010 + 20 * 0.004) / 30)
