@@ -137,3 +137,11 @@ def test_write_errors_on_rank_0_show_the_primary_cause_in_one_line(tmp_path, smo
     assert lines[0].startswith("error: saving checkpoint step ") and "[Errno 5]" in lines[0], lines[0]
     assert "Connection closed" not in lines[0]
     assert not wait_gone(pids_with_arg(str(run_dir)))
+
+
+def test_data_info_on_a_missing_path_is_one_line_naming_it(tmp_path, env_with_venv):
+    missing = tmp_path / "results" / "data" / "nope"
+    proc = subprocess.run(["worldpipe", "data", "info", str(missing)], env=env_with_venv, capture_output=True,
+                          text=True, timeout=120)
+    line = one_line(proc)
+    assert str(missing) in line and "no trajectory store" in line and "unexpected" not in line

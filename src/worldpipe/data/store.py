@@ -26,6 +26,7 @@ from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
 import worldpipe
+from worldpipe.core.errors import UserError
 from worldpipe.core.locations import local_path
 from worldpipe.data.environments import env_dims
 from worldpipe.data.episodes import simulate_episode
@@ -40,6 +41,10 @@ _ZSTD_LEVEL = 3
 _STD_FLOOR = 1e-6
 
 
+class StoreNotFoundError(UserError, FileNotFoundError):
+    """No trajectory store where one was named: the message names the path."""
+
+
 def open_zarr_store(url: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Store:
     """A zarr store rooted at ``url``.
 
@@ -50,7 +55,7 @@ def open_zarr_store(url: str, *, read_only: bool, storage_options: dict[str, Any
     path = local_path(url)
     if path is not None:
         if read_only and not os.path.isdir(path):
-            raise FileNotFoundError(f"no trajectory store at {url!r}")
+            raise StoreNotFoundError(f"no trajectory store at {url!r} (no such directory)")
         return LocalStore(os.path.abspath(path), read_only=read_only)
     return FsspecStore.from_url(url, storage_options=dict(storage_options or {}), read_only=read_only)
 
