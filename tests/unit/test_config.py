@@ -3,8 +3,6 @@
 from pathlib import Path
 
 import pytest
-from hydra.errors import ConfigCompositionException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from worldpipe.config.compose import compose_config
 from worldpipe.config.identity import (
@@ -33,12 +31,12 @@ def test_experiments_exist():
 
 
 def test_unknown_group_option_is_rejected():
-    with pytest.raises(ConfigCompositionException, match="model"):
+    with pytest.raises(ConfigError, match="config group 'model': no option 'transformerx'"):
         compose_config(["model=transformerx"])
 
 
 def test_unknown_key_is_rejected():
-    with pytest.raises((ConfigCompositionException, ConfigKeyError, ConfigAttributeError), match="lr_typo"):
+    with pytest.raises(ConfigError, match="config key 'trainer.lr_typo': not a key of the trainer group"):
         compose_config(["trainer.lr_typo=0.1"])
 
 
@@ -103,7 +101,7 @@ def test_cli_rejects_bad_config_before_work(tmp_path: Path, capsys):
      ("checkpoint.async_save=maybe", "checkpoint.async_save")],
 )
 def test_wrong_types_fail_while_composing_and_name_the_key(override, key):
-    with pytest.raises(ConfigCompositionException, match=key.split(".")[-1]):
+    with pytest.raises(ConfigError, match=f"config key '{key}': must be "):
         compose_config([override])
 
 

@@ -220,3 +220,29 @@ def test_a_busy_run_directory_is_refused_before_the_config_is_validated(tmp_path
     assert len(lines) == 1 and lines[0].startswith(
         f"error: run directory {run_dir} is in use by pid {holder.pid} on host {socket.gethostname()}"), lines
     assert second.stdout.strip() == "torch not imported"
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["experiment=smoke", "trainer.steps=abc"], "config key 'trainer.steps': must be an integer, got 'abc'"),
+    (["trainer.lr=fast"], "config key 'trainer.lr': must be a number, got 'fast'"),
+    (["experiment=smoke", "trainer.lrr=1"], "config key 'trainer.lrr': not a key of the trainer group; did you mean "
+                                            "trainer.lr?"),
+    (["experiment=smoke", "+trainer.lrr=1"], "config key 'trainer.lrr': not a key of the trainer group; did you mean "
+                                             "trainer.lr?"),
+    (["model=nope"], "config group 'model': no option 'nope'; available: augmented_rssm, gru, pixel_rssm, rssm, ssm, "
+                     "transformer"),
+])
+def test_hydra_refusals_are_one_line_naming_the_key_and_the_fix(overrides, line):
+    """Issue 40: Hydra's own messages lacked the reason (`Error merging override`), let `+` add a key nothing
+    reads, and listed the config search path."""
+    with pytest.raises(ConfigError) as refused:
+        checked_config(overrides)
+    assert str(refused.value) == line
+
+
+def test_an_unknown_experiment_lists_the_available_ones_in_one_short_line():
+    with pytest.raises(ConfigError) as refused:
+        checked_config(["experiment=nope"])
+    text = str(refused.value)
+    assert text.startswith("config group 'experiment': no option 'nope'; available: ") and "smoke" in text
+    assert "\n" not in text and "search path" not in text and len(text) < 300

@@ -5,27 +5,87 @@ Light (no torch): the Snakefile composes while it is parsed, and the launcher be
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from worldpipe.config.identity import ConfigError, flatten, to_container
 from worldpipe.config.paths import CONF_DIR
-from worldpipe.config.schema import register_schemas
+from worldpipe.config.schema import GROUP_SCHEMAS, register_schemas
 from worldpipe.core.errors import UsageError
 
 
 def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> DictConfig:
     """The resolved training config for these Hydra overrides (raises on unknown groups or keys).
 
-    ``config_dir`` holds the primary ``config.yaml``: conf/ for a new run, a recorded config for a rerun.
+    ``config_dir`` holds the primary ``config.yaml``: conf/ for a new run, a recorded config for a rerun. Hydra's
+    refusals become one ConfigError line naming the key or group, why, and what would work; a key that ``+`` adds
+    to a schema-typed group is refused too (Hydra would accept it, and nothing would read it).
     """
     register_schemas()  # the groups' structured schemas (`tracking/schema`, ...) that conf/ extends
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    except MissingConfigException as err:
+        raise ConfigError(_missing_option(err)) from None
+    except ConfigCompositionException as err:
+        raise ConfigError(_composition_problem(err)) from None
+    _refuse_unknown_keys(cfg)
+    return cfg
+
+
+def _missing_option(err: MissingConfigException) -> str:
+    group, _, option = str(err.missing_cfg_file or "").rpartition("/")
+    if not group or err.options is None:
+        return " ".join(str(err).split("Config search path")[0].split())
+    return f"config group '{group}': no option '{option}'; available: {', '.join(sorted(err.options))}"
+
+
+def _unknown_key(key: str) -> str:
+    group, _, name = key.partition(".")
+    known = [f.name for f in fields(GROUP_SCHEMAS[group])] if group in GROUP_SCHEMAS else []
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {group}.{close[0]}?" if close else (f"; its keys: {', '.join(known)}" if known else "")
+    return f"config key '{key}': not a key of the {group} group{hint}"
+
+
+def _composition_problem(err: ConfigCompositionException) -> str:
+    cause = err.__cause__
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, ConfigAttributeError) and key:
+        return _unknown_key(str(key))
+    if isinstance(cause, OmegaConfBaseException) and key:
+        reason = str(getattr(cause, "msg", "") or cause).splitlines()[0]
+        value = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", reason)
+        if value:
+            return f"config key '{key}': must be {_ARTICLE.get(value.group(2), value.group(2))}, got {value.group(1)!r}"
+        value = re.match(r"Value '(.*)' is not a valid bool", reason)
+        if value:
+            return f"config key '{key}': must be true or false, got {value.group(1)!r}"
+        return f"config key '{key}': {reason}"
+    return " ".join(str(err).split())
+
+
+_ARTICLE = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def _refuse_unknown_keys(cfg: DictConfig) -> None:
+    for group, schema in GROUP_SCHEMAS.items():
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig):
+            continue
+        known = {f.name for f in fields(schema)}
+        extra = sorted(set(node.keys()) - known)
+        if extra:
+            raise ConfigError(_unknown_key(f"{group}.{extra[0]}"))
 
 
 def _override_key(override: str) -> str:
