@@ -214,6 +214,11 @@ def _hydra_app(argv: list[str]) -> int:
     # Hydra parses sys.argv; its help names the command, and its completion script the executable it binds to
     # (the script then calls `worldpipe -sc query=bash`, see worldpipe.cli).
     completion = any(a.split("=", 1)[0] in ("-sc", "--shell-completion") for a in argv)
+    if not completion and not any(a in ("-m", "--multirun", "-h", "--help", "--hydra-help") for a in argv):
+        from worldpipe.config.compose import compose_config
+
+        # Hydra would print its own multi-line refusal (with its search path): the same one line as a launch.
+        compose_config([a for a in argv if "=" in a and not a.startswith("-")])
     sys.argv = ["worldpipe" if completion else PROG, *argv]
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
     return max(codes, default=0)
