@@ -53,6 +53,8 @@ def register(cli: click.Group) -> None:
         click.Option(["--metric"], help="metric of the plot (default eval/one_step_ratio)"),
         click.Option(["--x", "x_key"], help="param on the plot's x axis (default: the first swept key)"),
         click.Option(["--out"], help="also write the table to this file (atomically)"),
+        click.Option(["--json", "as_json"], is_flag=True, help="print the comparison as JSON instead of a table"),
+        click.Option(["--csv", "as_csv"], is_flag=True, help="print it as CSV (section,key,one column per run)"),
     ], short="differing params and evaluation metrics of runs (or of a sweep) side by side"))
 
 
@@ -136,6 +138,8 @@ def _compare(args) -> int:
     from worldpipe.tracking.comparison import (
         DEFAULT_METRIC,
         ComparisonError,
+        comparison_csv,
+        comparison_json,
         comparison_table,
         plot_comparison,
         resolve,
@@ -143,8 +147,11 @@ def _compare(args) -> int:
     from worldpipe.tracking.history import client_for
 
     try:
+        if args.as_json and args.as_csv:
+            raise ComparisonError("--json and --csv exclude each other")
         comparison = resolve(client_for(args.tracking_uri), args.run_ids)
-        table = comparison_table(comparison)
+        render = comparison_json if args.as_json else comparison_csv if args.as_csv else comparison_table
+        table = render(comparison)
         if args.plot:
             plot_comparison(comparison, args.plot, args.metric or DEFAULT_METRIC, args.x_key)
     except ComparisonError as err:

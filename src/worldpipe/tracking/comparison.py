@@ -6,6 +6,8 @@ parent run, which stands for all of its point runs.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import statistics
@@ -18,6 +20,7 @@ from worldpipe.core.axes import legend_outside, readable_log_axis
 from worldpipe.core.errors import UsageError
 from worldpipe.core.figures import save_figure
 from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
+from worldpipe.tracking.records import NUMERICS_TAG
 from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 
 SEED_PARAM = "seed"
@@ -27,7 +30,6 @@ TRAINING_METRICS = ("loss/total",)
 # data elsewhere), so the table omits them; what the data holds is compared by the dataset-hash tag.
 NAMING_PARAMS = ("run_dir", "checkpoint.dir", "experiment_name", "tracking.run_name", "data.store", "data.manifest")
 LOG_AXIS_SPAN = 2.5  # x values spanning this factor or more are plotted on a log axis (a 1e-3, 3e-3 lr grid)
-MAX_COLUMN = 28
 IDENTITY_TAGS = ("worldpipe.git_sha", "worldpipe.dataset_hash", "worldpipe.checkpoint.digest",
                  "worldpipe.eval.heldout_dataset_hash", "worldpipe.world_size")
 
@@ -82,43 +84,62 @@ def differing_params(runs: list) -> list[str]:
     return [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
 
 
-def _cell(value: Any, width: int) -> str:
-    text = f"{value:.6g}" if isinstance(value, float) else "—" if value is None else str(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _cell(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else "—" if value is None else str(value)
 
 
-def _row(key: str, values: list[Any], key_w: int, width: int) -> str:
-    return f"{key:<{key_w}}  " + "  ".join(f"{_cell(v, width):>{width}}" for v in values)
-
-
-def _section(title: str, rows: list[tuple[str, list[Any]]], key_w: int, width: int) -> list[str]:
-    if not rows:
-        return [f"{title}: none", ""]
-    return [title, "-" * key_w, *(_row(k, vals, key_w, width) for k, vals in rows), ""]
-
-
-def comparison_table(comparison: Comparison) -> str:
-    """Plain-text table: one column per run; differing params, evaluation and training metrics, identity."""
+def comparison_sections(comparison: Comparison) -> dict[str, list[tuple[str, list[Any]]]]:
+    """{section title: [(key, one value per run)]}: differing params, evaluation and training metrics, and the
+    identity tags (numerics environment included) that differ."""
     runs = comparison.runs
-    width = min(MAX_COLUMN, max(12, *(len(r.info.run_name or "") for r in runs)))
-    head = ["run"] + [r.info.run_id[:width] for r in runs]
-    names = ["name"] + [r.info.run_name or "" for r in runs]
     differing = differing_params(runs)
     ordered = [k for k in comparison.swept if k in differing] + [k for k in differing if k not in comparison.swept]
-    params = [(k, [r.data.params.get(k) for r in runs]) for k in ordered]
     eval_keys = [f"{METRIC_PREFIX}{k}" for k in SUMMARY_METRICS]
     eval_keys += _last_horizon_keys({k for r in runs for k in r.data.metrics if k.startswith(METRIC_PREFIX)}
                                     - set(eval_keys))
-    evaluation = [(k, [r.data.metrics.get(k) for r in runs]) for k in eval_keys]
-    training = [(k, [r.data.metrics.get(k) for r in runs]) for k in TRAINING_METRICS]
-    identity = [(k, [r.data.tags.get(k) for r in runs]) for k in IDENTITY_TAGS
-                if len({r.data.tags.get(k) for r in runs}) > 1]
-    key_w = max(len(k) for k, _ in [*params, *evaluation, *training, *identity, ("identity differences", [])])
-    out = [_row(head[0], head[1:], key_w, width), _row(names[0], names[1:], key_w, width), ""]
-    for title, rows in (("param differences", params), ("evaluation", evaluation), ("training (final)", training),
-                        ("identity differences", identity)):
-        out += _section(title, rows, key_w, width)
+    numerics = sorted({k for r in runs for k in r.data.tags if k.startswith(NUMERICS_TAG + ".")})
+    return {
+        "param differences": [(k, [r.data.params.get(k) for r in runs]) for k in ordered],
+        "evaluation": [(k, [r.data.metrics.get(k) for r in runs]) for k in eval_keys],
+        "training (final)": [(k, [r.data.metrics.get(k) for r in runs]) for k in TRAINING_METRICS],
+        "identity differences": [(k, [r.data.tags.get(k) for r in runs]) for k in (*IDENTITY_TAGS, *numerics)
+                                 if len({r.data.tags.get(k) for r in runs}) > 1],
+    }
+
+
+def comparison_table(comparison: Comparison) -> str:
+    """Plain-text table: one column per run, each as wide as its widest value (values are never cut)."""
+    runs, sections = comparison.runs, comparison_sections(comparison)
+    columns = [[r.info.run_id, r.info.run_name or ""] + [_cell(vals[i]) for rows in sections.values()
+                                                          for _, vals in rows] for i, r in enumerate(runs)]
+    widths = [max(12, *(len(text) for text in column)) for column in columns]
+    key_w = max(len("identity differences"), *(len(k) for rows in sections.values() for k, _ in rows))
+
+    def row(key: str, values: list[Any]) -> str:
+        return f"{key:<{key_w}}  " + "  ".join(f"{_cell(v):>{w}}" for v, w in zip(values, widths, strict=True))
+
+    out = [row("run", [r.info.run_id for r in runs]), row("name", [r.info.run_name or "" for r in runs]), ""]
+    for title, rows in sections.items():
+        out += [f"{title}: none", ""] if not rows else [title, "-" * key_w, *(row(k, v) for k, v in rows), ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def comparison_json(comparison: Comparison) -> str:
+    """The same comparison for programs: runs, and per section {key: one value per run} (values as recorded)."""
+    return json.dumps({"runs": [{"run_id": r.info.run_id, "run_name": r.info.run_name} for r in comparison.runs],
+                       "sections": {title: dict(rows) for title, rows in comparison_sections(comparison).items()}},
+                      indent=1) + "\n"
+
+
+def comparison_csv(comparison: Comparison) -> str:
+    """The same comparison as CSV: ``section,key,<one column per run id>``."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["section", "key", *(r.info.run_id for r in comparison.runs)])
+    for title, rows in comparison_sections(comparison).items():
+        for key, values in rows:
+            writer.writerow([title, key, *("" if v is None else v for v in values)])
+    return out.getvalue()
 
 
 def _last_horizon_keys(keys: set[str]) -> list[str]:

@@ -170,39 +170,3 @@ def check_params(client, run, config: Mapping) -> None:
             problems.append(f"{key}: param {recorded!r} != config.yaml {text!r}")
     if problems:
         raise RecordError(f"params of run {run.info.run_id} disagree with its config.yaml:\n  " + "\n  ".join(problems))
-
-
-def compare_table(client, run_ids: list[str], width: int = 28) -> str:
-    """Param differences and final metrics of runs side by side (plain text)."""
-    runs = [client.get_run(r) for r in run_ids]
-
-    def cell(value: Any) -> str:
-        text = "—" if value is None else str(value)
-        return text if len(text) <= width else text[: width - 1] + "…"
-
-    def table(title: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
-        if not rows:
-            return [f"{title}: none"]
-        key_w = max(len(title), *(len(k) for k, _ in rows))
-        head = f"{title:<{key_w}}  " + "  ".join(f"{cell(r.info.run_id[:12] + ' ' + (r.info.run_name or '')):<{width}}"
-                                                 for r in runs)
-        lines = [head, "-" * len(head)]
-        lines += [f"{k:<{key_w}}  " + "  ".join(f"{cell(v):<{width}}" for v in vals) for k, vals in rows]
-        return lines
-
-    param_keys = sorted(set().union(*(r.data.params for r in runs)))
-    differing = [(k, [r.data.params.get(k) for r in runs]) for k in param_keys
-                 if len({r.data.params.get(k) for r in runs}) > 1]
-    identity_keys = ("worldpipe.git_sha", "worldpipe.git_dirty", "worldpipe.dataset_hash", "worldpipe.config_hash",
-                     "worldpipe.world_size", "worldpipe.checkpoint.step", "worldpipe.checkpoint.digest",
-                     "worldpipe.rerun_of", "worldpipe.resumed_from", "worldpipe.resumed_at_step",
-                     "worldpipe.code_drift")
-    identity = [(k, [r.data.tags.get(k) for r in runs]) for k in identity_keys
-                if len({r.data.tags.get(k) for r in runs}) > 1]
-    metric_keys = sorted(set().union(*(r.data.metrics for r in runs)))
-    final = [(k, [r.data.metrics.get(k) for r in runs]) for k in metric_keys]
-    out = table("param differences", differing) + [""] + table("identity differences", identity) + [""]
-    out += table("final metrics", final)
-    status = [(k, [getattr(r.info, k) for r in runs]) for k in ("status",)]
-    out += [""] + table("run", status)
-    return "\n".join(out)

@@ -1,0 +1,43 @@
+"""`worldpipe compare`'s three renderings of one comparison: values whole in the table, the same in JSON and CSV.
+
+The runs are plain stand-ins with MLflow's Run shape (info, data.params/metrics/tags): what is tested is the
+rendering, not MLflow (tests/integration/test_tracking_comparison.py compares real runs)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from types import SimpleNamespace
+
+from worldpipe.tracking.comparison import Comparison, comparison_csv, comparison_json, comparison_table
+
+LONG = "worldpipe.models.rssm.RSSM-with-a-long-target-name-that-a-28-column-table-used-to-cut"
+
+
+def _run(run_id: str, target: str, cbwr: str, loss: float):
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id, run_name=f"name-{run_id}"),
+                           data=SimpleNamespace(params={"model._target_": target, "seed": "0"},
+                                                metrics={"loss/total": loss},
+                                                tags={"worldpipe.numerics.mkl.cbwr": cbwr}))
+
+
+def _comparison() -> Comparison:
+    return Comparison([_run("a" * 32, LONG, "AUTO", 1.5), _run("b" * 32, "short", "AVX2", 1.25)], [])
+
+
+def test_the_table_prints_every_differing_value_whole():
+    table = comparison_table(_comparison())
+    assert LONG in table and "…" not in table
+    assert "worldpipe.numerics.mkl.cbwr" in table and "AVX2" in table
+
+
+def test_json_and_csv_carry_the_same_sections_and_values():
+    data = json.loads(comparison_json(_comparison()))
+    assert [r["run_id"] for r in data["runs"]] == ["a" * 32, "b" * 32]
+    assert data["sections"]["param differences"] == {"model._target_": [LONG, "short"]}
+    assert data["sections"]["identity differences"]["worldpipe.numerics.mkl.cbwr"] == ["AUTO", "AVX2"]
+    rows = list(csv.reader(io.StringIO(comparison_csv(_comparison()))))
+    assert rows[0] == ["section", "key", "a" * 32, "b" * 32]
+    assert ["param differences", "model._target_", LONG, "short"] in rows
+    assert ["training (final)", "loss/total", "1.5", "1.25"] in rows
