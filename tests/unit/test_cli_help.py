@@ -79,3 +79,12 @@ def test_shell_completion_script_and_answers(monkeypatch, capsys):
     # worldpipe train's arguments: Hydra's completion of config keys.
     keys = _complete(monkeypatch, capsys, "bash_complete", words="worldpipe train trainer.l")
     assert "plain,trainer.lr=" in keys.split()
+
+
+def test_plumbing_the_rules_call_is_left_out_of_users_help(capsys):
+    for group, hidden, shown in (("runs", ("begin", "end"), ("list", "status")), ("sweep", ("link", "open"),
+                                                                                  ("points", "summarize"))):
+        assert main([group, "--help"]) == 0
+        listing = capsys.readouterr().out.split("Commands:")[1]
+        names = {line.split()[0] for line in listing.splitlines() if line.strip()}
+        assert not names & set(hidden) and set(shown) <= names, (group, names)

@@ -40,11 +40,12 @@ def overrides(metavar: str = "[OVERRIDES]...") -> click.Argument:
 
 
 def command(name: str, handler: Callable[[Namespace], int], help_text: str, params: list[click.Parameter],
-            *, pass_on: bool = False, short: str | None = None) -> click.Command:
+            *, pass_on: bool = False, short: str | None = None, plumbing: bool = False) -> click.Command:
     """A command whose ``handler`` gets the parsed ``params``; ``pass_on`` leaves unknown options to its
-    trailing arguments (see :func:`overrides`)."""
+    trailing arguments (see :func:`overrides`). ``plumbing``: called by the pipeline's rules, not by people; left
+    out of its group's help listing (its own ``--help`` still works)."""
     return click.Command(name, callback=handled(handler), params=params, help=help_text,
-                         short_help=short or _short(help_text),
+                         short_help=short or _short(help_text), hidden=plumbing,
                          context_settings=PASS_ON if pass_on else None)
 
 

@@ -29,10 +29,10 @@ def register(cli: click.Group) -> None:
                 "OVERRIDES: the Hydra overrides the training gets.", [
                     click.Argument(["run_dir"]),
                     click.Option(["--dataset-spec-hash"], required=True, help="spec hash of the training dataset"),
-                    overrides()], pass_on=True, short="(pipeline) record an attempt at RUN_DIR"),
+                    overrides()], pass_on=True, short="(pipeline) record an attempt at RUN_DIR", plumbing=True),
         command("end", _end, "(pipeline) Record how the newest attempt at RUN_DIR ended.", [
             click.Argument(["run_dir"]), click.Option(["--exit-code"], type=int, required=True,
-                                                      help="the training's exit status")]),
+                                                      help="the training's exit status")], plumbing=True),
     ):
         runs.add_command(cmd)
     cli.add_command(runs)

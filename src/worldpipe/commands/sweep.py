@@ -20,7 +20,7 @@ def register(cli: click.Group) -> None:
                 [click.Argument(["configfile"])], short="print the points of the sweep a pipeline config declares"),
         command("open", _open, "Create (or find) the sweep's MLflow parent run; write its id.", [
             click.Option(["--sweep-json"], required=True, help="the config's `sweep` section as JSON"), tracking_uri,
-            click.Option(["--out"], required=True, help="JSON record of the parent run to write")]),
+            click.Option(["--out"], required=True, help="JSON record of the parent run to write")], plumbing=True),
         command("summarize", _summarize, "Record the best point (its metrics and name) on the parent run.", [
             click.Option(["--parent"], required=True, help="the parent record written by `sweep open`"),
             click.Option(["--metric"], help="lowest wins (default: the comparison's metric)"), tracking_uri]),
@@ -28,7 +28,7 @@ def register(cli: click.Group) -> None:
             click.Option(["--parent"], required=True, help="the parent record written by `sweep open`"),
             click.Option(["--done"], required=True, help="the point's train_done.json"),
             click.Option(["--point"], required=True, help="the point's name"),
-            click.Option(["--values-json"], required=True, help="the point's swept values as JSON"), tracking_uri]),
+            click.Option(["--values-json"], required=True, help="the point's swept values as JSON"), tracking_uri], plumbing=True),
     ):
         sweep.add_command(cmd)
     cli.add_command(sweep)
