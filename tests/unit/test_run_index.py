@@ -167,3 +167,24 @@ def test_runs_status_shows_running_and_recent_runs_from_their_progress_records(w
     assert main(["runs", "status", str(workdir / "nothing")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no progress record" in err and "nothing" in err
+
+
+def test_runs_status_watch_follows_a_run_until_it_stops(workdir, capsys):
+    import threading
+    import time
+
+    from worldpipe.tracking.spool import Spool
+
+    running = workdir / "results/runs/smoke/cccccccccccc"
+    _progress(running, [{"step": 5, "target_steps": 40, "loss": 1.0, "steps_per_s": 2.0, "time": time.time()}])
+    spool = Spool(running)
+    spool.hold_active()
+    stopper = threading.Timer(0.8, spool.release_active)  # the training ends
+    stopper.start()
+    try:
+        assert main(["runs", "status", "--watch", "0.2"]) == 0
+    finally:
+        stopper.join()
+    tables = capsys.readouterr().out.count("RUN ")
+    assert tables >= 2  # shown again while the run ran, and once after it stopped
+    assert main(["runs", "status", "--watch", "0"]) == 2

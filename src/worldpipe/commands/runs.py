@@ -23,7 +23,9 @@ def register(cli: click.Group) -> None:
                     click.Option(["--sweeps-dir"], help="default: `sweeps` of conf/paths/default.yaml "
                                                        "(results/sweeps)"),
                     click.Option(["--recent"], type=float, default=60.0, metavar="MINUTES", show_default=True,
-                                 help="also show runs that ended within this many minutes")],
+                                 help="also show runs that ended within this many minutes"),
+                    click.Option(["--watch"], type=float, default=None, metavar="SECONDS",
+                                 help="show the table again every SECONDS until no run is running (or Ctrl-C)")],
                 short="running and recently ended trainings: step, loss, steps/s, ETA"),
         command("begin", _begin, "(pipeline) Record an attempt at RUN_DIR and point `latest` at it.\n\n"
                 "OVERRIDES: the Hydra overrides the training gets.", [
@@ -68,6 +70,24 @@ def _list(args) -> int:
 def _status(args) -> int:
     import time
 
+    if args.watch is not None and args.watch <= 0:
+        print("error: --watch takes a number of seconds > 0", file=sys.stderr)
+        return 2
+    while True:
+        code, running = _status_table(args)
+        if args.watch is None or code != 0 or not running:
+            return code
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+        print()
+
+
+def _status_table(args) -> tuple[int, bool]:
+    """Print the table once; (exit status, whether any listed run is still running)."""
+    import time
+
     from worldpipe.config import paths
     from worldpipe.pipeline.run_index import last_progress, progress_run_dirs, run_status
 
@@ -77,25 +97,26 @@ def _status(args) -> int:
         missing = [str(d) for d in dirs if last_progress(d) is None]
         if missing:
             print(f"error: no progress record ({paths.PROGRESS_RECORD}) in {', '.join(missing)}", file=sys.stderr)
-            return 1
+            return 1, False
     else:
         dirs = progress_run_dirs([Path(args.runs_dir or layout["runs"]), Path(args.sweeps_dir or layout["sweeps"])])
-    now, rows = time.time(), []
+    now, rows, any_running = time.time(), [], False
     for run_dir in dirs:
         progress = last_progress(run_dir)
         state = run_status(run_dir, _json_or_empty(run_dir / paths.RUN_RECORD))
         running = state.startswith("running")
+        any_running = any_running or running
         if progress is None or not (args.run_dirs or running or now - progress["time"] <= args.recent * 60):
             continue
         rows.append(_status_row(run_dir, progress, state, running, now))
     if not rows:
         print(f"no training running or ended in the last {args.recent:g} minutes")
-        return 0
+        return 0, False
     header = ("RUN", "STEP", "LOSS", "STEPS/S", "ETA", "UPDATED", "STATE")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
-    return 0
+    return 0, any_running
 
 
 def _json_or_empty(path: Path) -> dict:
