@@ -159,3 +159,19 @@ def _matmul_flops(call: dict) -> int:
     *_, left, right = call["shapes"]  # addmm/baddbmm: the bias comes first
     batch = left[0] if len(left) == 3 else 1
     return 2 * batch * left[-2] * left[-1] * right[-1]
+
+
+@pytest.mark.slow  # two worker processes per round, each importing torch
+def test_bench_numerics_times_both_modes_in_their_own_processes(tmp_path, env_with_venv):
+    out = tmp_path / "bench" / "numerics.json"
+    proc = bench(env_with_venv, tmp_path, "numerics", "--experiment", "smoke", "--rounds", "1", "--steps", "2",
+                 "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["baseline"] == "native" and set(result["contenders"]) == {"native", "portable"}
+    portable, native = (result["contenders"][m]["environment"] for m in ("portable", "native"))
+    assert (portable["mkl.cbwr"], portable["aten.cpu_capability"]) == ("COMPATIBLE", "AVX2")
+    assert native["mkl.cbwr"] != "COMPATIBLE" or "MKL_CBWR" in env_with_venv
+    assert result["ratio"] == pytest.approx(result["contenders"]["portable"]["step_ms"]
+                                            / result["contenders"]["native"]["step_ms"])
+    assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
