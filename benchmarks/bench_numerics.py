@@ -60,21 +60,12 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_step import experiment_shapes, make_step  # the same model and batch as `bench step`
+    from bench_step import make_step, model_and_batch  # the same model and batch as `bench step`
 
-    from worldpipe.models import build_model
     from worldpipe.trainer.optim import build_optimizer
 
     torch.set_num_threads(args.threads)
-    model_cfg, batch_size, window, obs_dim, act_dim = experiment_shapes(args.experiment, args.env)
-    torch.manual_seed(0)
-    model = build_model(model_cfg, obs_dim, act_dim)
-    g = torch.Generator().manual_seed(0)
-    noise_shape = model.noise_shape(window)
-    batch = {"obs": torch.randn(batch_size, window, obs_dim, generator=g),
-             "action": torch.randn(batch_size, window, act_dim, generator=g),
-             "reward": torch.randn(batch_size, window, generator=g), "mask": torch.ones(batch_size, window),
-             "noise": None if noise_shape is None else torch.randn(batch_size, *noise_shape, generator=g)}
+    _, model, batch = model_and_batch(args.experiment, args.env)
     optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.0}, mode_settings(args.worker)["fused_optimizer"])
     backward = make_step(model, batch)
 

@@ -205,9 +205,9 @@ def mm_peak(sizes: list[int], cpu_rates: dict[str, float] | None = None) -> dict
     return rates
 
 
-def contenders(args) -> tuple[dict, dict]:
-    """Step closures by name (the baseline first when there is one) and what the report says about the model."""
-    model_cfg, batch_size, window, obs_dim, act_dim = experiment_shapes(args.experiment, args.env)
+def model_and_batch(experiment: str, env_id: str) -> tuple[dict, torch.nn.Module, dict]:
+    """(model config, the experiment's model seeded with 0, one random batch of its shape)."""
+    model_cfg, batch_size, window, obs_dim, act_dim = experiment_shapes(experiment, env_id)
     torch.manual_seed(0)
     model = build_model(model_cfg, obs_dim, act_dim)
     g = torch.Generator().manual_seed(0)
@@ -216,6 +216,14 @@ def contenders(args) -> tuple[dict, dict]:
              "action": torch.randn(batch_size, window, act_dim, generator=g),
              "reward": torch.randn(batch_size, window, generator=g), "mask": torch.ones(batch_size, window),
              "noise": None if noise_shape is None else torch.randn(batch_size, *noise_shape, generator=g)}
+    return model_cfg, model, batch
+
+
+def contenders(args) -> tuple[dict, dict]:
+    """Step closures by name (the baseline first when there is one) and what the report says about the model."""
+    model_cfg, model, batch = model_and_batch(args.experiment, args.env)
+    obs_dim, act_dim = batch["obs"].shape[-1], batch["action"].shape[-1]
+    batch_size, window = batch["obs"].shape[:2]
     steps = {}
     if type(model) is RSSM:
         for name, cls in ((BASELINE, PerStepRSSM), (PYTHON_CORE, PythonCoreRSSM)):
