@@ -7,6 +7,7 @@ the digest is a prefix of the dataset hash and the whole hash is in the dataset'
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,9 @@ def dataset_input(record: DatasetRecord):
     return DatasetInput(dataset=dataset, tags=[InputTag(key=CONTEXT_TAG, value=record.context)])
 
 
+_INSERT_RACE_ATTEMPTS = 4
+
+
 def log_datasets(client, run_id: str, records: list[DatasetRecord]) -> None:
     """Log the datasets as inputs of a run; one already logged (same name, digest, context) is not repeated."""
     run = client.get_run(run_id)
@@ -79,5 +83,16 @@ def log_datasets(client, run_id: str, records: list[DatasetRecord]) -> None:
         if key not in present:
             fresh.append(entry)
             present.add(key)
-    if fresh:
-        client.log_inputs(run_id, datasets=fresh)
+    if not fresh:
+        return
+    for attempt in range(_INSERT_RACE_ATTEMPTS):
+        try:
+            client.log_inputs(run_id, datasets=fresh)
+            return
+        except Exception as err:  # noqa: BLE001 - MLflow wraps the database's error in its own exception
+            # Two processes logging the same dataset into one experiment at once (the pipeline's parallel
+            # evaluations): MLflow's SQL store looks the dataset up, then inserts it, and the slower insert
+            # fails on the unique key. Again, the lookup finds the row the other process made.
+            if "unique constraint" not in str(err).lower() or attempt == _INSERT_RACE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
