@@ -18,7 +18,7 @@ from worldpipe.models.rssm_filter import (
     native_filter_core,
 )
 from worldpipe.tracking.history import largest_relative_difference
-from worldpipe.tracking.records import NUMERICS_TAG, numerics_tags
+from worldpipe.tracking.records import NUMERICS_TAG, numerics_from_tags, numerics_tags
 
 PORTABLE = {"mode": "portable", "mkl_cbwr": "COMPATIBLE", "aten_cpu_capability": "avx2", "onednn_max_cpu_isa": "AVX2"}
 
@@ -68,7 +68,7 @@ def test_tags_carry_the_environment_and_every_change_and_read_back():
     tags = numerics_tags(identity)
     assert tags[f"{NUMERICS_TAG}.mkl.cbwr"] == "AUTO"
     assert tags[f"{NUMERICS_TAG}.changed"] == "step 10: mkl.cbwr, cpu.model"
-    assert numerics.from_tags({**tags, "worldpipe.other": "x"}, NUMERICS_TAG) == env
+    assert numerics_from_tags({**tags, "worldpipe.other": "x"}) == env
 
 
 def test_largest_relative_difference_finds_the_worst_value_and_missing_steps():

@@ -74,7 +74,7 @@ def _composition_problem(err: ConfigCompositionException) -> str:
     return " ".join(str(err).split())
 
 
-_ARTICLE = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+_ARTICLE = {"Integer": "an integer", "Float": "a number", "String": "a string"}
 
 
 def _refuse_unknown_keys(cfg: DictConfig) -> None:

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from worldpipe.core.errors import UserError
+
 # Config key (numerics group) -> the environment variable it sets; read by the library once, at its first use.
 PIN_VARIABLES: dict[str, str] = {
     "mkl_cbwr": "MKL_CBWR",                       # MKL's code path (COMPATIBLE: the same on every x86 CPU)
@@ -47,7 +49,7 @@ DEFAULT_RTOL, DEFAULT_RATIO_TOL = 1e-2, 5e-2
 INFORMATIONAL = ("cpu.count",)
 
 
-class NumericsError(RuntimeError):
+class NumericsError(UserError, RuntimeError):
     """A pinned numerics setting cannot hold in this process; the message names the setting and the fix."""
 
 
@@ -158,12 +160,6 @@ def expected_environment(config: Mapping[str, Any]) -> dict[str, str]:
     env["torch.threads"] = str(trainer.get("threads_per_rank", env["torch.threads"]))
     env["torch.deterministic"] = str(bool(trainer.get("deterministic", True)))
     return env
-
-
-def from_tags(tags: Mapping[str, str], prefix: str) -> dict[str, str]:
-    """The environment recorded as ``<prefix>.<field>`` tags (an MLflow run's); empty when none were."""
-    start = prefix + "."
-    return {key[len(start):]: value for key, value in tags.items() if key.startswith(start) and key != f"{start}changed"}
 
 
 def set_deterministic_cuda() -> None:

@@ -45,7 +45,7 @@ from worldpipe.tracking.history import (
     load_recorded_run,
 )
 from worldpipe.tracking.recorder import resolve_tracking_uri
-from worldpipe.tracking.records import NUMERICS_TAG, TIMING_METRICS
+from worldpipe.tracking.records import TIMING_METRICS, numerics_from_tags
 
 EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR, EXIT_EQUIVALENT = 0, 1, 2, 3
 # Segments of the open-loop comparison of both final models (the pipeline's evaluation defaults).
@@ -113,10 +113,10 @@ def judge_equivalence(client, original: str, rerun_id: str, checkpoint_dirs: tup
 
 def environment_differences(client, recorded, rerun_id: str | None = None) -> list[str]:
     """Fields in which this machine (or, given ``rerun_id``, what that run recorded) differs from the original."""
-    before = recorded.identity.get(numerics.IDENTITY_KEY) or numerics.from_tags(recorded.tags, NUMERICS_TAG)
+    before = recorded.identity.get(numerics.IDENTITY_KEY) or numerics_from_tags(recorded.tags)
     if rerun_id is None:
         return numerics.differences(before, numerics.expected_environment(recorded.config))
-    return numerics.differences(before, numerics.from_tags(client.get_run(rerun_id).data.tags, NUMERICS_TAG))
+    return numerics.differences(before, numerics_from_tags(client.get_run(rerun_id).data.tags))
 
 
 def _original_checkpoints(recorded) -> str | None:

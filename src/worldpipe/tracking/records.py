@@ -100,6 +100,13 @@ def numerics_tags(identity: Mapping[str, Any]) -> dict[str, str]:
     return tags
 
 
+def numerics_from_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    """The numerics environment :func:`numerics_tags` recorded on a run (empty when none was)."""
+    start = NUMERICS_TAG + "."
+    return {key[len(start):]: value for key, value in tags.items()
+            if key.startswith(start) and key != NUMERICS_CHANGED_TAG}
+
+
 def installed_packages() -> str:
     """`name==version` of every installed distribution (pip freeze without pip)."""
     seen = {}
