@@ -8,14 +8,14 @@ import sys
 
 import click
 
-from worldpipe.commands import bench, ckpt, data, plan, rerun, run, runs, serve, sweep, tracking, train
+from worldpipe.commands import bench, ckpt, control, data, plan, rerun, run, runs, serve, sweep, tracking, train
 from worldpipe.core.errors import DEBUG_ENV, ERROR_PREFIX, EXIT_USAGE, report
 from worldpipe.core.process_exit import exit_now
 
 # MLflow prints "View run NAME at: URL" whenever a run ends on a server; that URL opens the UI's GenAI layout.
 # Every command prints its own links instead (worldpipe.tracking.links: the Model training view).
 QUIET_MLFLOW_LINKS = ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-GROUPS = (run, data, ckpt, tracking, rerun, runs, bench, serve, sweep, plan)
+GROUPS = (run, control, data, ckpt, tracking, rerun, runs, bench, serve, sweep, plan)
 PROG = "worldpipe"
 # Every command's help shows its defaults; -h is --help, as it was under argparse.
 CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 100}

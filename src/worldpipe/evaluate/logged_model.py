@@ -99,6 +99,15 @@ def _find_logged(experiment_id: str, run_id: str, digest: str):
     return found[0] if found else None
 
 
+def find_logged_model(uri: str, run_id: str, digest: str) -> str | None:
+    """The id of the model logged from run ``run_id`` for checkpoint ``digest``, None if none was logged."""
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    logged = _find_logged(MlflowClient(uri).get_run(run_id).info.experiment_id, run_id, digest)
+    return None if logged is None else logged.model_id
+
+
 def log_world_model(uri: str, run_id: str, record: ModelRecord, register_as: str | None = None) -> str:
     """Log the model into run ``run_id`` (once per checkpoint digest), register it if asked; its model URI."""
     import numpy as np

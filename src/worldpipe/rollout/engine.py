@@ -172,3 +172,22 @@ def run_jobs(jobs: list[RolloutJob]) -> list[JobResult]:
         for i, result in zip(indices, imagine_group([jobs[i] for i in indices]), strict=True):
             results[i] = result
     return results
+
+
+@torch.no_grad()
+def imagine_sequences(model, start: RolloutState, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Imagine N action sequences [N,H,A] from one state (a batch of one) with means: observations [N,H,O] (raw
+    units) and rewards [N,H].
+
+    What a planner asks for every candidate of one decision: the start state is shared by all N rows, so it is
+    expanded (not copied) and the N sequences advance together, one batched model call per imagined step.
+    """
+    count, horizon = actions.shape[:2]
+    state = {key: value.expand(count, *value.shape[1:]) for key, value in start.items()}
+    observations, rewards = [], []
+    for t in range(horizon):
+        obs, reward, state = model.imagine_step(state, actions[:, t])
+        observations.append(obs)
+        rewards.append(reward)
+    stacked = torch.stack(observations, dim=1) * model.obs_std + model.obs_mean
+    return stacked, torch.stack(rewards, dim=1)

@@ -40,7 +40,11 @@ def _step_seed(stream: StreamId, step: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1  # torch seeds must fit in a signed 64-bit int
 
 
+def seed_for_step(stream: StreamId, step: int, generator: torch.Generator) -> torch.Generator:
+    """``generator`` reseeded for step ``step`` of ``stream`` (its draws are a function of the two only)."""
+    return generator.manual_seed(_step_seed(stream, step))
+
+
 def step_noise(stream: StreamId, step: int, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Standard-normal noise of imagined step ``step`` (0 = first step after the context) of ``stream``."""
-    generator.manual_seed(_step_seed(stream, step))
-    return torch.randn(*shape, generator=generator)
+    return torch.randn(*shape, generator=seed_for_step(stream, step, generator))

@@ -1,0 +1,115 @@
+"""`worldpipe control`: a planner acting with a trained model in the real environment (closed-loop evaluation)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from worldpipe.commands import command, group, pin_recorded_numerics
+from worldpipe.core.atomic import write_text_atomic
+
+
+def register(cli: click.Group) -> None:
+    control = group("control", "plan with a trained model and act in the real environment")
+    control.add_command(command("evaluate", _evaluate, "Closed-loop evaluation: the planner acting with the run's "
+                                "model on held-out seeds, beside random, the behaviour policy and the planner with "
+                                "the true simulator.", [
+        click.Option(["--checkpoints"], required=True, help="checkpoint directory of the run"),
+        click.Option(["--env-id"], required=True, help="Gymnasium env the model was trained on"),
+        click.Option(["--behaviour-policy"], required=True, help="policy that collected the training data"),
+        click.Option(["--max-steps"], type=int, default=200, show_default=True, help="steps per episode"),
+        click.Option(["--episodes"], type=int, default=20, show_default=True, help="held-out seeds"),
+        click.Option(["--seed"], type=int, default=5000, show_default=True,
+                     help="root of the held-out episode seeds (no dataset's seed)"),
+        click.Option(["--context"], type=int, default=8, show_default=True, help="observed steps the model filters"),
+        click.Option(["--planner"], default="mppi", show_default=True, help="conf/planner/<name>.yaml"),
+        click.Option(["--set", "planner_overrides"], multiple=True, metavar="KEY=VALUE",
+                     help="planner setting (repeatable), e.g. --set horizon=20"),
+        click.Option(["--out"], required=True, help="metrics JSON to write"),
+        click.Option(["--plot"], help="returns bar chart (PNG) to write"),
+        click.Option(["--loop-plot"], help="control-loop split (PNG) to write"),
+        click.Option(["--tracking-uri"], help="MLflow to log to (default: the run's recorded URI)"),
+        click.Option(["--no-tracking"], is_flag=True, help="do not log to MLflow"),
+    ]))
+    control.add_command(command("rerun", _rerun, "Repeat a recorded closed-loop evaluation from its metrics JSON "
+                                "and compare bit for bit (exit 1 on any difference).", [
+        click.Argument(["record"]),
+        click.Option(["--checkpoints"], required=True, help="checkpoint directory of the evaluated run"),
+        click.Option(["--out"], help="write the repeated evaluation's JSON here"),
+    ]))
+    cli.add_command(control)
+
+
+def _evaluate(args) -> int:
+    pin_recorded_numerics(args.checkpoints)  # the evaluated run's code paths, before torch computes
+    from worldpipe.config.paths import conf_dir
+    from worldpipe.control.evaluation import ControlSettings, evaluate_control, planner_config
+
+    settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
+                               args.context, planner_config(args.planner, list(args.planner_overrides), conf_dir()))
+    result = evaluate_control(args.checkpoints, settings)
+    _write(result, args.out, args.plot, args.loop_plot)
+    _print_summary(result)
+    if args.no_tracking:
+        return 0
+    return _track(result, args)
+
+
+def _write(result: dict, out: str, plot: str | None, loop_plot: str | None) -> None:
+    from worldpipe.control.report import plot_control_loop, plot_returns
+
+    write_text_atomic(Path(out), json.dumps(result, indent=1))
+    if plot:
+        plot_returns(result, plot)
+    if loop_plot:
+        plot_control_loop(result, loop_plot)
+
+
+def _print_summary(result: dict) -> None:
+    for name, c in result["contenders"].items():
+        low, high = c["ci95"]
+        score = "" if c["score"] is None else f"  score {c['score']:.2f}"
+        print(f"{name:>10}: return {c['mean']:9.1f}  95% CI [{low:.1f}, {high:.1f}]{score}")
+    loop = result["contenders"]["planner"]["control_loop"]
+    period = "" if loop["period_ms"] is None else f" of a {loop['period_ms']:g} ms control period"
+    print(f"planner decision p50 {loop['decision_p50_ms']:.1f} ms, p99 {loop['decision_p99_ms']:.1f} ms{period}")
+
+
+def _track(result: dict, args) -> int:
+    from worldpipe.control.record import record_control
+
+    try:
+        where = record_control(result, args.checkpoints, args.tracking_uri,
+                               [p for p in (args.out, args.plot, args.loop_plot) if p])
+    except Exception as err:  # noqa: BLE001 - any MLflow failure: one line, the files are written
+        print(f"error: logging the control evaluation to MLflow failed ({type(err).__name__}: {err}); {args.out} "
+              "is written; run the same command again to log it", file=sys.stderr)
+        return 1
+    if where:
+        print(f"logged to MLflow run {where}")
+    return 0
+
+
+def _rerun(args) -> int:
+    from worldpipe.core.errors import UserError
+
+    try:
+        record = json.loads(Path(args.record).read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{args.record}: not a readable control evaluation record ({err})") from None
+    pin_recorded_numerics(args.checkpoints)
+    from worldpipe.control.evaluation import rerun_control
+
+    result, differences = rerun_control(args.checkpoints, record)
+    if args.out:
+        write_text_atomic(Path(args.out), json.dumps(result, indent=1))
+    if differences:
+        for line in differences:
+            print(f"differs: {line}")
+        return 1
+    print(f"bit-identical: {len(result['contenders'])} contenders x {record['settings']['episodes']} episodes, "
+          "same actions and returns")
+    return 0

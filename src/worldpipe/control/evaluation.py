@@ -1,0 +1,263 @@
+"""Closed-loop evaluation: what an agent achieves in the real environment with a trained world model.
+
+On held-out episode seeds (``episode_seeds(seed, i)``, the data pipeline's own derivation under a seed no dataset
+uses) four contenders act, each on the same seeds:
+
+    random        uniform random actions: the floor
+    behaviour     the scripted policy that collected the training data
+    planner       the configured planner with the trained model as its simulator
+    ceiling       the same planner with the true simulator as its model
+
+Returns are summarised as mean with a 95% confidence interval (Student t over episodes) and as the normalised
+score ``(R - R_random) / (R_behaviour - R_random)``. The planner's control loop is timed per real step, by part
+(:mod:`worldpipe.control.episodes`), against the environment's control period.
+
+Everything an evaluation depends on is in its result (checkpoint step and digest, settings, seeds, streams), and
+every episode records the SHA-256 of its actions, so :func:`rerun_control` repeats it from the record alone and
+compares bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from worldpipe.checkpoint import CheckpointManager, state_digest
+from worldpipe.control.dynamics import ControlError, LearnedDynamics, true_simulator
+from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_episode
+from worldpipe.control.planners import Planner
+from worldpipe.data.environments import make_env
+from worldpipe.data.episodes import episode_seeds
+from worldpipe.data.policies import get_policy
+from worldpipe.evaluate.open_loop import load_model
+from worldpipe.measure.energy import EnergyMeter
+from worldpipe.rollout.streams import StreamId
+
+CONTENDERS = ("random", "behaviour", "planner", "ceiling")
+STREAM_PREFIX = "control"
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """What a closed-loop evaluation runs: the env and its behaviour policy, the held-out seeds, the planner."""
+
+    env_id: str
+    behaviour_policy: str
+    max_steps: int
+    episodes: int
+    seed: int
+    context: int
+    planner: dict[str, Any] = field(default_factory=dict)  # a planner config with its _target_
+
+
+def build_planner(config: dict[str, Any], low: float, high: float) -> Planner:
+    """The planner a config names (``_target_`` plus its settings), acting in [low, high]."""
+    from hydra.utils import instantiate  # start-up: Hydra's instantiate only where a planner is built
+
+    planner = instantiate(dict(config))
+    if not isinstance(planner, Planner):
+        raise ControlError(f"planner _target_ {config.get('_target_')!r} is not a worldpipe planner")
+    return planner.bounded(low, high)
+
+
+def action_box(env_id: str) -> tuple[float, float]:
+    """The env's (low, high) action bound; ControlError for a discrete action space (planners sample boxes)."""
+    env = make_env(env_id, 1, render=False)
+    try:
+        space = env.action_space
+        if not hasattr(space, "low"):
+            raise ControlError(f"{env_id} has discrete actions; the planners sample continuous action boxes")
+        return float(np.min(space.low)), float(np.max(space.high))
+    finally:
+        env.close()
+
+
+def control_period_s(env_id: str) -> float | None:
+    """Seconds of simulated time per env step (Pendulum: dt 0.05), None where the env does not say."""
+    env = make_env(env_id, 1, render=False)
+    try:
+        for name in ("dt", "tau"):
+            value = getattr(env.unwrapped, name, None)
+            if isinstance(value, int | float):
+                return float(value)
+        return None
+    finally:
+        env.close()
+
+
+def summarize(returns: list[float]) -> dict[str, Any]:
+    """Mean, sample std and the 95% confidence interval of the mean (Student t) of episode returns."""
+    from scipy import stats  # start-up: SciPy loads only to summarise returns
+
+    values = np.asarray(returns, dtype=np.float64)
+    mean = float(values.mean())
+    if len(values) < 2:
+        return {"mean": mean, "std": 0.0, "ci95": [mean, mean], "episodes": len(values)}
+    half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+    return {"mean": mean, "std": float(values.std(ddof=1)), "ci95": [mean - half, mean + half],
+            "episodes": len(values)}
+
+
+def normalised_score(value: float, random: float, behaviour: float) -> float | None:
+    """(R - R_random) / (R_behaviour - R_random): 0 is random, 1 the behaviour policy; None if they tie."""
+    span = behaviour - random
+    return None if abs(span) < 1e-9 else (value - random) / span
+
+
+def loop_split(timings: list[dict[str, list[float]]], period_s: float | None) -> dict[str, Any]:
+    """p50/p99 per part of the control loop (ms) over every real step, and whether decisions keep real time.
+
+    A decision is everything before actuation; it keeps real time when its p99 fits in the control period.
+    """
+    parts = {part: np.concatenate([np.asarray(t[part]) for t in timings]) * 1000 for part in PARTS}
+    decision = sum(parts[p] for p in PARTS if p != "actuation")
+    split = {part: {"p50_ms": float(np.percentile(v, 50)), "p99_ms": float(np.percentile(v, 99))}
+             for part, v in parts.items()}
+    out = {"parts": split, "decision_p50_ms": float(np.percentile(decision, 50)),
+           "decision_p99_ms": float(np.percentile(decision, 99)), "steps": int(decision.size),
+           "period_ms": None if period_s is None else period_s * 1000}
+    out["keeps_real_time"] = None if period_s is None else out["decision_p99_ms"] <= period_s * 1000
+    out["within_period_fraction"] = None if period_s is None else float(np.mean(decision <= period_s * 1000))
+    return out
+
+
+def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float], run_seed: int, episode: int):
+    if name in ("random", "behaviour"):
+        policy = "random" if name == "random" else settings.behaviour_policy
+        return PolicyAgent(get_policy(settings.env_id, policy))
+    dynamics = LearnedDynamics(model, settings.context) if name == "planner" else true_simulator(settings.env_id)
+    stream = StreamId(run_seed, f"{STREAM_PREFIX}/{name}/{settings.seed}/{episode}")
+    return PlannerAgent(build_planner(settings.planner, *box), dynamics, stream)
+
+
+def run_contender(name: str, settings: ControlSettings, model, run_seed: int,
+                  pixel_size: int | None = None) -> dict[str, Any]:
+    """Every held-out episode of one contender: returns, action hashes, timings and energy."""
+    box = action_box(settings.env_id)
+    meter = EnergyMeter()
+    meter.start()
+    episodes = []
+    for i in range(settings.episodes):
+        reset_seed, rng = episode_seeds(settings.seed, i)
+        agent = _agent(name, settings, model, box, run_seed, i)
+        sees_pixels = pixel_size if name == "planner" else None
+        episodes.append(run_episode(settings.env_id, settings.max_steps, reset_seed, rng, agent, sees_pixels))
+    steps = sum(e.length for e in episodes)
+    energy = meter.stop(rollouts=settings.episodes, actions=steps)
+    return {
+        "returns": [e.episode_return for e in episodes],
+        "actions_sha256": [e.actions_sha256 for e in episodes],
+        "steps": steps,
+        "timings": [e.timings for e in episodes],
+        "energy": energy,  # per action where RAPL or NVML exists; otherwise the reason none does
+    }
+
+
+def pixel_size_of(model) -> int | None:
+    """The square frame size a pixel model observes (obs_dim = size*size*3), None for a state model."""
+    if model.observation_key != "pixels":
+        return None
+    return int(round((model.obs_dim // 3) ** 0.5))
+
+
+def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | None = None) -> dict[str, Any]:
+    """Run every contender on the held-out seeds; the result :func:`rerun_control` can repeat."""
+    if settings.episodes < 1 or settings.max_steps < 1:
+        raise ControlError("control episodes and max_steps must be >= 1")
+    torch.set_num_threads(1)  # one decision's bits must not depend on how many cores the machine has
+    model, identity = load_model(checkpoints, step)
+    model.eval()
+    digest = state_digest(CheckpointManager(checkpoints).load(identity["step"]))
+    run_seed = int(identity["config"].get("seed", 0))
+    contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
+                  for name in CONTENDERS}
+    return control_result(settings, identity, digest, run_seed, contenders)
+
+
+def control_result(settings: ControlSettings, identity: dict, digest: str, run_seed: int,
+                   contenders: dict[str, dict]) -> dict[str, Any]:
+    """The JSON record of an evaluation: settings, identity, per-contender returns and summaries, loop split."""
+    summaries = {name: summarize(c["returns"]) for name, c in contenders.items()}
+    random, behaviour = summaries["random"]["mean"], summaries["behaviour"]["mean"]
+    period = control_period_s(settings.env_id)
+    out = {
+        "settings": asdict(settings),
+        "model": identity.get("config", {}).get("model", {}).get("_target_", "").rsplit(".", 1)[-1],
+        "experiment": identity.get("config", {}).get("experiment_name"),
+        "checkpoint_step": identity["step"],
+        "checkpoint_digest": digest,
+        "mlflow_run_id": identity.get("mlflow_run_id"),
+        "run_seed": run_seed,
+        "contenders": {},
+    }
+    for name, c in contenders.items():
+        out["contenders"][name] = {
+            **summaries[name],
+            "score": normalised_score(summaries[name]["mean"], random, behaviour),
+            "returns": c["returns"], "actions_sha256": c["actions_sha256"], "energy": c["energy"],
+            "control_loop": loop_split(c["timings"], period),
+        }
+    out["score"] = out["contenders"]["planner"]["score"]
+    out["ceiling_score"] = out["contenders"]["ceiling"]["score"]
+    return out
+
+
+def settings_from_record(record: dict[str, Any]) -> ControlSettings:
+    """The settings a recorded evaluation ran with."""
+    return ControlSettings(**record["settings"])
+
+
+def rerun_control(checkpoints: str, record: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Repeat a recorded evaluation from its record alone; the new result and every difference (empty: the
+    same bits — the same checkpoint digest, returns and actions, episode by episode)."""
+    result = evaluate_control(checkpoints, settings_from_record(record), step=int(record["checkpoint_step"]))
+    return result, record_differences(record, result)
+
+
+def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two evaluation records in what must repeat bit for bit."""
+    differences = []
+    if old["checkpoint_digest"] != new["checkpoint_digest"]:
+        differences.append(f"checkpoint digest: recorded {old['checkpoint_digest'][:16]}, "
+                           f"now {new['checkpoint_digest'][:16]}")
+    for name, then in old["contenders"].items():
+        now = new["contenders"].get(name, {})
+        for i, (a, b) in enumerate(zip(then["actions_sha256"], now.get("actions_sha256", []), strict=False)):
+            if a != b:
+                differences.append(f"{name} episode {i}: actions differ (return {then['returns'][i]!r} "
+                                   f"recorded, {now['returns'][i]!r} now)")
+                break
+        if then["returns"] != now.get("returns"):
+            differences.append(f"{name}: returns differ")
+    return differences
+
+
+def planner_config(name: str, overrides: list[str], config_dir) -> dict[str, Any]:
+    """``conf/planner/<name>.yaml`` with ``key=value`` overrides: a plain dict with its ``_target_``.
+
+    A missing planner, an unknown key or a value of the wrong type is one line naming it (ControlError).
+    """
+    import dataclasses
+
+    from hydra.utils import get_class  # start-up: Hydra loads only where a planner config is read
+    from omegaconf import OmegaConf
+
+    path = config_dir / "planner" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ControlError(f"no planner {name!r} in {path.parent} (have: {', '.join(known)})")
+    config = OmegaConf.to_container(OmegaConf.load(path))
+    fields = {f.name: f.type for f in dataclasses.fields(get_class(config["_target_"]))}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or key not in fields:
+            raise ControlError(f"planner override {override!r}: {name} has no key {key!r} "
+                               f"(keys: {', '.join(sorted(fields))})")
+        value = OmegaConf.to_container(OmegaConf.create({"v": text}))["v"]
+        if isinstance(value, str) or (fields[key] == "int" and not isinstance(value, int)):
+            raise ControlError(f"planner override {override!r}: {key} must be {fields[key]}, got {text!r}")
+        config[key] = value
+    return config

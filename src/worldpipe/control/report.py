@@ -1,0 +1,63 @@
+"""Figures of a closed-loop evaluation: returns with their confidence intervals, and the control loop's split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worldpipe.core.figures import save_figure
+
+LABELS = {"random": "random", "behaviour": "behaviour policy", "planner": "planner + model",
+          "ceiling": "planner + true simulator"}
+
+
+def plot_returns(result: dict[str, Any], path: str | Path) -> None:
+    """Mean episode return per contender with its 95% CI (error bars), held-out seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["contenders"])
+    means = np.array([result["contenders"][n]["mean"] for n in names])
+    lows = means - np.array([result["contenders"][n]["ci95"][0] for n in names])
+    highs = np.array([result["contenders"][n]["ci95"][1] for n in names]) - means
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(range(len(names)), means, yerr=[lows, highs], capsize=6, color=["#999", "#6a6", "#36c", "#c63"])
+    ax.set_xticks(range(len(names)), [LABELS.get(n, n) for n in names], rotation=15)
+    ax.set_ylabel("episode return (mean, 95% CI)")
+    settings = result["settings"]
+    score = result.get("score")
+    ax.set_title(f"{result.get('experiment')}: {settings['env_id']}, {settings['episodes']} held-out seeds"
+                 + ("" if score is None else f", score {score:.2f}"))
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+
+
+def plot_control_loop(result: dict[str, Any], path: str | Path) -> None:
+    """p50 and p99 of each part of one real step (planner + model, planner + true simulator) against the env's
+    control period."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("planner", "ceiling") if n in result["contenders"]]
+    parts = list(result["contenders"][names[0]]["control_loop"]["parts"])
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        loop = result["contenders"][name]["control_loop"]
+        x = np.arange(len(parts))
+        ax.bar(x - 0.2, [loop["parts"][p]["p50_ms"] for p in parts], 0.4, label="p50")
+        ax.bar(x + 0.2, [loop["parts"][p]["p99_ms"] for p in parts], 0.4, label="p99")
+        if loop["period_ms"] is not None:
+            ax.axhline(loop["period_ms"], color="red", linestyle="--", label=f"control period {loop['period_ms']:g} ms")
+        ax.set_xticks(x, parts, rotation=30)
+        ax.set_title(f"{LABELS[name]}: decision p99 {loop['decision_p99_ms']:.1f} ms")
+        ax.set_ylabel("ms per real step")
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)

@@ -1,0 +1,101 @@
+"""Closed-loop evaluations in MLflow: returns per episode, their summaries, on the run and on its logged model.
+
+A control evaluation goes to a nested child run of the training run (``<run>-control-<planner>``): its "Step" axis
+is the held-out episode, so ``control/<contender>/return`` at step i is episode i's return (the training run keeps
+training steps on its axis). The training run gets the summaries at the evaluated checkpoint's step
+(``control/<contender>/return_mean``, ``.../return_ci95_low``, ``.../return_ci95_high``, ``control/score``,
+``control/ceiling_score``, ``control/decision_p99_ms``), and so does the logged model of the checkpoint, where one
+exists, together with the planner's per-episode returns. Idempotent per evaluation key (checkpoint digest and
+settings): the same evaluation logged twice adds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from worldpipe.tracking.evaluation import OF_TAG, PARENT_RUN_TAG
+
+PREFIX = "control/"
+KEY_TAG = "worldpipe.control.key"
+COMPLETE_TAG = "worldpipe.control.complete"
+DIGEST_TAG = "worldpipe.control.checkpoint_digest"
+ARTIFACT_DIR = "control"
+
+
+def control_key(result: Mapping[str, Any]) -> str:
+    """Identity of a control evaluation: the checkpoint digest and every setting."""
+    text = json.dumps({"digest": result["checkpoint_digest"], "settings": result["settings"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def summary_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """The summaries the training run and the logged model carry (name -> value)."""
+    values: dict[str, float] = {}
+    for name, c in result["contenders"].items():
+        values[f"{PREFIX}{name}/return_mean"] = c["mean"]
+        values[f"{PREFIX}{name}/return_ci95_low"], values[f"{PREFIX}{name}/return_ci95_high"] = c["ci95"]
+    for key in ("score", "ceiling_score"):
+        if result.get(key) is not None:
+            values[f"{PREFIX}{key}"] = result[key]
+    values[f"{PREFIX}decision_p99_ms"] = result["contenders"]["planner"]["control_loop"]["decision_p99_ms"]
+    return values
+
+
+def _child_run(client, run, key: str, planner: str):
+    found = client.search_runs([run.info.experiment_id], max_results=1, filter_string=(
+        f"tags.`{KEY_TAG}` = '{key}' AND tags.`{OF_TAG}` = '{run.info.run_id}'"))
+    if found:
+        return found[0]
+    name = f"{run.info.run_name or run.info.run_id[:8]}-control-{planner}"
+    return client.create_run(run.info.experiment_id, run_name=name, tags={
+        PARENT_RUN_TAG: run.info.run_id, OF_TAG: run.info.run_id, KEY_TAG: key,
+        DIGEST_TAG: result_digest_tag(key)})
+
+
+def result_digest_tag(key: str) -> str:
+    """The tag value naming an evaluation key (kept short for the UI's tag column)."""
+    return key[:16]
+
+
+def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequence[str],
+                model_id: str | None) -> str:
+    """Log a control evaluation of run ``run_id`` (and onto logged model ``model_id``); the child run's id."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    key = control_key(result)
+    child = _child_run(client, run, key, str(result["settings"]["planner"].get("_target_", "")).rsplit(".", 1)[-1])
+    child_id = child.info.run_id
+    if child.data.tags.get(COMPLETE_TAG) == key:
+        return child_id
+    now, step = int(time.time() * 1000), int(result["checkpoint_step"])
+    per_episode = [Metric(f"{PREFIX}{name}/return", float(value), now, i)
+                   for name, c in result["contenders"].items() for i, value in enumerate(c["returns"])]
+    summaries = [Metric(k, float(v), now, step) for k, v in summary_metrics(result).items()]
+    params = [Param(f"control.{k}", str(v)) for k, v in _flat(result["settings"]).items()]
+    client.log_batch(child_id, metrics=per_episode + summaries, params=params)
+    for path in files:
+        client.log_artifact(child_id, path, ARTIFACT_DIR)
+    client.log_batch(run_id, metrics=summaries)
+    if model_id is not None:
+        planner_returns = [m for m in per_episode if m.key == f"{PREFIX}planner/return"]
+        client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
+                                                   run_id=child_id) for m in planner_returns + summaries])
+    client.set_tag(child_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
+    return child_id
+
+
+def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
