@@ -6,7 +6,7 @@ PROFILE ?= workflow/profiles/workstation
 CONFIGFILE ?=
 SNAKE_ARGS := --profile $(PROFILE) $(if $(CONFIGFILE),--configfile $(CONFIGFILE),)
 
-.PHONY: install system-deps pipeline report test lint gpu-check
+.PHONY: install system-deps pipeline report test lint docs gpu-check
 
 $(BIN)/worldpipe: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ report: install
 
 # --no-skips: a tier that cannot run here (no SLURM cluster, no strace, ...) fails the target instead of skipping.
 # Two xdist workers: most slow tests wait (on servers, schedulers, fsync, a peer's checkpoint) more than they
-# compute; tests/conftest.py groups them so each module's fixtures, the SLURM cluster and the README pipelines
+# compute; tests/conftest.py groups them so each module's fixtures, the SLURM cluster and the docs pipelines
 # are built once.
 TEST_WORKERS ?= 2
 test: install system-deps
@@ -44,6 +44,11 @@ test: install system-deps
 lint: install
 	$(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, #anchor or page left out of the
+# nav fails the build (tests/unit/test_docs_site.py builds it the same way).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The device check (tests/gpu/gpu_check.py): CUDA training, kill -9 and resume, rerun from records, pixels; run by
 # hand where a GPU is. Where none is it fails with one line: no CI machine has one, so it is not part of `test`.

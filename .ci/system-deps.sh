@@ -5,7 +5,7 @@ needed=()
 command -v strace >/dev/null || needed+=(strace)
 command -v fiu-run >/dev/null || needed+=(fiu-utils)
 command -v chromium >/dev/null || needed+=(chromium)
-# `snakemake --dag | dot -Tpng` (README) draws the DAG with graphviz
+# `snakemake --dag | dot -Tpng` (docs/getting-started.md) draws the DAG with graphviz
 command -v dot >/dev/null || needed+=(graphviz)
 # a real PostgreSQL for the tracking-server test (Debian keeps initdb/pg_ctl under /usr/lib/postgresql/<v>/bin)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || needed+=(postgresql)

@@ -55,9 +55,10 @@ def smoke_dataset(tmp_path_factory, env_with_venv) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def readme_pipelines(tmp_path_factory, env_with_venv) -> tuple[Path, dict[str, str]]:
-    """A fresh copy of the project after the README's smoke and sweep pipelines ran in it, as the README says.
+    """A fresh copy of the project after the docs' smoke and sweep pipelines ran in it, exactly as the docs say
+    (docs/getting-started.md, docs/sweeps.md).
 
-    Run once per session: the pipeline tests read these results and the README test then works on them.
+    Run once per session: the pipeline tests read these results and the docs commands test then works on them.
     Readers must not change them; the one test that does asks for ``readme_pipelines_last_reader``.
     """
     from readme_support import project_env, run_readme_pipelines
@@ -69,13 +70,13 @@ def readme_pipelines(tmp_path_factory, env_with_venv) -> tuple[Path, dict[str, s
 
 @pytest.fixture(scope="session")
 def readme_pipelines_last_reader(readme_pipelines) -> tuple[Path, dict[str, str]]:
-    """The shared README pipelines' results for a test that changes them (ordered after every other reader)."""
+    """The shared docs pipelines' results for a test that changes them (ordered after every other reader)."""
     return readme_pipelines
 
 
 # Under `pytest -n N --dist loadgroup` (make test) a group runs whole on one worker, in collection order. A
 # module is a group, so its module-scoped fixtures (a pipeline, a server, a cluster) are built once; the SLURM
-# tests share one cluster's system daemons and the modules that read the README pipelines share one session
+# tests share one cluster's system daemons and the modules that read the docs pipelines share one session
 # fixture, so each of those is one group. The longest groups go first so that no worker idles at the end.
 # xdist's own loadgroup reads `xdist_group` marks by rewriting node ids, which pytest 9 no longer allows; the
 # scheduler below groups by node id instead (the controller has no items, only their ids).
@@ -116,7 +117,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest groups first; the test that changes the README pipelines' results after their readers."""
+    """The longest groups first; the test that changes the docs pipelines' results after their readers."""
     rank = {group: index for index, group in enumerate(FIRST_GROUPS)}
     last = {item for item in items if "readme_pipelines_last_reader" in getattr(item, "fixturenames", ())}
     items.sort(key=lambda item: (rank.get(xdist_group(item.nodeid), len(rank)), item in last))

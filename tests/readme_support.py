@@ -1,8 +1,9 @@
-"""The README's shell commands, parsed, and a fresh copy of the project to run them in.
+"""The shell commands of the README and the docs pages, parsed, and a fresh copy of the project to run them in.
 
-A command is run unless the README marks it, visibly: a trailing ``# not run by tests: <why>``, or a comment line
-``# not run by tests: <why>`` that covers the rest of its block. Shared by the README test and the session
-fixture that runs the README's own smoke and sweep pipelines once for every test that reads their results.
+Every command of a ``bash``/``sh``/``console`` block is run unless the line just above its block is an HTML
+comment ``<!-- not run by tests: <why> -->``: GitHub and the docs site show no comment, so the text a reader sees
+and copies carries no test annotation. Shared by the commands test and the session fixture that runs the smoke
+and sweep pipelines of the docs once for every test that reads their results.
 """
 
 from __future__ import annotations
@@ -15,23 +16,38 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
-MARKER = "# not run by tests:"
+MARKER = "not run by tests:"
+SKIP_COMMENT = re.compile(r"^<!--\s*not run by tests:\s*(?P<why>.*?)\s*-->\s*$")
+FENCE = re.compile(r"^```(bash|sh|console)\s*$")
 # Seconds each, no results needed: run by test_cheap_readme_commands_run_as_written, before any pipeline.
 CHEAP = (r"^source \.venv/bin/activate$", r"^snakemake -n\b", r"^snakemake --dag \| dot ", r"^worldpipe sweep points ",
          r"^worldpipe train --cfg ", r"^worldpipe train --help", r"^eval \"\$\(worldpipe train -sc install=bash\)\"")
-# The README's pipelines that make the results the other commands read: run first in the slow tier.
-SETUP = (r"^snakemake --cores 2 --configfile conf/pipeline/smoke\.yaml",
-         r"^snakemake --cores 2 --configfile conf/pipeline/sweep_smoke\.yaml")
+# The docs' pipelines that make the results the other commands read, run first in the slow tier, in this order
+# (the sweep's, then the smoke pipeline's: a bare report then renders the smoke run).
+SETUP = (r"^snakemake --cores 2 --configfile conf/pipeline/sweep_smoke\.yaml",
+         r"^snakemake --cores 2 --configfile conf/pipeline/smoke\.yaml")
+# The slow tier runs the pages in this order, not the nav's: first the commands that read the pipelines' results
+# as they were made (runs list, tracking, rerun, compare), then those that train more runs beside them. A page
+# not named here runs after these, in nav order.
+RUN_ORDER = ("README.md", "docs/reproducibility.md", "docs/numerics.md", "docs/tracking.md", "docs/sweeps.md",
+             "docs/pipeline.md", "docs/checkpoints.md", "docs/configuration.md", "docs/parallel.md")
 ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=\S+(\s+#.*)?$")
 
 
 @dataclasses.dataclass
 class Command:
-    text: str          # as the README has it (continuations joined), without a trailing marker
-    line: int          # README line of its first line
-    skipped: str | None  # the marker's reason, or None
+    text: str          # as the page has it (continuations joined)
+    page: str          # the page, relative to the repository (README.md, docs/pipeline.md)
+    line: int          # line of its first line in the page
+    skipped: str | None  # the reason of the comment above its block, or None
     prelude: tuple[str, ...]  # shell assignments earlier in its block (`data=...`)
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
     @property
     def tier(self) -> str:
@@ -52,54 +68,93 @@ def _complete(text: str) -> bool:
     return True
 
 
-def _block_commands(lines: list[tuple[int, str]], console: bool) -> list[Command]:
+def _block_commands(page: str, lines: list[tuple[int, str]], console: bool, reason: str | None) -> list[Command]:
     commands: list[Command] = []
     prelude: list[str] = []
-    block_reason: str | None = None
     pending: list[tuple[int, str]] = []
     for number, raw in lines:
         if console:
             if not raw.startswith("$ "):
                 continue
             raw = raw[2:]
-        if not pending:
-            stripped = raw.strip()
-            if not stripped:
-                block_reason = None
-                continue
-            if stripped.startswith("#"):
-                if stripped.startswith(MARKER):
-                    block_reason = stripped[len(MARKER):].strip()
-                continue
+        if not pending and (not raw.strip() or raw.strip().startswith("#")):
+            continue
         pending.append((number, raw))
         text = "\n".join(part for _, part in pending)
         if not _complete(text):
             continue
         first, pending = pending[0][0], []
-        reason = block_reason
-        if MARKER in text:
-            text, reason = (part.strip() for part in text.split(MARKER, 1))
         if ASSIGNMENT.match(text):
             prelude.append(text.split("#", 1)[0].strip())
             continue
-        commands.append(Command(text, first, reason, tuple(prelude)))
+        commands.append(Command(text, page, first, reason, tuple(prelude)))
     return commands
 
 
-def readme_commands(readme: Path = REPO / "README.md") -> list[Command]:
-    """Every command of the README's ``bash``/``console`` blocks, in order."""
-    commands: list[Command] = []
+def pages() -> list[str]:
+    """The README, then every page of the docs site in nav order (paths relative to the repository)."""
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    docs_dir = config.get("docs_dir", "docs")
+
+    def flatten(entries) -> list[str]:
+        found: list[str] = []
+        for entry in entries:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            found += flatten(value) if isinstance(value, list) else [f"{docs_dir}/{value}"]
+        return found
+
+    return ["README.md", *flatten(config["nav"])]
+
+
+@dataclasses.dataclass
+class Page:
+    commands: list[Command]
+    stray_markers: list[int]      # lines of a skip comment not directly above a shell block
+    annotated_lines: list[int]    # lines inside a shell block that mention the marker (the reader would copy it)
+    indented_blocks: list[int]    # shell blocks indented (in a list item): not parsed, so not allowed
+
+
+def parse_page(page: str) -> Page:
+    """Every command of the page's ``bash``/``sh``/``console`` blocks, in order, and misplaced markers."""
+    parsed = Page([], [], [], [])
     block: list[tuple[int, str]] | None = None
     console = False
-    for number, line in enumerate(readme.read_text().splitlines(), 1):
-        if block is None and re.match(r"^```(bash|sh|console)\s*$", line):
-            block, console = [], line.strip().endswith("console")
-        elif block is not None and line.startswith("```"):
-            commands += _block_commands(block, console)
+    reason: str | None = None
+    marker_line = 0
+    for number, line in enumerate((REPO / page).read_text().splitlines(), 1):
+        if block is None:
+            opens = FENCE.match(line)
+            if marker_line and not opens:
+                parsed.stray_markers.append(marker_line)
+            if opens:
+                block, console = [], line.strip().endswith("console")
+                block_reason, reason, marker_line = reason, None, 0
+                continue
+            if re.match(r"^\s+```(bash|sh|console)\s*$", line):
+                parsed.indented_blocks.append(number)
+            skip = SKIP_COMMENT.match(line)
+            reason, marker_line = (skip["why"], number) if skip else (None, 0)
+        elif line.startswith("```"):
+            parsed.commands += _block_commands(page, block, console, block_reason)
             block = None
-        elif block is not None:
+        else:
+            if MARKER in line:
+                parsed.annotated_lines.append(number)
             block.append((number, line))
-    return commands
+    if marker_line:
+        parsed.stray_markers.append(marker_line)
+    return parsed
+
+
+def readme_commands() -> list[Command]:
+    """Every command of the README's and the docs pages' shell blocks, page by page in nav order."""
+    return [command for page in pages() for command in parse_page(page).commands]
+
+
+def in_run_order(commands: list[Command]) -> list[Command]:
+    """The commands page by page in RUN_ORDER (pages it does not name after, in nav order), each page in order."""
+    listed = {page: index for index, page in enumerate(RUN_ORDER)}
+    return sorted(commands, key=lambda c: listed.get(c.page, len(RUN_ORDER)))  # stable: nav order otherwise
 
 
 def fresh_copy(root: Path) -> Path:
@@ -123,7 +178,7 @@ def run_in(project: Path, command: Command, env: dict[str, str], substitutions: 
         script = script.replace(placeholder, value)
     proc = subprocess.run(["bash", "-c", script], cwd=project, env=env, capture_output=True, text=True,
                           timeout=timeout)
-    assert proc.returncode == 0, (f"README line {command.line}: `{command.text}` exited {proc.returncode}\n"
+    assert proc.returncode == 0, (f"{command.where}: `{command.text}` exited {proc.returncode}\n"
                                   f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
@@ -139,8 +194,9 @@ def project_env(root: Path, env_with_venv: dict[str, str]) -> tuple[Path, dict[s
 
 
 def run_readme_pipelines(project: Path, env: dict[str, str]) -> None:
-    """The README's setup commands (its smoke and sweep pipelines), as written, in the project copy."""
+    """The docs' setup commands (the sweep and smoke pipelines), as written, in the project copy, in SETUP order."""
     setup = [c for c in readme_commands() if c.tier == "setup"]
-    assert len(setup) == len(SETUP), f"README setup commands changed: {[c.text for c in setup]}"
+    assert len(setup) == len(SETUP), f"the docs' setup commands changed: {[(c.where, c.text) for c in setup]}"
+    setup.sort(key=lambda c: next(i for i, p in enumerate(SETUP) if re.search(p, c.text)))
     for command in setup:
         run_in(project, command, env, timeout=1800)

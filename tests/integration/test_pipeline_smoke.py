@@ -12,7 +12,7 @@ import torch
 from pipeline_project import bare_report, plan_of, report_clicks
 from worldpipe.config import paths
 
-# The session's README pipelines are built in the first test's setup: past the default per-test timeout.
+# The session's docs pipelines are built in the first test's setup: past the default per-test timeout.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 METRIC_KEYS = {"model", "experiment", "checkpoint_step", "mlflow_run_id", "train_dataset_hash", "heldout_dataset_hash", "segments", "context",
@@ -36,7 +36,7 @@ def snakemake(repo: Path, workdir: Path, env: dict, *args: str) -> subprocess.Co
 
 @pytest.fixture(scope="module")
 def pipeline_dir(readme_pipelines) -> Path:
-    """Where the README's smoke pipeline ran (`snakemake --cores 2 --configfile conf/pipeline/smoke.yaml`)."""
+    """Where the docs' smoke pipeline ran (`snakemake --cores 2 --configfile conf/pipeline/smoke.yaml`)."""
     project, _ = readme_pipelines
     return project
 

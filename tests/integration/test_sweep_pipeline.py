@@ -41,7 +41,7 @@ def snakemake(repo: Path, workdir: Path, env: dict, *args: str) -> subprocess.Co
 
 @pytest.fixture(scope="module")
 def swept(readme_pipelines):
-    """The README's sweep (`snakemake --cores 2 --configfile conf/pipeline/sweep_smoke.yaml`), as it ran."""
+    """The docs' sweep (`snakemake --cores 2 --configfile conf/pipeline/sweep_smoke.yaml`), as it ran."""
     workdir, _ = readme_pipelines
     uri = f"sqlite:///{workdir / 'results/mlflow.db'}"
     parent = json.loads((workdir / f"results/sweeps/{SWEEP}/parent.json").read_text())
@@ -95,7 +95,7 @@ def test_a_second_invocation_has_nothing_to_do(repo, swept, env_with_venv):
 
 
 def test_the_sweep_report_shows_the_comparison_and_every_point_two_clicks_deep(repo, swept, env_with_venv):
-    # The README's smoke pipeline ran after the sweep here, so a bare report renders the smoke run (that is
+    # The docs' smoke pipeline ran after the sweep here, so a bare report renders the smoke run (that is
     # test_pipeline_smoke's no-flag report test): name the sweep's config, and write a report of its own.
     proc = snakemake(repo, swept["dir"], env_with_venv, "--report", "results/report-sweep.html")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -136,7 +136,7 @@ def test_ui_compare_view_shows_two_sweep_runs_with_their_evaluation_metrics(repo
 def test_ui_opens_the_experiment_in_the_model_training_view(repo, swept, env_with_venv, tmp_path):
     summary = _screenshot(repo, env_with_venv, swept["uri"], tmp_path / "mlflow_training_view.png",
                           "--expect", MODEL_TRAINING, "--refuse", GENAI)
-    # The point runs are nested (collapsed) under the sweep's parent run; the README's smoke run shares the store.
+    # The point runs are nested (collapsed) under the sweep's parent run; the docs' smoke run shares the store.
     points = {run.info.run_name for run in point_runs(swept["client"], swept["parent"])}
     assert SWEEP in summary["shown"] and not points & set(summary["shown"]), summary["shown"]
 

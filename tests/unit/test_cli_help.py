@@ -9,7 +9,7 @@ import pytest
 
 from worldpipe.cli import build_cli, main
 
-# Every command and group below `worldpipe` (train's --help is Hydra's, checked by the README commands test).
+# Every command and group below `worldpipe` (train's --help is Hydra's, checked by the docs commands test).
 COMMANDS = ["bench", "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare", "data", "data info", "data init",
             "data seal", "data verify", "data write", "evaluate", "plan", "rerun", "resume", "rollout", "runs",
             "runs begin", "runs end", "runs list", "runs status", "serve", "sweep", "sweep link", "sweep open",

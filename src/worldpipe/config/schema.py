@@ -119,7 +119,7 @@ class NumericsConfig:
 
     ``native``: this machine's fastest paths, as the libraries choose them (bits depend on the CPU type).
     ``portable``: the paths pinned below, set in every process before its first kernel, so that any x86 CPU
-    with AVX2 and FMA gives the same bits (at a measured cost; README).
+    with AVX2 and FMA gives the same bits (at a measured cost; docs/numerics.md).
     """
 
     mode: str = _range("native", choices=NUMERICS_MODES)

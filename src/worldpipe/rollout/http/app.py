@@ -95,7 +95,7 @@ def create_app(make_service: Callable[[], RolloutService]) -> FastAPI:
     # /docs and /redoc load their scripts, styles and icon from the app itself (DOCS_ASSETS), not from a CDN: the
     # service is often run where there is no internet.
     app = FastAPIOffline(title="worldpipe rollout service", lifespan=lifespan, static_url=DOCS_ASSETS,
-                         description="Imagined trajectories from a trained world model (see README, 'Serving rollouts').")
+                         description="Imagined trajectories from a trained world model (see docs/serving.md).")
 
     @app.exception_handler(RequestValidationError)
     async def _schema_error(request: Request, err: RequestValidationError):
