@@ -22,6 +22,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/control.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/sweep.smk"
 
@@ -44,6 +45,12 @@ rule all:
                 rules.evaluate_model.output.plot,
                 rules.plot_loss_curve.output.plot,
             )
+        ],
+        [
+            run_file(output, run)
+            for run in RUNS_PLANNED.values()
+            if run.control_hash
+            for output in (rules.evaluate_control.output.returns, rules.evaluate_control.output.loop)
         ],
         [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
         sweep_targets(config.get("sweep"), Path(CONF_DIR)),

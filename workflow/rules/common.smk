@@ -25,7 +25,14 @@ from worldpipe.config import paths
 from worldpipe.launch import slurm
 from worldpipe.pipeline.sweep import format_value, sweep_targets
 from worldpipe.pipeline import report_config
-from worldpipe.pipeline.plan import PipelineError, comparison_id, launch_overrides, plan, training_settings
+from worldpipe.pipeline.plan import (
+    PipelineError,
+    comparison_id,
+    control_settings,
+    launch_overrides,
+    plan,
+    training_settings,
+)
 
 if paths.CONF_DIR != Path(CONF_DIR).resolve():
     raise WorkflowError(f"worldpipe was imported before {paths.CONF_DIR_ENV} was set: it reads {paths.CONF_DIR}")
@@ -60,6 +67,7 @@ wildcard_constraints:
     spec_hash=HASH_PATTERN,
     run_hash=HASH_PATTERN,
     eval_hash=HASH_PATTERN,
+    control_hash=HASH_PATTERN,
     experiment="|".join(re.escape(name) for name in sorted(RUNS_PLANNED)),
 
 
@@ -102,10 +110,27 @@ def dataset_file(rule_output, dataset):
 
 
 def run_file(rule_output, run):
-    """A run rule's output pattern filled in for one planned run (and its current evaluation)."""
+    """A run rule's output pattern filled in for one planned run (and its current evaluations)."""
     return rule_output.format(
-        experiment=run.experiment, run_hash=paths.short(run.run_hash), eval_hash=paths.short(run.eval_hash)
+        experiment=run.experiment,
+        run_hash=paths.short(run.run_hash),
+        eval_hash=paths.short(run.eval_hash),
+        control_hash=paths.short(run.control_hash or ""),
     )
+
+
+def control_options(wildcards):
+    """`worldpipe control evaluate`'s options for a run's current closed-loop evaluation, quoted for the shell."""
+    run = run_of(wildcards)
+    if run.control_hash is None or paths.short(run.control_hash) != wildcards.control_hash:
+        raise WorkflowError(f"control/{wildcards.control_hash} of {run.dir} is not its current closed-loop evaluation")
+    settings = control_settings(config, run.dataset)
+    options = [
+        f"--{key.replace('_', '-')}={settings[key]}"
+        for key in ("env_id", "behaviour_policy", "max_steps", "episodes", "seed", "context", "planner")
+    ]
+    options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
+    return " ".join(shlex.quote(option) for option in options)
 
 
 def spec_json(wildcards):

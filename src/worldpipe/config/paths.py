@@ -63,6 +63,7 @@ BENCH_DIR: str = _PATHS["bench"]
 # Inside a run directory: the checkpoint store and the evaluations.
 CHECKPOINTS_DIR: str = _PATHS["checkpoints"]
 EVAL_DIR: str = _PATHS["eval"]
+CONTROL_DIR: str = _PATHS["control"]
 LOSS_CURVE: str = _PATHS["loss_curve"]
 
 

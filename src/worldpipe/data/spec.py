@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_ENVS: tuple[str, ...] = ("Pendulum-v1", "CartPole-v1")
+# Envs whose actions are a continuous box: the ones a planner can act in (closed-loop control).
+CONTINUOUS_ACTION_ENVS: tuple[str, ...] = ("Pendulum-v1",)
 SUPPORTED_POLICIES: tuple[str, ...] = ("random", "noisy_controller")
 SUPPORTED_COMPRESSORS: tuple[str, ...] = ("zstd", "none")
 

@@ -24,7 +24,7 @@ from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.config.tracking_uri import tracking_uri_problem
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
-from worldpipe.data.spec import DatasetSpec
+from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec
 from worldpipe.launch.preflight import check_window, checked_config
 
 HELDOUT_SUFFIX = "-heldout"
@@ -56,6 +56,9 @@ class Run:
     run_hash: str
     eval_hash: str  # the held-out dataset's spec and the evaluation settings: one eval/<eval-hash>/ each
     model: str = ""  # the model's class name (the report labels its plots with it)
+    # The closed-loop evaluation's settings (one control/<control-hash>/ each); None: no closed loop for this run
+    # (the pipeline config has no `control:`, or the env's actions are discrete).
+    control_hash: str | None = None
 
     @property
     def dir(self) -> str:
@@ -137,7 +140,23 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
-               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1])
+               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1], control_hash(config, dataset))
+
+
+def control_settings(config: Mapping[str, Any], dataset: Dataset) -> dict[str, Any] | None:
+    """What a run's closed-loop evaluation runs with (the env and policy of its training data and the pipeline's
+    `control:`), None where there is none: no `control:` section, or an env with discrete actions."""
+    control = config.get("control")
+    if not control or dataset.spec["env_id"] not in CONTINUOUS_ACTION_ENVS:
+        return None
+    return {"env_id": dataset.spec["env_id"], "behaviour_policy": dataset.spec["policy"],
+            "max_steps": dataset.spec["max_steps"], **control}
+
+
+def control_hash(config: Mapping[str, Any], dataset: Dataset) -> str | None:
+    """The directory name of a run's closed-loop evaluation: a hash of its settings."""
+    settings = control_settings(config, dataset)
+    return None if settings is None else canonical_hash(settings)
 
 
 def check_tracking_uri(config: Mapping[str, Any]) -> None:

@@ -31,7 +31,7 @@ from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 # What the pipeline derives from a finished attempt inside its run directory (the completion record first; the
 # outputs of evaluate.smk's evaluate_model and plot_loss_curve after it).
-DERIVED_RESULTS = (paths.COMPLETION_RECORD, paths.EVAL_DIR, paths.LOSS_CURVE)
+DERIVED_RESULTS = (paths.COMPLETION_RECORD, paths.EVAL_DIR, paths.CONTROL_DIR, paths.LOSS_CURVE)
 
 
 class RunDirMismatch(UsageError, ValueError):
@@ -97,7 +97,8 @@ def end(run_dir: str | os.PathLike, exit_code: int) -> None:
 
 
 def invalidate_results(run_dir: Path) -> list[str]:
-    """Remove the completion record and what was derived from it (evaluations, loss curve); returns their names.
+    """Remove the completion record and what was derived from it (evaluations, closed-loop evaluations, loss
+    curve); returns their names.
 
     A new attempt changes where the run ends, so these describe a state that is no longer the run's. Snakemake
     decides "done" from these files alone: left in place, an interrupted attempt (a killed Snakemake, its

@@ -1,0 +1,38 @@
+# Closed-loop evaluation: a planner acts in the real environment with each run's model, on held-out seeds, beside
+# random, the behaviour policy and the same planner with the true simulator. One control/<control-hash>/ per
+# setting, so a changed setting adds one beside the earlier. After evaluate_model: the logged model it annotates.
+
+
+rule evaluate_control:
+    input:
+        done=rules.train_model.output.done,
+        evaluated=rules.evaluate_model.output.metrics,
+    output:
+        record=f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.CONTROL_DIR}/{{control_hash}}/control.json",
+        returns=report(
+            f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.CONTROL_DIR}/{{control_hash}}/returns.png",
+            caption="../report/control_returns.rst",
+            category="{experiment}",
+            labels=lambda wildcards: run_labels(wildcards, "closed-loop returns"),
+        ),
+        loop=report(
+            f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.CONTROL_DIR}/{{control_hash}}/control_loop.png",
+            caption="../report/control_loop.rst",
+            category="{experiment}",
+            labels=lambda wildcards: run_labels(wildcards, "control loop"),
+        ),
+    params:
+        checkpoints=lambda wildcards, input: paths.checkpoints_dir(os.path.dirname(input.done)),
+        options=control_options,
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("evaluate_control"),
+    log:
+        f"{LOGS}/evaluate_control/{{experiment}}-{{run_hash}}-{{control_hash}}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/evaluate_control/{{experiment}}-{{run_hash}}-{{control_hash}}.tsv"
+    shell:
+        "worldpipe control evaluate --checkpoints {params.checkpoints} {params.options}"
+        " --out {output.record} --plot {output.returns} --loop-plot {output.loop}"
+        " > {log} 2>&1"
