@@ -8,7 +8,20 @@ import sys
 
 import click
 
-from worldpipe.commands import bench, ckpt, control, data, plan, rerun, run, runs, serve, sweep, tracking, train
+from worldpipe.commands import (
+    bench,
+    ckpt,
+    control,
+    data,
+    plan,
+    rerun,
+    run,
+    runs,
+    serve,
+    sweep,
+    tracking,
+    train,
+)
 from worldpipe.core.errors import DEBUG_ENV, ERROR_PREFIX, EXIT_USAGE, report
 from worldpipe.core.process_exit import exit_now
 
