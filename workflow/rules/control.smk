@@ -6,7 +6,7 @@
 rule evaluate_control:
     input:
         done=rules.train_model.output.done,
-        evaluated=rules.evaluate_model.output.metrics,
+        evaluated=lambda wildcards: run_file(rules.evaluate_model.output.metrics, run_of(wildcards)),
     output:
         record=f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.CONTROL_DIR}/{{control_hash}}/control.json",
         returns=report(
