@@ -171,3 +171,40 @@ def test_pyfunc_model_in_a_fresh_process_predicts_what_evaluate_predicted(evalua
     assert predicted.shape == saved["predicted"].shape == (saved["obs"].shape[0], HORIZON, saved["obs"].shape[2])
     assert np.array_equal(predicted, saved["predicted"])
     assert os.path.exists(evaluated["root"] / "first.png")
+
+
+@pytest.fixture(scope="module")
+def controlled(evaluated):
+    """The same run evaluated in the closed loop (tiny settings), twice: the second must add nothing."""
+    root, env, uri = evaluated["root"], evaluated["env"], evaluated["uri"]
+    args = ["worldpipe", "control", "evaluate", "--checkpoints", str(root / "run" / "checkpoints"),
+            "--env-id", "Pendulum-v1", "--behaviour-policy", "noisy_controller", "--episodes", "3",
+            "--max-steps", "10", "--context", "4", "--set", "horizon=4", "--set", "samples=8",
+            "--out", str(root / "control.json"), "--tracking-uri", uri]
+    first, second = _run(args, env, root), _run(args, env, root)
+    return {"record": json.loads((root / "control.json").read_text()), "first": first, "second": second}
+
+
+def test_closed_loop_returns_are_on_a_child_run_per_episode_and_summarised_on_the_run_and_model(controlled,
+                                                                                                  evaluated):
+    client, run_id, record = evaluated["client"], evaluated["run_id"], controlled["record"]
+    experiment_id = client.get_run(run_id).info.experiment_id
+    (child,) = client.search_runs([experiment_id], filter_string=f"tags.`worldpipe.eval.of` = '{run_id}' AND "
+                                  "tags.`worldpipe.control.complete` != ''")
+    assert child.data.tags["mlflow.parentRunId"] == run_id and child.info.run_name.endswith("-control-MPPI")
+    assert child.data.params["control.planner.horizon"] == "4" and child.data.params["control.episodes"] == "3"
+    child_history = histories(client, child.info.run_id)
+    for name in ("random", "behaviour", "planner", "ceiling"):
+        returns = record["contenders"][name]["returns"]
+        assert [(s, v) for s, _, v in child_history[f"control/{name}/return"]] == list(enumerate(returns))
+    step = record["checkpoint_step"]
+    run_history = histories(client, run_id)
+    planner = record["contenders"]["planner"]
+    assert [(s, v) for s, _, v in run_history["control/planner/return_mean"]] == [(step, planner["mean"])]
+    assert [(s, v) for s, _, v in run_history["control/score"]] == [(step, record["score"])]
+    assert not duplicate_steps(run_history) and not duplicate_steps(child_history)
+    (model,) = client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    on_model = sorted((m.step, m.value) for m in client.get_logged_model(model.model_id).metrics
+                      if m.key == "control/planner/return")
+    assert on_model == list(enumerate(planner["returns"]))
+    assert "logged to MLflow run" in controlled["second"].stdout

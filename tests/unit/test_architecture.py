@@ -27,9 +27,10 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"core", "config", "data", "measure", "trainer"},
     "pipeline": {"core", "config", "data", "checkpoint", "tracking", "trainer", "launch"},
     "rollout": {"core", "config", "data", "models", "measure", "checkpoint", "evaluate"},
+    "control": {"core", "config", "data", "models", "measure", "checkpoint", "tracking", "evaluate", "rollout"},
     "reproduce": {"core", "config", "data", "checkpoint", "tracking", "trainer", "evaluate", "launch"},
     "commands": {"core", "config", "data", "parallel", "models", "measure", "checkpoint", "tracking", "trainer",
-                 "evaluate", "launch", "pipeline", "rollout", "reproduce"},
+                 "evaluate", "launch", "pipeline", "rollout", "control", "reproduce"},
 }
 ROOT_ENTRY_POINTS = {"__init__", "cli"}
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.control.dynamics import ControlError, LearnedDynamics, true_simulator
@@ -256,8 +257,9 @@ def planner_config(name: str, overrides: list[str], config_dir) -> dict[str, Any
         if not sep or key not in fields:
             raise ControlError(f"planner override {override!r}: {name} has no key {key!r} "
                                f"(keys: {', '.join(sorted(fields))})")
-        value = OmegaConf.to_container(OmegaConf.create({"v": text}))["v"]
-        if isinstance(value, str) or (fields[key] == "int" and not isinstance(value, int)):
+        value = yaml.safe_load(text)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or (fields[key] == "int" and not isinstance(value, int)):
             raise ControlError(f"planner override {override!r}: {key} must be {fields[key]}, got {text!r}")
-        config[key] = value
+        config[key] = float(value) if fields[key] == "float" else value
     return config

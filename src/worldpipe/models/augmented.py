@@ -99,9 +99,10 @@ class AugmentedModel(WorldModel):
         return self.inner.imagine_step(state, action, noise)
 
     @torch.no_grad()
-    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int) -> torch.Tensor:
+    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int,
+                          noise: torch.Tensor | None = None) -> torch.Tensor:
         """The inner model's open-loop prediction."""
-        return self.inner.predict_open_loop(obs, action, context)
+        return self.inner.predict_open_loop(obs, action, context, noise)
 
     # ---- partitioning ----
     def tensor_parallel_plan(self, sequence_parallel: bool = False) -> dict[str, Any] | None:

@@ -126,8 +126,10 @@ class WorldModel(nn.Module):
         raise NotImplementedError
 
     @torch.no_grad()
-    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int) -> torch.Tensor:
-        """Filter ``context`` observed steps, then imagine the rest with means (no sampling).
+    def predict_open_loop(self, obs: torch.Tensor, action: torch.Tensor, context: int,
+                          noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Filter ``context`` observed steps, then imagine the rest: with means, or sampled with ``noise``
+        [B,T-context,*rollout_noise_shape] (standard normal; ignored by a deterministic model).
 
         obs [B,T,O] (normalized), action [B,T,A]; returns predicted observations for steps context..T-1:
         [B,T-context,O].
@@ -135,7 +137,8 @@ class WorldModel(nn.Module):
         state = self.observe_context(obs[:, :context], action[:, :context])
         predictions = []
         for t in range(context, obs.shape[1]):
-            predicted, _, state = self.imagine_step(state, action[:, t - 1])
+            step_noise = None if noise is None else noise[:, t - context]
+            predicted, _, state = self.imagine_step(state, action[:, t - 1], step_noise)
             predictions.append(predicted)
         return torch.stack(predictions, dim=1)
 

@@ -36,6 +36,7 @@ class RSSMConfig:
     kl_scale: float = 1.0
     free_nats: float = 0.5
     reward_scale: float = 1.0
+    kl_balance: float | None = None
 
 
 def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
@@ -57,9 +58,11 @@ class RSSM(WorldModel):
 
     def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, stoch: int = 16,
                  hidden: int = 128, min_std: float = 0.1, kl_scale: float = 1.0, free_nats: float = 0.5,
-                 reward_scale: float = 1.0):
+                 reward_scale: float = 1.0, kl_balance: float | None = None):
         super().__init__(obs_dim, act_dim)
-        cfg = RSSMConfig(embed, deter, stoch, hidden, min_std, kl_scale, free_nats, reward_scale)
+        if kl_balance is not None and not 0.0 <= kl_balance <= 1.0:
+            raise ValueError(f"kl_balance must be in [0, 1] or null, got {kl_balance}")
+        cfg = RSSMConfig(embed, deter, stoch, hidden, min_std, kl_scale, free_nats, reward_scale, kl_balance)
         self.cfg = cfg
         self.encoder = _mlp(obs_dim, cfg.hidden, cfg.embed)
         self.cell_input = nn.Sequential(nn.Linear(cfg.stoch + act_dim, cfg.hidden), nn.ELU())
@@ -165,7 +168,7 @@ class RSSM(WorldModel):
         # reward r_{t-1} is the consequence of a_{t-1}, so it is predicted from the state at t.
         reward_err = 0.5 * (reward_pred[:, 1:] - reward[:, :-1]).pow(2)  # [B,T-1]
         kl = _gaussian_kl(states["post_mean"], states["post_std"], states["prior_mean"], states["prior_std"])  # [B,T]
-        kl_loss = torch.clamp(kl, min=self.cfg.free_nats)
+        kl_loss = self._kl_loss(kl, states)
         sums = {
             "recon": (recon * mask).sum(),
             "reward": (reward_err * mask[:, 1:]).sum(),
@@ -175,6 +178,24 @@ class RSSM(WorldModel):
             sums["recon"] + self.cfg.reward_scale * sums["reward"] + self.cfg.kl_scale * (kl_loss * mask).sum()
         )
         return sums
+
+    def _kl_loss(self, kl: torch.Tensor, states: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The KL term optimised, per step [B,T], floored at ``free_nats``.
+
+        ``kl_balance`` None: the plain KL, whose gradient moves prior and posterior alike. A number a (DreamerV2's
+        KL balancing): a * KL(sg(q) || p) + (1 - a) * KL(q || sg(p)) — the same value, but the prior is pulled
+        towards the posterior with weight a, so the prior (what imagination runs on) learns the dynamics instead
+        of the posterior forgetting the observation.
+        """
+        balance = self.cfg.kl_balance
+        if balance is None:
+            return torch.clamp(kl, min=self.cfg.free_nats)
+        post = (states["post_mean"], states["post_std"])
+        prior = (states["prior_mean"], states["prior_std"])
+        train_prior = _gaussian_kl(post[0].detach(), post[1].detach(), *prior)
+        train_post = _gaussian_kl(*post, prior[0].detach(), prior[1].detach())
+        return (balance * torch.clamp(train_prior, min=self.cfg.free_nats)
+                + (1 - balance) * torch.clamp(train_post, min=self.cfg.free_nats))
 
     def observe_context(self, obs: torch.Tensor, action: torch.Tensor) -> RolloutState:
         """Filter the history with posterior means; the state (h, z) after its last observation."""
