@@ -28,6 +28,8 @@ def register(cli: click.Group) -> None:
         click.Option(["--planner"], default="mppi", show_default=True, help="conf/planner/<name>.yaml"),
         click.Option(["--set", "planner_overrides"], multiple=True, metavar="KEY=VALUE",
                      help="planner setting (repeatable), e.g. --set horizon=20"),
+        click.Option(["--http-episodes"], type=int, default=0, show_default=True,
+                     help="episodes the planner also plays with the model behind `worldpipe serve` (over HTTP)"),
         click.Option(["--out"], required=True, help="metrics JSON to write"),
         click.Option(["--plot"], help="returns bar chart (PNG) to write"),
         click.Option(["--loop-plot"], help="control-loop split (PNG) to write"),
@@ -49,7 +51,8 @@ def _evaluate(args) -> int:
     from worldpipe.control.evaluation import ControlSettings, evaluate_control, planner_config
 
     settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
-                               args.context, planner_config(args.planner, list(args.planner_overrides), conf_dir()))
+                               args.context, planner_config(args.planner, list(args.planner_overrides), conf_dir()),
+                               args.http_episodes)
     result = evaluate_control(args.checkpoints, settings)
     _write(result, args.out, args.plot, args.loop_plot)
     _print_summary(result)
@@ -73,9 +76,13 @@ def _print_summary(result: dict) -> None:
         low, high = c["ci95"]
         score = "" if c["score"] is None else f"  score {c['score']:.2f}"
         print(f"{name:>10}: return {c['mean']:9.1f}  95% CI [{low:.1f}, {high:.1f}]{score}")
-    loop = result["contenders"]["planner"]["control_loop"]
-    period = "" if loop["period_ms"] is None else f" of a {loop['period_ms']:g} ms control period"
-    print(f"planner decision p50 {loop['decision_p50_ms']:.1f} ms, p99 {loop['decision_p99_ms']:.1f} ms{period}")
+    for name in ("planner", "planner_http"):
+        if name in result["contenders"]:
+            loop = result["contenders"][name]["control_loop"]
+            period = "" if loop["period_ms"] is None else f" of a {loop['period_ms']:g} ms control period"
+            print(f"{name} decision p50 {loop['decision_p50_ms']:.1f} ms, p99 {loop['decision_p99_ms']:.1f} ms{period}")
+    if "http_takes_the_in_process_actions" in result:
+        print(f"over HTTP the planner takes the in-process actions: {result['http_takes_the_in_process_actions']}")
 
 
 def _track(result: dict, args) -> int:

@@ -14,7 +14,9 @@ noise only.
 
 from __future__ import annotations
 
+import json
 import math
+import time
 
 import torch
 
@@ -52,6 +54,56 @@ class LearnedDynamics:
         """Predicted rewards [N,H] of action sequences [N,H,A] from the observed state."""
         _, rewards = imagine_sequences(self.model, self.state, actions)
         return rewards
+
+
+class ServedDynamics:
+    """A model served by ``worldpipe serve``, asked over HTTP: one ``/imagine/candidates`` request per planner
+    iteration, carrying the context window and every candidate (the server filters and imagines in one batch).
+
+    Timing of each round trip, by part: ``prepare`` (the JSON body), ``transport`` (request and response on the
+    wire and in the server's queue: the round trip less the server's handler time), ``model`` (the server's model
+    work), ``output`` (the server's parsing and serialising, and decoding the answer here).
+    """
+
+    def __init__(self, url: str, context: int, act_dim: int, timeout_s: float = 60.0) -> None:
+        import requests  # start-up: HTTP client only where a served model is planned with
+
+        self.url, self.context, self.act_dim, self.timeout_s = url.rstrip("/"), int(context), act_dim, timeout_s
+        self.session = requests.Session()
+        self.window: dict | None = None
+        self.timing: dict[str, float] = {}
+
+    def observe(self, obs: torch.Tensor, action: torch.Tensor) -> None:
+        """Keep the window to send (the server filters it with every request)."""
+        window = obs[-self.context:]
+        taken = action[action.shape[0] - (window.shape[0] - 1):] if window.shape[0] > 1 else action[:0]
+        actions = torch.cat([taken, taken.new_zeros(1, self.act_dim)])
+        self.window = {"obs": window.tolist(), "action": actions.tolist()}
+
+    def imagine(self, actions: torch.Tensor) -> torch.Tensor:
+        """Predicted rewards [N,H] of action sequences [N,H,A], imagined by the server."""
+        t0 = time.perf_counter()
+        body = json.dumps({"context": self.window, "candidates": actions.tolist()})
+        t1 = time.perf_counter()
+        response = self.session.post(f"{self.url}/imagine/candidates", data=body, timeout=self.timeout_s,
+                                     headers={"content-type": "application/json"})
+        t2 = time.perf_counter()
+        if response.status_code != 200:
+            raise ControlError(f"{self.url}/imagine/candidates answered {response.status_code}: {response.text[:300]}")
+        answer = response.json()
+        rewards = torch.tensor(answer["rewards"], dtype=torch.float32)
+        t3 = time.perf_counter()
+        server = answer["timing"]
+        for part, seconds in (("prepare", t1 - t0), ("transport", (t2 - t1) - server["handler_s"]),
+                              ("model", server["model_s"]),
+                              ("output", server["handler_s"] - server["model_s"] + (t3 - t2))):
+            self.timing[part] = self.timing.get(part, 0.0) + seconds
+        return rewards
+
+    def take_timing(self) -> dict[str, float]:
+        """Seconds by part since the last call (and start again)."""
+        timing, self.timing = self.timing, {}
+        return timing
 
 
 def _angle_normalize(theta: torch.Tensor) -> torch.Tensor:

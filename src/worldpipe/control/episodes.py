@@ -83,7 +83,11 @@ class PlannerAgent:
         t2 = time.perf_counter()
         timing["prepare"], timing["model"] = t1 - t0, t2 - t1
         action = self.planner.plan(self.dynamics, seed_for_step(self.stream, step, self.generator), timing)
-        for part, seconds in getattr(self.dynamics, "take_timing", dict)().items():
+        imagine = timing.pop("imagine", 0.0)
+        # A served model says how its round trips split (preparation, transport, model, output); in-process, all
+        # of imagining is model work.
+        split = self.dynamics.take_timing() if hasattr(self.dynamics, "take_timing") else {"model": imagine}
+        for part, seconds in split.items():
             timing[part] = timing.get(part, 0.0) + seconds
         return action.numpy().astype(np.float32)
 

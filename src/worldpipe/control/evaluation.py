@@ -27,9 +27,10 @@ import torch
 import yaml
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
-from worldpipe.control.dynamics import ControlError, LearnedDynamics, true_simulator
+from worldpipe.control.dynamics import ControlError, LearnedDynamics, ServedDynamics, true_simulator
 from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_episode
 from worldpipe.control.planners import Planner
+from worldpipe.control.served import served_model
 from worldpipe.data.environments import make_env
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
@@ -38,6 +39,7 @@ from worldpipe.measure.energy import EnergyMeter
 from worldpipe.rollout.streams import StreamId
 
 CONTENDERS = ("random", "behaviour", "planner", "ceiling")
+HTTP_CONTENDER = "planner_http"  # the planner with the model behind `worldpipe serve` (settings.http_episodes)
 STREAM_PREFIX = "control"
 
 
@@ -52,6 +54,9 @@ class ControlSettings:
     seed: int
     context: int
     planner: dict[str, Any] = field(default_factory=dict)  # a planner config with its _target_
+    # Episodes the planner also plays through `worldpipe serve` (one HTTP request per planner iteration), on the
+    # first seeds: the control loop with transport, and whether it takes the in-process planner's actions.
+    http_episodes: int = 0
 
 
 def build_planner(config: dict[str, Any], low: float, high: float) -> Planner:
@@ -125,29 +130,40 @@ def loop_split(timings: list[dict[str, list[float]]], period_s: float | None) ->
     return out
 
 
-def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float], run_seed: int, episode: int):
+def _dynamics(name: str, settings: ControlSettings, model, url: str | None):
+    if name == "planner":
+        return LearnedDynamics(model, settings.context)
+    if name == HTTP_CONTENDER:
+        return ServedDynamics(url, settings.context, model.act_dim)
+    return true_simulator(settings.env_id)
+
+
+def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float], run_seed: int, episode: int,
+           url: str | None = None):
     if name in ("random", "behaviour"):
         policy = "random" if name == "random" else settings.behaviour_policy
         return PolicyAgent(get_policy(settings.env_id, policy))
-    dynamics = LearnedDynamics(model, settings.context) if name == "planner" else true_simulator(settings.env_id)
-    stream = StreamId(run_seed, f"{STREAM_PREFIX}/{name}/{settings.seed}/{episode}")
-    return PlannerAgent(build_planner(settings.planner, *box), dynamics, stream)
+    # Over HTTP the planner draws what it draws in-process: the same stream, so the same actions if the bits agree.
+    stream_name = "planner" if name == HTTP_CONTENDER else name
+    stream = StreamId(run_seed, f"{STREAM_PREFIX}/{stream_name}/{settings.seed}/{episode}")
+    return PlannerAgent(build_planner(settings.planner, *box), _dynamics(name, settings, model, url), stream)
 
 
-def run_contender(name: str, settings: ControlSettings, model, run_seed: int,
-                  pixel_size: int | None = None) -> dict[str, Any]:
+def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pixel_size: int | None = None,
+                  url: str | None = None) -> dict[str, Any]:
     """Every held-out episode of one contender: returns, action hashes, timings and energy."""
     box = action_box(settings.env_id)
     meter = EnergyMeter()
     meter.start()
     episodes = []
-    for i in range(settings.episodes):
+    count = settings.http_episodes if name == HTTP_CONTENDER else settings.episodes
+    for i in range(count):
         reset_seed, rng = episode_seeds(settings.seed, i)
-        agent = _agent(name, settings, model, box, run_seed, i)
-        sees_pixels = pixel_size if name == "planner" else None
+        agent = _agent(name, settings, model, box, run_seed, i, url)
+        sees_pixels = pixel_size if name in ("planner", HTTP_CONTENDER) else None
         episodes.append(run_episode(settings.env_id, settings.max_steps, reset_seed, rng, agent, sees_pixels))
     steps = sum(e.length for e in episodes)
-    energy = meter.stop(rollouts=settings.episodes, actions=steps)
+    energy = meter.stop(rollouts=count, actions=steps)
     return {
         "returns": [e.episode_return for e in episodes],
         "actions_sha256": [e.actions_sha256 for e in episodes],
@@ -175,6 +191,10 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     run_seed = int(identity["config"].get("seed", 0))
     contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
                   for name in CONTENDERS}
+    if settings.http_episodes > 0:
+        with served_model(checkpoints) as url:
+            contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
+                                                       pixel_size_of(model), url)
     return control_result(settings, identity, digest, run_seed, contenders)
 
 
@@ -201,6 +221,9 @@ def control_result(settings: ControlSettings, identity: dict, digest: str, run_s
             "returns": c["returns"], "actions_sha256": c["actions_sha256"], "energy": c["energy"],
             "control_loop": loop_split(c["timings"], period),
         }
+    if HTTP_CONTENDER in contenders:
+        served = contenders[HTTP_CONTENDER]["actions_sha256"]
+        out["http_takes_the_in_process_actions"] = served == contenders["planner"]["actions_sha256"][:len(served)]
     out["score"] = out["contenders"]["planner"]["score"]
     out["ceiling_score"] = out["contenders"]["ceiling"]["score"]
     return out

@@ -46,8 +46,8 @@ class Planner:
     def plan(self, dynamics, generator: torch.Generator, timing: dict[str, float] | None = None) -> torch.Tensor:
         """The next action [A] from the state ``dynamics`` last observed.
 
-        ``timing``: accumulates seconds spent in the model (``model``) and in the planner's own arithmetic
-        (``decision``), the two parts of a decision the control loop reports.
+        ``timing``: accumulates seconds spent asking the dynamics (``imagine``) and in the planner's own
+        arithmetic (``decision``).
         """
         half_width = (self.action_high - self.action_low) / 2
         mean = self.mean.clone()
@@ -65,7 +65,7 @@ class Planner:
             std = std.clamp(min=self.min_std * half_width)
             t3 = time.perf_counter()
             if timing is not None:
-                timing["model"] = timing.get("model", 0.0) + (t2 - t1)
+                timing["imagine"] = timing.get("imagine", 0.0) + (t2 - t1)
                 timing["decision"] = timing.get("decision", 0.0) + (t1 - t0) + (t3 - t2)
         # Warm start: the rest of this plan is where the next decision begins.
         self.mean = torch.cat([mean[1:], mean[-1:]])

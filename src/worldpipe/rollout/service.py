@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from worldpipe.measure.memory import process_rss_bytes
 from worldpipe.rollout.batcher import Batcher, BatchPolicy
 from worldpipe.rollout.cache import CachedDraw, DrawKey, ResultCache, prefix_hashes, tensor_hash
-from worldpipe.rollout.engine import LIVE_STATE_TENSORS, JobResult, RolloutJob, Sampling
+from worldpipe.rollout.engine import LIVE_STATE_TENSORS, JobResult, RolloutJob, Sampling, imagine_sequences
 from worldpipe.rollout.registry import ModelRegistry, ServedModel, UnknownModelVersion
 from worldpipe.rollout.sessions import Session, SessionStore
 from worldpipe.rollout.streams import StreamId, fresh_stream
@@ -39,6 +40,7 @@ class Limits:
     max_horizon: int = 256
     max_context: int = 256
     max_request_bytes: int = 1 << 20
+    max_candidates: int = 4096  # action sequences one /imagine/candidates request may score
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,25 @@ class RolloutService:
         return {"model_version": served.version, "checkpoint_step": served.step, "observations": obs,
                 "frames": served.frames(obs), "rewards": reward, "stream": _stream_doc(stream_id), "cached_steps": reused,
                 "cache_hit": reused == actions.shape[0], "timing": timing}
+
+    def imagine_candidates(self, context_obs: torch.Tensor, context_action: torch.Tensor, candidates: torch.Tensor,
+                           model_version: str | None = None) -> dict:
+        """Rewards [N,H] of N candidate action sequences [N,H,A] imagined with means from one context: what a
+        planner asks for in one decision iteration (one batched model pass, no cache: candidates never repeat)."""
+        served = self._model(model_version)
+        self._check_context(served, context_obs, context_action)
+        if candidates.dim() != 3 or candidates.shape[0] < 1 or candidates.shape[0] > self.config.limits.max_candidates:
+            raise InputError(("candidates",), f"must be [N, H, act_dim] with 1 <= N <= "
+                                              f"{self.config.limits.max_candidates}, got {list(candidates.shape)}")
+        self._check_actions(served, candidates[0])
+        started = time.perf_counter()
+        model = served.model
+        with torch.no_grad():
+            state = model.observe_context(((context_obs - model.obs_mean) / model.obs_std).unsqueeze(0),
+                                          context_action.unsqueeze(0))
+            _, rewards = imagine_sequences(model, state, candidates)
+        return {"model_version": served.version, "checkpoint_step": served.step, "rewards": rewards,
+                "timing": {"model_s": time.perf_counter() - started}}
 
     # ---- sessions ----
     def open_session(self, context_obs: torch.Tensor, context_action: torch.Tensor, sampling: Sampling,

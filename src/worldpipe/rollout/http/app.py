@@ -19,7 +19,16 @@ from fastapi_offline import FastAPIOffline
 
 from worldpipe.rollout.engine import Sampling
 from worldpipe.rollout.http.play import register_play
-from worldpipe.rollout.http.schemas import ExtendIn, ForkIn, RolloutIn, RolloutOut, SessionOpenIn, SessionOut
+from worldpipe.rollout.http.schemas import (
+    CandidatesIn,
+    CandidatesOut,
+    ExtendIn,
+    ForkIn,
+    RolloutIn,
+    RolloutOut,
+    SessionOpenIn,
+    SessionOut,
+)
 from worldpipe.rollout.service import InputError, RolloutService
 from worldpipe.rollout.sessions import SessionError
 
@@ -152,6 +161,21 @@ def _routes(app: FastAPI) -> None:
         # Named boundaries inside the handler (JSON parsing/validation before it and serialization after it
         # are part of what the client sees as transport). service_s holds queue_s + model_s + cache work.
         result["timing"].update(input_s=t1 - t0, service_s=t2 - t1, output_s=t3 - t2, handler_s=t3 - t0)
+        return result
+
+    @app.post("/imagine/candidates", response_model=CandidatesOut)
+    def candidates(body: CandidatesIn) -> dict:
+        """Score a planner's candidate action sequences from one context (rewards imagined with means)."""
+        t0 = time.perf_counter()
+        context = (as_matrix(body.context.obs, ("context", "obs")),
+                   as_matrix(body.context.action, ("context", "action")))
+        try:
+            sequences = torch.tensor(body.candidates, dtype=torch.float32)
+        except (ValueError, RuntimeError) as err:  # ragged
+            raise InputError(("candidates",), f"must be [N, H, act_dim] with equal lengths ({err})") from None
+        result = service().imagine_candidates(*context, sequences, body.model_version)
+        result["rewards"] = result["rewards"].tolist()
+        result["timing"]["handler_s"] = time.perf_counter() - t0
         return result
 
     @app.post("/sessions", response_model=SessionOut)

@@ -44,6 +44,19 @@ class RolloutIn(Strict):
     model_version: str | None = Field(None, description="pin a model version (default: the newest served)")
 
 
+class CandidatesIn(Strict):
+    context: ContextIn
+    candidates: list[Matrix] = Field(description="[N, H, act_dim] action sequences to score (a planner's candidates)")
+    model_version: str | None = Field(None, description="pin a model version (default: the newest served)")
+
+
+class CandidatesOut(BaseModel):
+    model_version: str
+    checkpoint_step: int
+    rewards: Matrix = Field(description="[N, H] predicted rewards of each candidate, imagined with means")
+    timing: dict[str, float]
+
+
 class SessionOpenIn(Strict):
     context: ContextIn
     sampling: SamplingIn = SamplingIn()
