@@ -127,7 +127,8 @@ def control_options(wildcards):
     settings = control_settings(config, run.dataset)
     options = [
         f"--{key.replace('_', '-')}={settings[key]}"
-        for key in ("env_id", "behaviour_policy", "max_steps", "episodes", "seed", "context", "planner")
+        for key in ("env_id", "behaviour_policy", "max_steps", "episodes", "seed", "context", "planner", "http_episodes")
+        if key in settings
     ]
     options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
     return " ".join(shlex.quote(option) for option in options)

@@ -21,6 +21,14 @@ rule evaluate_control:
             category="{experiment}",
             labels=lambda wildcards: run_labels(wildcards, "control loop"),
         ),
+        pictures=report(
+            directory(f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.CONTROL_DIR}/{{control_hash}}/pictures"),
+            patterns=["{name}.gif"],
+            caption="../report/control_pictures.rst",
+            category="Pictures",
+            subcategory="{experiment}",
+            labels={"experiment": "{experiment}", "picture": "{name}"},
+        ),
     params:
         checkpoints=lambda wildcards, input: paths.checkpoints_dir(os.path.dirname(input.done)),
         options=control_options,
@@ -34,5 +42,5 @@ rule evaluate_control:
         f"{RULE_BENCHMARKS}/evaluate_control/{{experiment}}-{{run_hash}}-{{control_hash}}.tsv"
     shell:
         "worldpipe control evaluate --checkpoints {params.checkpoints} {params.options}"
-        " --out {output.record} --plot {output.returns} --loop-plot {output.loop}"
+        " --out {output.record} --plot {output.returns} --loop-plot {output.loop} --pictures {output.pictures}"
         " > {log} 2>&1"

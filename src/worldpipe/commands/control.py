@@ -33,6 +33,7 @@ def register(cli: click.Group) -> None:
         click.Option(["--out"], required=True, help="metrics JSON to write"),
         click.Option(["--plot"], help="returns bar chart (PNG) to write"),
         click.Option(["--loop-plot"], help="control-loop split (PNG) to write"),
+        click.Option(["--pictures"], help="folder for a pixel model's episode GIF (true beside imagined frames)"),
         click.Option(["--tracking-uri"], help="MLflow to log to (default: the run's recorded URI)"),
         click.Option(["--no-tracking"], is_flag=True, help="do not log to MLflow"),
     ]))
@@ -53,7 +54,10 @@ def _evaluate(args) -> int:
     settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
                                args.context, planner_config(args.planner, list(args.planner_overrides), conf_dir()),
                                args.http_episodes)
-    result = evaluate_control(args.checkpoints, settings)
+    gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
+    if args.pictures:
+        Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model
+    result = evaluate_control(args.checkpoints, settings, gif=gif)
     _write(result, args.out, args.plot, args.loop_plot)
     _print_summary(result)
     if args.no_tracking:
@@ -90,7 +94,7 @@ def _track(result: dict, args) -> int:
 
     try:
         where = record_control(result, args.checkpoints, args.tracking_uri,
-                               [p for p in (args.out, args.plot, args.loop_plot) if p])
+                               [p for p in (args.out, args.plot, args.loop_plot, *result.get("pictures", [])) if p])
     except Exception as err:  # noqa: BLE001 - any MLflow failure: one line, the files are written
         print(f"error: logging the control evaluation to MLflow failed ({type(err).__name__}: {err}); {args.out} "
               "is written; run the same command again to log it", file=sys.stderr)

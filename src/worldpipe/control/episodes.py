@@ -27,6 +27,7 @@ from worldpipe.control.planners import Planner
 from worldpipe.data.environments import env_action, env_dims, make_env
 from worldpipe.data.pixels import downscale
 from worldpipe.data.policies import Policy
+from worldpipe.rollout.engine import imagine_sequences
 from worldpipe.rollout.streams import StreamId, seed_for_step
 
 PARTS = ("capture", "prepare", "transport", "model", "output", "decision", "actuation")
@@ -65,9 +66,13 @@ class PolicyAgent:
 class PlannerAgent:
     """A planner acting through a dynamics (a learned model, the true simulator, or a served model)."""
 
-    def __init__(self, planner: Planner, dynamics, stream: StreamId) -> None:
+    def __init__(self, planner: Planner, dynamics, stream: StreamId, record_imagined: bool = False) -> None:
         self.planner, self.dynamics, self.stream = planner, dynamics, stream
         self.generator = torch.Generator()
+        # The observation the model imagined after each chosen action (its plan's first step): what the GIF of a
+        # pixel model's episode shows beside the true frames. Outside the timed parts.
+        self.record_imagined = record_imagined
+        self.imagined: list[np.ndarray] = []
 
     def reset(self, act_dim: int, rng: np.random.Generator) -> None:
         self.planner.reset(act_dim)
@@ -89,6 +94,9 @@ class PlannerAgent:
         split = self.dynamics.take_timing() if hasattr(self.dynamics, "take_timing") else {"model": imagine}
         for part, seconds in split.items():
             timing[part] = timing.get(part, 0.0) + seconds
+        if self.record_imagined:
+            predicted, _ = imagine_sequences(self.dynamics.model, self.dynamics.state, self.planner.last_plan[None])
+            self.imagined.append(predicted[0, 0].numpy())
         return action.numpy().astype(np.float32)
 
 
@@ -130,4 +138,6 @@ def run_episode(env_id: str, max_steps: int, reset_seed: int, rng: np.random.Gen
                 break
     finally:
         env.close()
-    return EpisodeResult(total, len(actions), digest.hexdigest(), timings)
+    imagined = getattr(agent, "imagined", [])
+    # frames[t] is what the agent saw at step t; imagined[t] the model's prediction of the frame after action t.
+    return EpisodeResult(total, len(actions), digest.hexdigest(), timings, observations if imagined else [], imagined)

@@ -30,6 +30,7 @@ from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.control.dynamics import ControlError, LearnedDynamics, ServedDynamics, true_simulator
 from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_episode
 from worldpipe.control.planners import Planner
+from worldpipe.control.report import write_episode_gif
 from worldpipe.control.served import served_model
 from worldpipe.data.environments import make_env
 from worldpipe.data.episodes import episode_seeds
@@ -161,6 +162,8 @@ def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pi
         reset_seed, rng = episode_seeds(settings.seed, i)
         agent = _agent(name, settings, model, box, run_seed, i, url)
         sees_pixels = pixel_size if name in ("planner", HTTP_CONTENDER) else None
+        if name == "planner" and pixel_size is not None and i == 0:
+            agent.record_imagined = True  # the episode the GIF shows
         episodes.append(run_episode(settings.env_id, settings.max_steps, reset_seed, rng, agent, sees_pixels))
     steps = sum(e.length for e in episodes)
     energy = meter.stop(rollouts=count, actions=steps)
@@ -170,6 +173,7 @@ def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pi
         "steps": steps,
         "timings": [e.timings for e in episodes],
         "energy": energy,  # per action where RAPL or NVML exists; otherwise the reason none does
+        "pictured": (episodes[0].frames, episodes[0].imagined) if episodes and episodes[0].imagined else None,
     }
 
 
@@ -180,8 +184,12 @@ def pixel_size_of(model) -> int | None:
     return int(round((model.obs_dim // 3) ** 0.5))
 
 
-def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | None = None) -> dict[str, Any]:
-    """Run every contender on the held-out seeds; the result :func:`rerun_control` can repeat."""
+def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | None = None,
+                     gif: str | None = None) -> dict[str, Any]:
+    """Run every contender on the held-out seeds; the result :func:`rerun_control` can repeat.
+
+    ``gif``: where a pixel model's first planned episode goes as a GIF (true frames beside imagined ones).
+    """
     if settings.episodes < 1 or settings.max_steps < 1:
         raise ControlError("control episodes and max_steps must be >= 1")
     torch.set_num_threads(1)  # one decision's bits must not depend on how many cores the machine has
@@ -195,7 +203,10 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
         with served_model(checkpoints) as url:
             contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
                                                        pixel_size_of(model), url)
-    return control_result(settings, identity, digest, run_seed, contenders)
+    result = control_result(settings, identity, digest, run_seed, contenders)
+    if gif is not None and write_episode_gif(contenders["planner"]["pictured"], pixel_size_of(model), gif):
+        result["pictures"] = [gif]
+    return result
 
 
 def control_result(settings: ControlSettings, identity: dict, digest: str, run_seed: int,

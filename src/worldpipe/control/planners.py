@@ -67,6 +67,7 @@ class Planner:
             if timing is not None:
                 timing["imagine"] = timing.get("imagine", 0.0) + (t2 - t1)
                 timing["decision"] = timing.get("decision", 0.0) + (t1 - t0) + (t3 - t2)
+        self.last_plan = mean  # the whole plan [H,A] this decision acted on (its first action)
         # Warm start: the rest of this plan is where the next decision begins.
         self.mean = torch.cat([mean[1:], mean[-1:]])
         return mean[0]

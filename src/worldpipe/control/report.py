@@ -61,3 +61,20 @@ def plot_control_loop(result: dict[str, Any], path: str | Path) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
+
+
+def write_episode_gif(result_pictured: tuple[list[np.ndarray], list[np.ndarray]] | None, size: int | None,
+                      path: str | Path) -> bool:
+    """A pixel model's first held-out episode as an animated GIF: each true frame beside the frame the model
+    imagined for it one step earlier, while planning. False (nothing written) for a state model."""
+    if result_pictured is None or size is None:
+        return False
+    from worldpipe.core.atomic import write_atomic
+    from worldpipe.evaluate.pictures import side_by_side_gif, to_frames
+
+    frames, imagined = result_pictured
+    true = to_frames(np.stack(frames[1:len(imagined)]), size)
+    predicted = to_frames(np.stack(imagined[:len(frames) - 1]), size)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(path), side_by_side_gif(true, predicted))
+    return True
