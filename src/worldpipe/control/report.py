@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from worldpipe.core.atomic import write_atomic
 from worldpipe.core.figures import save_figure
+from worldpipe.evaluate.pictures import side_by_side_gif, to_frames
 
 LABELS = {"random": "random", "behaviour": "behaviour policy", "planner": "planner + model",
           "ceiling": "planner + true simulator"}
@@ -69,9 +71,6 @@ def write_episode_gif(result_pictured: tuple[list[np.ndarray], list[np.ndarray]]
     imagined for it one step earlier, while planning. False (nothing written) for a state model."""
     if result_pictured is None or size is None:
         return False
-    from worldpipe.core.atomic import write_atomic
-    from worldpipe.evaluate.pictures import side_by_side_gif, to_frames
-
     frames, imagined = result_pictured
     true = to_frames(np.stack(frames[1:len(imagined)]), size)
     predicted = to_frames(np.stack(imagined[:len(frames) - 1]), size)
