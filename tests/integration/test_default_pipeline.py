@@ -13,7 +13,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_default_pipeline_beats_repeat_last_observation(repo, env_with_venv, tmp_path):
     cmd = ["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(tmp_path), "--profile",
-           str(repo / "workflow/profiles/workstation"), "--config", 'experiments=["pendulum_rssm"]']
+           str(repo / "workflow/profiles/workstation"), "--config", 'experiments=["pendulum_rssm"]',
+           # the closed loop of the defaults, shortened (its 20 x 200 steps are measured by `make pipeline`)
+           'control={"episodes": 2, "seed": 5000, "context": 8, "planner": "mppi", "max_steps": 40, '
+           '"http_episodes": 1}']
     proc = subprocess.run(cmd, env=env_with_venv, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-5000:]
     (evaluation,) = (tmp_path / "results/runs/pendulum_rssm/latest/eval").iterdir()
@@ -21,3 +24,8 @@ def test_default_pipeline_beats_repeat_last_observation(repo, env_with_venv, tmp
     assert metrics["segments"] >= 100
     assert metrics["one_step_ratio"] < 1.0, metrics["one_step_ratio"]
     assert all(ratio < 1.0 for ratio in metrics["ratio"]), metrics["ratio"]
+    (control,) = (tmp_path / "results/runs/pendulum_rssm/latest/control").iterdir()
+    record = json.loads((control / "control.json").read_text())
+    assert record["settings"]["episodes"] == 2 and record["settings"]["max_steps"] == 40
+    assert record["http_takes_the_in_process_actions"] is True
+    assert (control / "returns.png").stat().st_size > 0 and (control / "control_loop.png").stat().st_size > 0

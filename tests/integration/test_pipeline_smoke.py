@@ -58,6 +58,9 @@ def test_outputs_exist(pipeline_dir, repo):
         # a state model's pictures: true vs imagined per state dimension, a band over stochastic samples
         *(f"{RUN}/eval/{paths.short(runs['smoke'].eval_hash)}/pictures/RSSM-trajectories-ep{i}.png" for i in range(4)),
         f"{RUN}/loss_curve.png",
+        # the closed loop: returns with CIs, the loop's split, and (a state model) an empty pictures folder
+        *(f"{RUN}/control/{paths.short(runs['smoke'].control_hash)}/{name}"
+          for name in ("control.json", "returns.png", "control_loop.png", "pictures")),
         "results/mlflow.db",
     ):
         assert (pipeline_dir / rel).exists(), rel
@@ -179,10 +182,10 @@ def test_report_renders_the_last_run_with_no_config_and_every_plot_two_clicks_de
     run = (pipeline_dir / RUN).resolve().relative_to(pipeline_dir)
     figures = {Path(path).name: (depth, category, labels) for path, (depth, category, labels) in clicks.items()
                if path.startswith(str(run)) or "models_vs_baseline" in path}
-    assert {"loss_curve.png", "error_vs_horizon.png"} <= set(figures), sorted(clicks)
+    assert {"loss_curve.png", "error_vs_horizon.png", "returns.png", "control_loop.png"} <= set(figures), sorted(clicks)
     assert any("models_vs_baseline" in path for path in clicks), sorted(clicks)
     too_deep = {path: depth for path, (depth, _, _) in clicks.items() if depth > 2}
     assert not too_deep, f"plots more than two clicks deep: {too_deep}"
-    for name in ("loss_curve.png", "error_vs_horizon.png"):
+    for name in ("loss_curve.png", "error_vs_horizon.png", "returns.png", "control_loop.png"):
         _, category, labels = figures[name]
         assert category == "smoke" and labels["model"] == "RSSM" and labels["run"] == run.name, (name, labels)
