@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration]
+# A 10-step training and two closed loops: ~25 s quiet, so in the slow tier; the default tier holds the same
+# promise in-process (tests/unit/test_control_planners.py: the same stream gives the same actions).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TINY = ["--episodes", "2", "--max-steps", "12", "--context", "4", "--set", "horizon=4", "--set", "samples=8",
         "--set", "iterations=2"]
