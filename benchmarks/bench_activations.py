@@ -1,7 +1,5 @@
 """Activation memory and its price: sequence parallelism against tensor parallelism, and recomputation.
 
-    python benchmarks/bench_activations.py [--nproc 2] [--rounds 5] [--out results/bench/activations.json]
-
 Starts ``--nproc`` ranks with torchrun and builds the causal transformer under each contender through the
 layouts themselves (``build_layout`` → ``wrap`` → ``forward_backward``):
 
@@ -17,17 +15,19 @@ JSON to ``--out``; ``activations.png`` beside it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import tempfile
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import torch
 import torch.distributed as dist
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
@@ -144,18 +144,27 @@ def plot(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc", type=int, default=2, help="ranks (the tensor-parallel degree; divides 4 heads)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed steps per contender (median)")
-    parser.add_argument("--out", type=Path, default=Path(BENCH_DIR) / "activations.json")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+OPTIONS = [
+    click.Option(["--nproc"], type=int, default=2, help="ranks (the tensor-parallel degree; divides 4 heads)"),
+    click.Option(["--rounds"], type=int, default=5, help="interleaved timed steps per contender (median)"),
+    click.Option(["--out"], type=click.Path(path_type=Path), default=Path(BENCH_DIR) / "activations.json",
+                 help="JSON result (a plot beside it)"),
+    click.Option(["--worker"], type=click.Path(path_type=Path), hidden=True),  # one rank's process (internal)
+]
+
+
+def check(args: Namespace) -> str | None:
+    """What no single option's type rules out."""
+    if args.worker is None and (args.nproc < 2 or SIZES["heads"] % args.nproc):
+        return f"--nproc: {args.nproc} ranks must be >= 2 and divide the model's {SIZES['heads']} heads"
+    return None
+
+
+def main(args: Namespace) -> None:
+    """Start the ranks (or be one), then summarize, plot and write the JSON."""
     if args.worker is not None:
         worker(args.worker, args.rounds)
         return
-    if args.nproc < 2 or SIZES["heads"] % args.nproc:
-        raise SystemExit(f"--nproc: {args.nproc} ranks must be >= 2 and divide the model's {SIZES['heads']} heads")
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.json"
         cmd = torchrun_argv(args.nproc, [__file__, "--worker", str(raw_path), "--rounds", str(args.rounds)])
@@ -169,5 +178,7 @@ def main() -> None:
     print(json.dumps(result["ratios"], indent=2))
 
 
+COMMAND = Benchmark("activations", __doc__, OPTIONS, main, check)
+
 if __name__ == "__main__":
-    main()
+    COMMAND.script()

@@ -1,8 +1,5 @@
 """Checkpoint save/load throughput against baselines measured in the same run.
 
-    python benchmarks/bench_checkpoint.py [--mb 256] [--repeat 5] [--dir DIR] [--out results/bench/checkpoint.json]
-        [--step-s 0.5] [--ranks 2]
-
 State: ``--mb`` MB of fp32 tensors in total, a third in a model-like dict (layers of mixed shapes), two thirds
 in Adam-like optimizer state (exp_avg, exp_avg_sq per parameter). Contenders, each writing fresh files into
 its own fresh directory, interleaved round by round (median of ``--repeat`` rounds, after one warm-up round):
@@ -38,21 +35,22 @@ Ratios: raw_time / contender_time for writers (1.0 = raw bandwidth), async stall
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import torch
 
 from worldpipe.checkpoint import CheckpointManager
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import fsync_dir, write_text_atomic
 from worldpipe.core.figures import save_figure
@@ -341,7 +339,7 @@ def _first_async_stall(base: Path, state: dict) -> float:
     return first_async
 
 
-def run_sharded(args: argparse.Namespace, base: Path) -> dict | None:
+def run_sharded(args: Namespace, base: Path) -> dict | None:
     """The sharded rows: ``bench_checkpoint_sharded.py`` on ``args.ranks`` gloo ranks under torchrun."""
     if args.ranks < 1:
         return None
@@ -365,7 +363,7 @@ def device_limit(med: dict, nbytes: int, writers: int) -> dict:
             "limit_MBps": nbytes / MB / med[best]}
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: Namespace) -> dict:
     """Run the benchmark; return (and write to ``args.out``) the results."""
     load_before = os.getloadavg()
     # One intra-op thread, as a training rank runs (trainer.threads_per_rank): with more, an oversubscribed
@@ -526,30 +524,38 @@ def _print(result: dict) -> None:
               f"{sharded['async_stall_over_sync']:.4f}x sharded sync save")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options (the pipeline config's ``bench.checkpoint`` section sets them in the pipeline)."""
-    parser = argparse.ArgumentParser(prog="worldpipe bench checkpoint", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=256, help="total state size in MB (model + optimizer)")
-    parser.add_argument("--repeat", type=int, default=5, help="measured rounds (median reported)")
-    parser.add_argument("--dir", default=None, help="where to write (default: ckpt-bench-* beside --out)")
-    parser.add_argument("--out", default=f"{BENCH_DIR}/checkpoint.json", help="JSON; the plot goes beside it (.png)")
-    parser.add_argument("--step-s", type=float, default=0.5,
-                        help="simulated forward/backward the async copy overlaps (seconds, idle machine)")
-    parser.add_argument("--ranks", type=int, default=2, help="ranks of the sharded rows (0: skip them)")
-    parser.add_argument("--sharded-timeout-s", type=float, default=1800)
-    args = parser.parse_args(argv)
+OPTIONS = [
+    click.Option(["--mb"], type=int, default=256, help="total state size in MB (model + optimizer)"),
+    click.Option(["--repeat"], type=int, default=5, help="measured rounds (median reported)"),
+    click.Option(["--dir"], default=None, help="where to write (default: ckpt-bench-* beside --out)"),
+    click.Option(["--out"], default=f"{BENCH_DIR}/checkpoint.json", help="JSON; the plot goes beside it (.png)"),
+    click.Option(["--step-s"], type=float, default=0.5,
+                 help="simulated forward/backward the async copy overlaps (seconds, idle machine)"),
+    click.Option(["--ranks"], type=int, default=2, help="ranks of the sharded rows (0: skip them)"),
+    click.Option(["--sharded-timeout-s"], type=float, default=1800, help="seconds the sharded rows may take"),
+]
+
+
+def check(args: Namespace) -> str | None:
+    """What no single option's type rules out."""
     if args.mb < 1 or args.repeat < 1 or args.ranks < 0 or args.step_s <= 0:
-        parser.error("--mb and --repeat must be >= 1, --ranks >= 0, --step-s > 0")
-    return args
+        return "--mb and --repeat must be >= 1, --ranks >= 0, --step-s > 0"
+    return None
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """CLI entry: parse arguments, run, print a summary."""
-    result = run(parse_args(argv))
+def parse_args(argv: list[str] | None = None) -> Namespace:
+    """Command-line options (the pipeline config's ``bench.checkpoint`` section sets them in the pipeline)."""
+    return COMMAND.parse(argv)
+
+
+def main(args: Namespace) -> dict:
+    """Run with the command line's options, print a summary."""
+    result = run(args)
     _print(result)
     return result
 
 
+COMMAND = Benchmark("checkpoint", __doc__, OPTIONS, main, check)
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    COMMAND.script()

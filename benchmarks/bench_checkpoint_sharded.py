@@ -16,14 +16,15 @@ Aggregate bandwidth = total bytes / time; ratios raw_time / contender_time (1.0 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
 import time
 import warnings
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import torch
 import torch.distributed as dist
 from bench_checkpoint import MB, SimulatedStep, make_state
@@ -32,6 +33,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
+from worldpipe.commands.bench import Benchmark
 from worldpipe.measure.write_baseline import state_bytes, write_raw
 
 CONTENDERS = ("raw", "ours_sharded", "dcp", "async_stall")
@@ -129,7 +131,7 @@ class ShardedBench:
         return seconds
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: Namespace) -> dict:
     """Measure every contender ``args.repeat`` times (after a warm-up round); rank 0 returns the summary."""
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     state, locals_ = sharded_state(args.mb, mesh)
@@ -156,15 +158,17 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
+OPTIONS = [
+    click.Option(["--mb"], type=int, default=256, help="total state size in MB, all ranks together"),
+    click.Option(["--repeat"], type=int, default=3, help="measured rounds (median reported)"),
+    click.Option(["--dir"], required=True, help="where the contenders write"),
+    click.Option(["--out"], required=True, help="JSON written by rank 0"),
+    click.Option(["--step-s"], type=float, default=0.5, help="simulated forward/backward the async copy overlaps"),
+]
+
+
+def main(args: Namespace) -> None:
     """torchrun entry: join the gloo group, run, rank 0 writes ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--step-s", type=float, default=0.5)
-    args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
@@ -175,5 +179,8 @@ def main() -> None:
         dist.destroy_process_group()
 
 
+# Not a `worldpipe bench` name of its own: bench_checkpoint.py starts it under torchrun.
+COMMAND = Benchmark("checkpoint-sharded", __doc__, OPTIONS, main, prog="bench_checkpoint_sharded.py")
+
 if __name__ == "__main__":
-    main()
+    COMMAND.script()

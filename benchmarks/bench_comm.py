@@ -1,8 +1,5 @@
 """Communication and memory model of the parallel layouts, measured on the ranks available.
 
-    python benchmarks/bench_comm.py [--nproc 2] [--max-mb 64] [--rounds 60] [--repeat 15]
-                                    [--out results/bench/comm.json]
-
 Starts ``--nproc`` ranks with torchrun (gloo on CPU, NCCL on GPUs) and measures, in the same run:
 
 * ``all_reduce`` of 1 KB .. ``--max-mb`` MB (x2 steps), every sample a batch of calls lasting >= 5 ms (a
@@ -32,19 +29,21 @@ docs/parallel.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import tempfile
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import write_text_atomic
 from worldpipe.core.figures import save_figure
@@ -502,28 +501,32 @@ def plot(result: dict, folder: Path) -> list[str]:
             _figure(folder, "comm_memory.png", _draw_memory(result))]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options (the pipeline config's ``bench.comm`` section sets them in the pipeline)."""
-    parser = argparse.ArgumentParser(prog="worldpipe bench comm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=2, help="ranks (>= 2)")
-    parser.add_argument("--max-mb", type=int, default=64, help="largest all_reduce message in MB")
-    parser.add_argument("--rounds", type=int, default=60, help="all_reduce samples per size (mean), sizes interleaved")
-    parser.add_argument("--repeat", type=int, default=15,
-                        help="timed repetitions per point of ring attention and GPipe")
-    parser.add_argument("--out", default=f"{BENCH_DIR}/comm.json")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+OPTIONS = [
+    click.Option(["--nproc"], type=int, default=2, help="ranks (>= 2)"),
+    click.Option(["--max-mb"], type=int, default=64, help="largest all_reduce message in MB"),
+    click.Option(["--rounds"], type=int, default=60, help="all_reduce samples per size (mean), sizes interleaved"),
+    click.Option(["--repeat"], type=int, default=15, help="timed repetitions per point of ring attention and GPipe"),
+    click.Option(["--out"], default=f"{BENCH_DIR}/comm.json", help="JSON result (its plots beside it)"),
+    click.Option(["--worker"], default=None, hidden=True),  # one rank's process (internal)
+]
+
+
+def check(args: Namespace) -> str | None:
+    """What no single option's type rules out."""
     if not args.worker and args.nproc < 2:
-        parser.error("--nproc must be at least 2 (communication needs two ranks)")
+        return "--nproc must be at least 2 (communication needs two ranks)"
     if min(args.max_mb, args.rounds, args.repeat) < 1:
-        parser.error("--max-mb, --rounds and --repeat must be at least 1")
-    return args
+        return "--max-mb, --rounds and --repeat must be at least 1"
+    return None
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def parse_args(argv: list[str] | None = None) -> Namespace:
+    """Command-line options (the pipeline config's ``bench.comm`` section sets them in the pipeline)."""
+    return COMMAND.parse(argv)
+
+
+def main(args: Namespace) -> dict | None:
     """Launch the ranks, then fit, plot and write the JSON."""
-    args = parse_args(argv)
     if args.worker:
         worker(Path(args.worker), args.max_mb, args.rounds, args.repeat)
         return None
@@ -561,5 +564,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     return result
 
 
+COMMAND = Benchmark("comm", __doc__, OPTIONS, main, check)
+
 if __name__ == "__main__":
-    main()
+    COMMAND.script()

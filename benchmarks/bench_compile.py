@@ -12,13 +12,10 @@ step over steps 2..N-1:
 Cold must precede warm, so the runs are not rotated; ``--rounds`` repeats the whole sequence with a fresh cache.
 Break-even: the steps after which the compiled run has caught up with eager,
 (first step compiled - first step eager) / (eager step - compiled step), cold and warm.
-
-    worldpipe bench compile [--experiment smoke] [--steps 200] [--rounds 1] [--window T] [--out results/bench/compile.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -27,10 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import numpy as np
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
@@ -41,20 +41,26 @@ from worldpipe.measure.startup import TRACE_ENV
 CONTENDERS = ("eager", "compiled, cold", "compiled, warm")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worldpipe bench compile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/compile.json")
-    p.add_argument("--experiment", default="smoke")
-    p.add_argument("--steps", type=int, default=200, help="steps per run (the step time is their mean)")
-    p.add_argument("--rounds", type=int, default=1, help="cold-then-warm sequences, each on a fresh cache")
-    p.add_argument("--window", type=int, default=None,
-                   help="data.window of the runs (default: the experiment's); the compiled graph unrolls the "
-                        "recurrence over it, so a short window compiles in a fraction of the time")
-    args = p.parse_args(argv)
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/compile.json", help="JSON result (a plot beside it)"),
+    click.Option(["--experiment"], default="smoke", help="experiment trained by every run"),
+    click.Option(["--steps"], type=int, default=200, help="steps per run (the step time is their mean)"),
+    click.Option(["--rounds"], type=int, default=1, help="cold-then-warm sequences, each on a fresh cache"),
+    click.Option(["--window"], type=int, default=None,
+                 help="data.window of the runs (default: the experiment's); the compiled graph unrolls the "
+                      "recurrence over it, so a short window compiles in a fraction of the time"),
+]
+
+
+def check(args: Namespace) -> str | None:
+    """What no single option's type rules out."""
     if args.steps < 4 or args.rounds < 1 or (args.window is not None and args.window < 2):
-        p.error("--steps must be >= 4, --rounds >= 1 and --window >= 2")
-    return args
+        return "--steps must be >= 4, --rounds >= 1 and --window >= 2"
+    return None
+
+
+def parse_args(argv=None) -> Namespace:
+    return COMMAND.parse(argv)
 
 
 def timed_run(cmd: list[str], env: dict, trace: Path) -> dict:
@@ -88,8 +94,7 @@ def break_even(eager: dict, compiled: dict) -> float | None:
     return (compiled["first_step_s"] - eager["first_step_s"]) / gain_s if gain_s > 0 else None
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k not in (TRACE_ENV, "TORCHINDUCTOR_CACHE_DIR")}
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
@@ -149,5 +154,7 @@ def plot(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
+COMMAND = Benchmark("compile", __doc__, OPTIONS, main, check)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

@@ -12,24 +12,23 @@ Targets: loader/mmap >= 0.5 and loader/demand >= 10.
 Pixel windows (``pixels``): frames/s the loader delivers from a store of rendered frames (``--pixel-size``,
 zstd) against frames/s a PixelRSSM training step consumes (``conf/model/pixel_rssm.yaml``: forward + backward
 + Adam on the same [batch, window] frames, including the uint8 -> float normalization the trainer does).
-
-    python benchmarks/bench_loader.py [--out results/bench/loader.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
+from argparse import Namespace
 from types import SimpleNamespace
 
+import click
 import numpy as np
 import torch
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.data.build import build_dataset
 from worldpipe.data.loader import WindowLoader
@@ -41,24 +40,26 @@ TARGET_VS_MMAP = 0.5
 TARGET_VS_DEMAND = 10.0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/loader.json", help="JSON result"),
+    click.Option(["--episodes"], type=int, default=256, help="episodes of the state store"),
+    click.Option(["--max-steps"], type=int, default=200, help="steps per episode"),
+    click.Option(["--episodes-per-shard"], type=int, default=16),
+    click.Option(["--window"], type=int, default=32, help="steps per training window"),
+    click.Option(["--batch"], type=int, default=16, help="windows per batch"),
+    click.Option(["--batches"], type=int, default=3000, help="batches timed per loader measurement"),
+    click.Option(["--demand"], type=float, default=None, help="training demand in windows/s (else measured)"),
+    click.Option(["--repeats"], type=int, default=3, help="best-of repeats for each throughput number"),
+    click.Option(["--pixel-size"], type=int, default=64, help="frame side of the pixel-window rows (0: skip them)"),
+    click.Option(["--pixel-episodes"], type=int, default=16, help="episodes of the pixel store"),
+    click.Option(["--pixel-demand"], type=float, default=None,
+                 help="pixel training demand in frames/s (else measured with PixelRSSM)"),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> Namespace:
     """Command-line options (all have small, CI-friendly defaults)."""
-    p = argparse.ArgumentParser(prog="worldpipe bench loader", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/loader.json")
-    p.add_argument("--episodes", type=int, default=256)
-    p.add_argument("--max-steps", type=int, default=200)
-    p.add_argument("--episodes-per-shard", type=int, default=16)
-    p.add_argument("--window", type=int, default=32)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--batches", type=int, default=3000, help="batches timed per loader measurement")
-    p.add_argument("--demand", type=float, default=None, help="training demand in windows/s (else measured)")
-    p.add_argument("--repeats", type=int, default=3, help="best-of repeats for each throughput number")
-    p.add_argument("--pixel-size", type=int, default=64, help="frame side of the pixel-window rows (0: skip them)")
-    p.add_argument("--pixel-episodes", type=int, default=16, help="episodes of the pixel store")
-    p.add_argument("--pixel-demand", type=float, default=None,
-                   help="pixel training demand in frames/s (else measured with PixelRSSM)")
-    return p.parse_args(argv)
+    return COMMAND.parse(argv)
 
 
 def _tiny_gru_step(obs_dim: int, act_dim: int):
@@ -94,7 +95,7 @@ def training_demand_windows_per_s(
 
 
 def _training_overhead(
-    store: TrajectoryStore, args: argparse.Namespace, stats: dict, steps: int = 40
+    store: TrajectoryStore, args: Namespace, stats: dict, steps: int = 40
 ) -> float:
     """Relative slowdown of a tiny-GRU training step when its batch comes from the loader (next_batch +
     step) instead of being reused: median over alternating fed / fixed steps, so load spikes on a shared
@@ -144,7 +145,7 @@ def pixel_training_demand_frames_per_s(size: int, batch: int, window: int, steps
     return batch * window * steps / (time.perf_counter() - start)
 
 
-def _pixel_rows(tmp: str, args: argparse.Namespace) -> dict:
+def _pixel_rows(tmp: str, args: Namespace) -> dict:
     """Loader frames/s over a store of rendered frames vs the frames/s a PixelRSSM step consumes."""
     spec = DatasetSpec(name="bench-pixels", env_id="Pendulum-v1", policy="noisy_controller",
                        episodes=args.pixel_episodes, max_steps=args.max_steps,
@@ -165,7 +166,7 @@ def _pixel_rows(tmp: str, args: argparse.Namespace) -> dict:
             "training_demand_frames_per_s": demand, "loader_vs_demand": frames / demand}
 
 
-def _loader_windows_per_s(store: TrajectoryStore, args: argparse.Namespace, stats: dict) -> dict:
+def _loader_windows_per_s(store: TrajectoryStore, args: Namespace, stats: dict) -> dict:
     """Best-of-repeats steady-state windows/s of a fresh loader (first batch, which decodes, timed apart)."""
     best, first_batch_s = 0.0, None
     for _ in range(args.repeats):
@@ -214,7 +215,7 @@ class _MmapGather:
         }
 
 
-def _mmap_windows_per_s(gather: _MmapGather, store: TrajectoryStore, args: argparse.Namespace) -> float:
+def _mmap_windows_per_s(gather: _MmapGather, store: TrajectoryStore, args: Namespace) -> float:
     best = 0.0
     for _ in range(args.repeats):
         sampler = GlobalWindowSampler(store.lengths, args.window, 1, args.batch, seed=0)
@@ -228,7 +229,7 @@ def _mmap_windows_per_s(gather: _MmapGather, store: TrajectoryStore, args: argpa
     return best
 
 
-def run(args: argparse.Namespace | dict | None = None) -> dict:
+def run(args: Namespace | dict | None = None) -> dict:
     """Run the benchmark; returns (and writes to ``args.out`` when set) the result dict."""
     if args is None:
         args = parse_args([])
@@ -314,14 +315,15 @@ def _print(result: dict) -> None:
     print("meets targets:", result["meets_targets"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
+    """Run with the command line's options, print the result."""
     result = run(args)
     _print(result)
     print(f"wrote {args.out}")
     return 0
 
 
+COMMAND = Benchmark("loader", __doc__, OPTIONS, main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

@@ -33,13 +33,10 @@ Whole-run views, in the same run:
   all-reduce it overlaps), ``waiting_io`` (the next batch, checkpoint saves, tracking records),
   ``waiting_ranks`` (the per-step collective that agrees on preemption: time waiting for the slowest rank),
   ``other``; and ``cpu_over_wall``, the process's CPU time (all threads) over the loop's wall time.
-
-    worldpipe bench loop [--steps 500] [--experiment smoke] [--out results/bench/loop.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -47,11 +44,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import numpy as np
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
@@ -99,15 +99,17 @@ loader.close()
 """
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worldpipe bench loop", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/loop.json")
-    p.add_argument("--steps", type=int, default=500, help="steps per contender (default cadences: log 10, ckpt 250)")
-    p.add_argument("--experiment", default="smoke")
-    p.add_argument("--no-compile", action="store_true", help="skip the compiled contender (its compile takes minutes)")
-    p.add_argument("--rounds", type=int, default=3, help="runs per contender; the median of their means is reported")
-    return p.parse_args(argv)
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/loop.json", help="JSON result (a plot beside it)"),
+    click.Option(["--steps"], type=int, default=500, help="steps per contender (default cadences: log 10, ckpt 250)"),
+    click.Option(["--experiment"], default="smoke", help="experiment every contender trains"),
+    click.Option(["--no-compile"], is_flag=True, help="skip the compiled contender (its compile takes minutes)"),
+    click.Option(["--rounds"], type=int, default=3, help="runs per contender; the median of their means is reported"),
+]
+
+
+def parse_args(argv=None) -> Namespace:
+    return COMMAND.parse(argv)
 
 
 TARGET_RUN_LEVEL_OVERHEAD = 0.035
@@ -224,8 +226,7 @@ def contenders(work: Path, args, round_: int) -> dict[str, list[str]]:
     return out
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
     args.cadence = default_cadence()
     env = {k: v for k, v in os.environ.items() if k not in (TRACE_ENV, "MLFLOW_TRACKING_URI")}
     report = {"benchmark": "loop", "experiment": args.experiment, "steps": args.steps,
@@ -318,6 +319,7 @@ def plot(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
+COMMAND = Benchmark("loop", __doc__, OPTIONS, main)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

@@ -8,20 +8,21 @@ the optimizer's step as the mode builds it) of
 the experiment's model on one random batch of its shape after 5 warm-up steps, on ``--threads`` threads (one
 rank's share); a contender's step time is the median over rounds of its per-round mean. The ratio
 portable / native is the cost.
-
-    worldpipe bench numerics [--experiment pendulum_rssm] [--rounds 5] [--steps 30] [--out results/bench/numerics.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
+import click
+
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core import numerics
 from worldpipe.core.figures import save_figure
@@ -31,17 +32,19 @@ BASELINE = "native"
 MODES = (BASELINE, "portable")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worldpipe bench numerics", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/numerics.json", help="JSON result (a plot beside it)")
-    p.add_argument("--experiment", default="pendulum_rssm", help="experiment whose model and batch shape are timed")
-    p.add_argument("--env", default="Pendulum-v1", help="environment of the experiment's data (observation sizes)")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (one rank's share: 1)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of both contenders (median of round means)")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per contender per round")
-    p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)  # one contender's process (internal)
-    return p.parse_args(argv)
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/numerics.json", help="JSON result (a plot beside it)"),
+    click.Option(["--experiment"], default="pendulum_rssm", help="experiment whose model and batch shape are timed"),
+    click.Option(["--env"], default="Pendulum-v1", help="environment of the experiment's data (observation sizes)"),
+    click.Option(["--threads"], type=int, default=1, help="intra-op threads (one rank's share: 1)"),
+    click.Option(["--rounds"], type=int, default=5, help="rounds of both contenders (median of round means)"),
+    click.Option(["--steps"], type=int, default=30, help="timed steps per contender per round"),
+    click.Option(["--worker"], type=click.Choice(MODES), hidden=True),  # one contender's process (internal)
+]
+
+
+def parse_args(argv=None) -> Namespace:
+    return COMMAND.parse(argv)
 
 
 def mode_settings(mode: str) -> dict:
@@ -110,8 +113,7 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
     if args.worker:
         worker(args)
         return 0
@@ -136,5 +138,7 @@ def main(argv=None) -> int:
     return 0
 
 
+COMMAND = Benchmark("numerics", __doc__, OPTIONS, main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

@@ -1,7 +1,5 @@
 """The pipeline bubble in real training steps: per-stage busy and idle time against (P-1)/(M+P-1).
 
-    python benchmarks/bench_pipeline.py [--nproc 2] [--repeat 5] [--schedule gpipe] [--out results/bench/pipeline.json]
-
 Starts ``--nproc`` ranks with torchrun (one pipeline stage each: P = nproc) and trains the causal transformer
 through the ``pp`` layout itself (``build_layout`` → ``wrap`` → ``forward_backward``, then clipping and the
 AdamW step), at M = 1, 2, 4, 8 microbatches of the same global batch. Per stage and step:
@@ -20,17 +18,19 @@ JSON to ``--out`` (medians over ``--repeat`` steps after a warm-up); ``pipeline.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import tempfile
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import torch
 import torch.distributed as dist
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
@@ -172,19 +172,28 @@ def plot(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc", type=int, default=2, help="ranks = pipeline stages (>= 2)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed steps per M (median)")
-    parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
-    parser.add_argument("--out", type=Path, default=Path(BENCH_DIR) / "pipeline.json")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+OPTIONS = [
+    click.Option(["--nproc"], type=int, default=2, help="ranks = pipeline stages (>= 2)"),
+    click.Option(["--repeat"], type=int, default=5, help="timed steps per M (median)"),
+    click.Option(["--schedule"], type=click.Choice(("gpipe", "1f1b")), default="gpipe", help="pipeline schedule"),
+    click.Option(["--out"], type=click.Path(path_type=Path), default=Path(BENCH_DIR) / "pipeline.json",
+                 help="JSON result (a plot beside it)"),
+    click.Option(["--worker"], type=click.Path(path_type=Path), hidden=True),  # one rank's process (internal)
+]
+
+
+def check(args: Namespace) -> str | None:
+    """What no single option's type rules out."""
+    if args.worker is None and args.nproc < 2:
+        return f"--nproc: a pipeline needs at least 2 stages, got {args.nproc}"
+    return None
+
+
+def main(args: Namespace) -> None:
+    """Start the ranks (or be one), then summarize, plot and write the JSON."""
     if args.worker is not None:
         worker(args.worker, args.repeat, args.schedule)
         return
-    if args.nproc < 2:
-        raise SystemExit(f"--nproc: a pipeline needs at least 2 stages, got {args.nproc}")
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.json"
         cmd = torchrun_argv(args.nproc, [__file__, "--worker", str(raw_path), "--repeat", str(args.repeat),
@@ -199,5 +208,7 @@ def main() -> None:
               f"communication {row['comm_fraction']:.2f} of the step, idle minus it {row['idle_minus_comm']:.2f}")
 
 
+COMMAND = Benchmark("pipeline", __doc__, OPTIONS, main, check)
+
 if __name__ == "__main__":
-    main()
+    COMMAND.script()

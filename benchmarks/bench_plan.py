@@ -1,10 +1,6 @@
 """The layout planner against measurement: `worldpipe plan`'s predictions, then every layout it says fits trained
 under real torchrun and measured.
 
-    python benchmarks/bench_plan.py [--nproc 2,4] [--experiment smoke_transformer]
-                                    [--overrides "model.layers=2"] [--layouts pp,ddp@4]
-                                    [--out results/bench/plan.json]
-
 For each world size of ``--nproc``: runs ``worldpipe plan experiment=E world_size=N --json`` (the command a user
 runs), then starts N gloo ranks with torchrun that train the experiment's model (built from its composed config,
 the same batch and window) for a warm-up step and one counted step under each layout the plan ranks as fitting
@@ -20,7 +16,6 @@ as ``plan.csv`` and ``plan.html``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import html
 import io
@@ -28,8 +23,12 @@ import json
 import subprocess
 import sys
 import tempfile
+from argparse import Namespace
 from pathlib import Path
 
+import click
+
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import write_text_atomic
 from worldpipe.core.figures import save_figure
@@ -201,21 +200,25 @@ def plot(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+OPTIONS = [
+    click.Option(["--nproc"], default="2,4", help="world sizes, comma-separated"),
+    click.Option(["--experiment"], default="smoke_transformer", help="experiment whose model is planned and trained"),
+    click.Option(["--overrides"], default="model.layers=2", help="Hydra overrides, space-separated"),
+    click.Option(["--layouts"], default="", show_default="every one that fits",
+                 help="measure only these layouts, comma-separated; NAME@N: only on N ranks"),
+    click.Option(["--out"], type=click.Path(path_type=Path), default=Path(BENCH_DIR) / "plan.json",
+                 help="JSON result (plot and tables beside it)"),
+    click.Option(["--worker"], type=click.Path(path_type=Path), hidden=True),  # the ranks' process (internal)
+]
+
+
+def parse_args(argv: list[str] | None = None) -> Namespace:
     """The benchmark's options (the pipeline config's ``bench.plan`` keys, dashed)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc", default="2,4", help="world sizes, comma-separated")
-    parser.add_argument("--experiment", default="smoke_transformer")
-    parser.add_argument("--overrides", default="model.layers=2", help="Hydra overrides, space-separated")
-    parser.add_argument("--layouts", default="", help="measure only these layouts, comma-separated; NAME@N: only on "
-                                                      "N ranks (default: every one that fits)")
-    parser.add_argument("--out", type=Path, default=Path(BENCH_DIR) / "plan.json")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    return COMMAND.parse(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: Namespace) -> None:
+    """Plan, then measure every layout that fits (or be the ranks' process)."""
     if args.worker is not None:
         worker(args.worker, args.out)
         return
@@ -232,5 +235,7 @@ def main() -> None:
         print(" | ".join(row.values()))
 
 
+COMMAND = Benchmark("plan", __doc__, OPTIONS, main)
+
 if __name__ == "__main__":
-    main()
+    COMMAND.script()

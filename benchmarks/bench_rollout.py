@@ -6,13 +6,10 @@ p95/p99 end-to-end latency and achieved throughput vs offered rate, and the knee
 achieved >= 90% of offered, every request finished). Baseline: the same model served without
 batching (max batch 1), in the same run. Also: a serial control loop's budget by part, memory by category,
 rollout-state size vs horizon for every model in conf/model/, and energy (or "unavailable").
-
-    worldpipe bench rollout [--duration-s 3] [--checkpoint CHECKPOINT_DIR] [--out results/bench/rollout.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -22,12 +19,17 @@ import sys
 import tempfile
 import threading
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import numpy as np
 import requests
 import torch
 
+from worldpipe.checkpoint.layout import resolve_location
+from worldpipe.commands import RUN_HELP
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.measure.energy import EnergyMeter
@@ -37,7 +39,7 @@ from worldpipe.measure.publish import publish_result
 from worldpipe.measure.timers import Timeline
 from worldpipe.models import build_model, state_nbytes
 from worldpipe.rollout.demo import MODEL_CONF_DIR, model_config, publish_demo_checkpoint
-from worldpipe.rollout.registry import load_served_model, split_checkpoint_path
+from worldpipe.rollout.registry import load_served_model
 
 SETTINGS = {"no batching": (1, 0.0), "batch 8 / 2 ms": (8, 2.0), "batch 32 / 5 ms": (32, 5.0)}
 RATES = (5, 10, 20, 40, 80, 160, 320, 640)
@@ -45,14 +47,17 @@ CONTEXT, HORIZON = 8, 16
 HORIZONS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worldpipe bench rollout", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/rollout.json")
-    p.add_argument("--checkpoint", help="serve this checkpoint dir (default: a demo RSSM of conf/model/rssm.yaml)")
-    p.add_argument("--duration-s", type=float, default=3.0, help="seconds of load per offered rate")
-    p.add_argument("--loop-steps", type=int, default=40, help="iterations of the serial control loop")
-    return p.parse_args(argv)
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/rollout.json", help="JSON result (a plot beside it)"),
+    click.Option(["--checkpoint"], metavar="RUN", show_default="a demo RSSM of conf/model/rssm.yaml",
+                 help=f"serve this run's checkpoint ({RUN_HELP})"),
+    click.Option(["--duration-s"], type=float, default=3.0, help="seconds of load per offered rate"),
+    click.Option(["--loop-steps"], type=int, default=40, help="iterations of the serial control loop"),
+]
+
+
+def parse_args(argv=None) -> Namespace:
+    return COMMAND.parse(argv)
 
 
 class Server:
@@ -187,7 +192,7 @@ def server_memory(server: Server, dims: tuple[int, int], sessions: int = 16) -> 
 
 def activation_peak(checkpoint: str, width: int = 8) -> dict:
     """Peak bytes of temporaries (activations) of one batched context filter and one imagined step."""
-    root, step = split_checkpoint_path(checkpoint)
+    root, step = resolve_location(checkpoint)
     from worldpipe.checkpoint import CheckpointManager
 
     served = load_served_model(root, step if step is not None else CheckpointManager(root).latest_intact())
@@ -276,8 +281,7 @@ def plot(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         workdir = Path(tmp)
@@ -335,5 +339,7 @@ def summarize(result: dict) -> None:
     print("energy:", result["settings"]["no batching"]["energy"].get("reason") or "measured")
 
 
+COMMAND = Benchmark("rollout", __doc__, OPTIONS, main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

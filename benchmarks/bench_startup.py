@@ -19,13 +19,10 @@ same run, each started as a fresh process on a fresh run directory of the tiny s
 Contenders run in rounds whose order rotates (:mod:`worldpipe.measure.rounds`); each is summarized by the median
 over rounds. The MLflow run start of a background start is an event after the first step
 (``mlflow_run_opened``): reported, not part of the critical path.
-
-    worldpipe bench startup [--repeats 3] [--out results/bench/startup.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -34,9 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
 
+import click
+
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
@@ -85,12 +86,14 @@ SPANS = {
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worldpipe bench startup", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/startup.json")
-    p.add_argument("--repeats", type=int, default=3, help="runs per contender (median reported)")
-    return p.parse_args(argv)
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/startup.json", help="JSON result (a plot beside it)"),
+    click.Option(["--repeats"], type=int, default=3, help="runs per contender (median reported)"),
+]
+
+
+def parse_args(argv=None) -> Namespace:
+    return COMMAND.parse(argv)
 
 
 def read_trace(path: Path, t0: float) -> dict[str, float]:
@@ -156,8 +159,7 @@ def contenders(work: Path, store: Path, manifest: Path, env: dict) -> Callable[[
     return for_round
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
     env = {k: v for k, v in os.environ.items()
            if k not in (TRACE_ENV, LAUNCHER_ENV, START_ENV, "MLFLOW_TRACKING_URI")}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
@@ -259,5 +261,7 @@ def plot(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
+COMMAND = Benchmark("startup", __doc__, OPTIONS, main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

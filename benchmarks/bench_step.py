@@ -27,21 +27,20 @@ strides) replayed alone on fresh operands, best of 30 calls each, summed: the st
 its matmuls. Its fraction of peak is the most these shapes allow (16-row GEMMs reach half the peak here); its
 share of the step says how much of the rest is element-wise work, copies and dispatch; ``operator_calls``
 counts every operator the step calls (views included), each paying the dispatcher's fixed cost.
-
-    worldpipe bench step [--experiment pendulum_rssm] [--rounds 5] [--steps 20] [--out results/bench/step.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
-import sys
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import click
 import torch
 
+from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
 from worldpipe.measure.publish import publish_result
@@ -78,17 +77,18 @@ class PerStepRSSM(RSSM):
         return {key: torch.stack(values, dim=1) for key, values in out.items()}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worldpipe bench step", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=f"{BENCH_DIR}/step.json")
-    p.add_argument("--experiment", default="pendulum_rssm")
-    p.add_argument("--env", default="Pendulum-v1", help="environment of the experiment's data (observation sizes)")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (one rank's share: 1)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of every contender (median of round means)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per contender per round (after 3 warm-up)")
-    p.add_argument("--mm-sizes", default="256,512,1024", help="square matmul sizes; the best rate is the peak")
-    return p.parse_args(argv)
+OPTIONS = [
+    click.Option(["--out"], default=f"{BENCH_DIR}/step.json", help="JSON result (a plot beside it)"),
+    click.Option(["--experiment"], default="pendulum_rssm", help="experiment whose model and batch shape are timed"),
+    click.Option(["--env"], default="Pendulum-v1", help="environment of the experiment's data (observation sizes)"),
+    click.Option(["--threads"], type=int, default=1, help="intra-op threads (one rank's share: 1)"),
+    click.Option(["--rounds"], type=int, default=5, help="rounds of every contender (median of round means)"),
+    click.Option(["--steps"], type=int, default=20, help="timed steps per contender per round (after 3 warm-up)"),
+    click.Option(["--mm-sizes"], default="256,512,1024", help="square matmul sizes; the best rate is the peak"),
+]
+
+def parse_args(argv=None) -> Namespace:
+    return COMMAND.parse(argv)
 
 
 def experiment_shapes(experiment: str, env_id: str) -> tuple[dict, int, int, int, int]:
@@ -295,8 +295,7 @@ def summarize(samples: dict, flops: dict, about: dict, args, load_before, cpu: d
     return report
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: Namespace) -> int:
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     steps, about = contenders(args)
@@ -350,5 +349,7 @@ def plot(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
+COMMAND = Benchmark("step", __doc__, OPTIONS, main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.script()

@@ -110,7 +110,7 @@ def test_a_bad_option_is_one_line_naming_the_command(tmp_path, env_with_venv, na
     proc = bench(env_with_venv, tmp_path, name, *args)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1 and errors[0].startswith(f"worldpipe bench {name}: error:"), proc.stderr
+    assert len(errors) == 1 and errors[0].startswith(f"error: worldpipe bench {name}: "), proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
 
 

@@ -10,18 +10,24 @@ import pytest
 from worldpipe.cli import build_cli, main
 
 # Every command and group below `worldpipe` (train's --help is Hydra's, checked by the docs commands test).
-COMMANDS = ["bench", "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare", "data", "data info", "data init",
+BENCHMARKS = ["bench activations", "bench checkpoint", "bench comm", "bench compile", "bench loader", "bench loop",
+              "bench numerics", "bench pipeline", "bench plan", "bench rollout", "bench startup", "bench step"]
+COMMANDS = ["bench", *BENCHMARKS, "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare",
+            "control", "control evaluate", "control rerun", "data", "data info", "data init",
             "data seal", "data verify", "data write", "evaluate", "plan", "rerun", "resume", "rollout", "runs",
             "runs begin", "runs end", "runs list", "runs status", "serve", "sweep", "sweep link", "sweep open",
             "sweep points", "sweep summarize", "tracking", "tracking server", "tracking status", "tracking sync"]
 # The commands with defaulted options (numbers, names): their help shows each default.
-DEFAULTED = {"evaluate", "plan", "rerun", "runs status", "serve", "tracking server"}
+# Every benchmark has defaulted options: `worldpipe bench NAME --help` shows each default.
+DEFAULTED = {"control evaluate", "evaluate", "plan", "rerun", "runs status", "serve", "tracking server", *BENCHMARKS}
 
 
 def _tree(command: click.Command, path: tuple[str, ...] = ()) -> dict[str, click.Command]:
     found = {" ".join(path): command} if path else {}
-    for name, sub in getattr(command, "commands", {}).items():
-        found.update(_tree(sub, (*path, name)))
+    if isinstance(command, click.Group):  # `bench` lists its benchmarks without importing them
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            found.update(_tree(command.get_command(ctx, name), (*path, name)))
     return found
 
 
@@ -37,12 +43,37 @@ def test_every_command_has_its_own_help_with_defaults(capsys):
         assert ("[default: " in out) == (path in DEFAULTED), (path, out)
 
 
-def test_bench_name_help_is_the_benchmarks_own(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the benchmark runs in this process with its own argv
-    # Passed on to benchmarks/bench_startup.py (its argparse options), not the help of `worldpipe bench`.
-    assert main(["bench", "startup", "--help"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: worldpipe bench startup ") and "--repeats" in out, out
+def test_every_benchmark_is_a_click_command_with_its_defaults_in_help(capsys):
+    """`worldpipe bench NAME --help` is the benchmark's own (a click command: usage, every option with its default
+    value), with the option names and defaults the pipeline config passes (conf/pipeline/default.yaml)."""
+    from worldpipe.commands.bench import BENCHMARKS, load
+
+    for name in BENCHMARKS:
+        assert main(["bench", name, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"Usage: worldpipe bench {name} [OPTIONS]\n"), out[:200]
+        options = [p for p in load(name).params if isinstance(p, click.Option) and not p.hidden]
+        for option in options:
+            assert option.opts[0] in out, (name, option.opts)
+            if option.default is not None and not option.is_flag:
+                shown = option.show_default if isinstance(option.show_default, str) else option.default
+                assert f"[default: {shown}" in " ".join(out.split()) or f"(default: {shown}" in out \
+                    or f"[default: ({shown})]" in " ".join(out.split()), (name, option.opts, out)
+        assert "python benchmarks/" not in out and "usage: " not in out, name
+
+
+def test_a_benchmark_script_parses_as_its_command(monkeypatch, capsys):
+    """`python benchmarks/bench_X.py` (torchrun starts the workers so) takes the same options and defaults."""
+    from worldpipe.commands.bench import load
+
+    args = load("loop").parse(["--steps", "7", "--no-compile"])
+    assert (args.steps, args.no_compile, args.rounds, args.experiment) == (7, True, 3, "smoke")
+    monkeypatch.setattr(sys, "argv", ["bench_loop.py", "--steps", "many"])
+    with pytest.raises(SystemExit) as done:
+        load("loop").script()
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: worldpipe bench loop: Invalid value for '--steps': 'many' is not a valid integer.\n"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -3,6 +3,8 @@ splits, the collectives of each layout, refusals with validate_layout's reason, 
 
 from __future__ import annotations
 
+import pytest
+
 from worldpipe.models.transformer import CausalTransformer
 from worldpipe.parallel import planner
 from worldpipe.parallel.forward_memory import ForwardShape, measure_forwards
@@ -99,7 +101,27 @@ def test_plan_command_needs_a_world_size_one_line(capsys):
 
     assert main(["plan", "experiment=smoke_transformer"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: argument 'world_size': required, a positive integer (world_size=4)"]
+    assert err == ["error: argument 'world_size': required, a positive integer (world_size=4, or training's "
+                   "parallel.nproc_per_node=4)"]
+
+
+@pytest.mark.parametrize(("args", "world"), [
+    (["world_size=4"], 4), (["parallel.nproc_per_node=4"], 4), (["parallel.nproc_per_node=2", "parallel.nnodes=2"], 4),
+    (["world_size=4", "parallel.nproc_per_node=4"], 4),
+])
+def test_plan_takes_the_world_size_as_training_spells_it(args, world):
+    """`worldpipe plan` accepts the training key (parallel.nproc_per_node, times parallel.nnodes) for world_size."""
+    from worldpipe.commands.plan import _split
+
+    assert _split([*args, "experiment=smoke", "memory_mb=8"]) == (world, 8.0, ["experiment=smoke"])
+
+
+def test_plan_refuses_two_different_world_sizes_in_one_line(capsys):
+    from worldpipe.cli import main
+
+    assert main(["plan", "experiment=smoke_transformer", "world_size=4", "parallel.nproc_per_node=2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: argument 'world_size': 4, but parallel.nproc_per_node x parallel.nnodes is 2: give one of them"]
 
 
 def test_pipeline_sequence_parallel_and_recompute_predictions():

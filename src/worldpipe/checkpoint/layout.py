@@ -22,8 +22,11 @@ A store root (``checkpoints/``) holds::
 from __future__ import annotations
 
 import json
+import os
 import re
+from typing import NamedTuple
 
+from worldpipe.config.paths import checkpoints_dir
 from worldpipe.core.locations import read_bytes
 
 STEP_DIR_FORMAT = "step-{step:06d}"
@@ -72,6 +75,38 @@ def parse_step_dir(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+class Location(NamedTuple):
+    """Where a command reads checkpoints: the store (``checkpoints/``) and one step in it, or None for the step
+    training would resume from (the newest loadable)."""
+
+    root: str
+    step: int | None
+
+    @property
+    def path(self) -> str:
+        """The location as one path again: the store, or its step folder."""
+        return self.root if self.step is None else f"{self.root.rstrip('/')}/{step_dir_name(self.step)}"
+
+
+def resolve_location(path: str | os.PathLike) -> Location:
+    """The one meaning of a checkpoint location a user names (``RUN`` of every command that reads checkpoints):
+    a run directory (its ``checkpoints/``), a checkpoint store itself, or one ``step-NNNNNN`` folder in a store.
+
+    Local paths or URLs; a run directory is recognised by its ``checkpoints/`` folder, so only a local one (a URL
+    names a store or a step). Nothing is checked for existence here: each command says what is missing.
+    """
+    text = os.fspath(path)
+    trimmed = text.rstrip("/") or text
+    head, _, name = trimmed.rpartition("/")
+    step = parse_step_dir(name)
+    if step is not None:
+        return Location(head or ".", step)
+    store = checkpoints_dir(trimmed)
+    if "://" not in trimmed and os.path.isdir(store):
+        return Location(store, None)
+    return Location(trimmed, None)
+
+
 def temp_name(step: int, kind: str, nonce: str) -> str:
     """Hidden sibling name of a step directory being written (``partial``) or removed (``deleting``)."""
     return f"{PARTIAL_PREFIX}{step_dir_name(step)}.{kind}-{nonce}"
@@ -111,7 +146,12 @@ def latest_identity(root: str) -> dict:
         step = parse_step_dir(read_bytes(f"{str(root).rstrip('/')}/{LATEST_NAME}").decode().strip())
     except (OSError, UnicodeDecodeError):
         return {}
-    raw = read_manifest_bytes(root, step) if step is not None else None
+    return step_identity(root, step) if step is not None else {}
+
+
+def step_identity(root: str, step: int) -> dict:
+    """The run identity in the manifest of ``step`` under ``root`` ({} when it has none)."""
+    raw = read_manifest_bytes(root, step)
     try:
         return dict(json.loads(raw)["identity"]) if raw else {}
     except (ValueError, KeyError, TypeError):

@@ -7,13 +7,18 @@ each handler: `worldpipe runs list` must not pay for torch, zarr or MLflow it ne
 from __future__ import annotations
 
 import os
+import sys
 from argparse import Namespace
 from collections.abc import Callable
 
 import click
 
-# Commands whose trailing arguments are passed on (Hydra overrides, a benchmark's or mlflow's options).
+from worldpipe.core.errors import ERROR_PREFIX, EXIT_USAGE, report
+
+# Commands whose trailing arguments are passed on (Hydra overrides, mlflow's options).
 PASS_ON = {"ignore_unknown_options": True, "allow_extra_args": False}
+# Every command's help shows its defaults; -h is --help, as it was under argparse.
+CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def handled(handler: Callable[[Namespace], int]) -> Callable[..., int]:
@@ -49,13 +54,52 @@ def command(name: str, handler: Callable[[Namespace], int], help_text: str, para
                          context_settings=PASS_ON if pass_on else None)
 
 
-def pin_recorded_numerics(checkpoints: str) -> None:
-    """Pin the numerics config recorded with the newest checkpoint under ``checkpoints`` in this process, so a
-    portable run is evaluated or served on its own code paths (:mod:`worldpipe.core.numerics`)."""
-    from worldpipe.checkpoint.layout import latest_identity
+# A checkpoint location: one name (RUN) and one meaning in every command that reads checkpoints
+# (worldpipe.checkpoint.layout.resolve_location).
+RUN_HELP = "a run directory, its checkpoints/ folder, or one step-NNNNNN folder in it"
+RUN_TEXT = f"RUN: {RUN_HELP} (without a step: the newest loadable step, the one training would resume from)."
+
+
+def run_argument(required: bool = True) -> click.Argument:
+    """The RUN argument of a command that reads checkpoints (its help text: :data:`RUN_TEXT`)."""
+    return click.Argument(["run"], metavar="RUN" if required else "[RUN]", required=required)
+
+
+def checkpoints_option() -> click.Option:
+    """``--checkpoints RUN``: RUN as an option, the spelling the pipeline's rules use (either one, not both)."""
+    return click.Option(["--checkpoints"], metavar="RUN", help="the same as RUN (as the pipeline's rules give it)")
+
+
+def locate(args: Namespace, step: int | None = None):
+    """The checkpoint location a command was given (``RUN`` or ``--checkpoints RUN``) as a
+    :class:`~worldpipe.checkpoint.layout.Location`; ``step``: a ``--step`` option, which a step folder named in
+    RUN must agree with. A local location that does not exist is a one-line error (CheckpointNotFoundError)."""
+    from worldpipe.checkpoint.layout import Location, resolve_location
+
+    given = [v for v in (getattr(args, "run", None), getattr(args, "checkpoints", None)) if v]
+    ctx = click.get_current_context(silent=True)
+    if len(given) != 1:
+        raise click.UsageError(f"give RUN once ({RUN_HELP}): as an argument or as --checkpoints RUN" if given
+                               else f"missing RUN ({RUN_HELP})", ctx)
+    where = resolve_location(given[0])
+    if "://" not in where.root and not os.path.isdir(where.root):
+        from worldpipe.checkpoint.errors import CheckpointNotFoundError
+
+        raise CheckpointNotFoundError(f"{given[0]}: no such directory (RUN: {RUN_HELP})")
+    if step is not None and where.step is not None and step != where.step:
+        raise click.UsageError(f"RUN {given[0]} is step {where.step}, --step says {step}: give one of them", ctx)
+    return Location(where.root, where.step if step is None else step)
+
+
+def pin_recorded_numerics(where) -> None:
+    """Pin the numerics config recorded with the checkpoint at ``where`` (a resolved location: its step, else
+    the newest) in this process, so a portable run is evaluated or served on its own code paths
+    (:mod:`worldpipe.core.numerics`)."""
+    from worldpipe.checkpoint.layout import latest_identity, step_identity
     from worldpipe.core import numerics
 
-    numerics.pin(latest_identity(checkpoints).get("config", {}).get("numerics"))
+    identity = latest_identity(where.root) if where.step is None else step_identity(where.root, where.step)
+    numerics.pin(identity.get("config", {}).get("numerics"))
 
 
 def group(name: str, help_text: str) -> click.Group:
@@ -67,3 +111,32 @@ def _short(help_text: str) -> str:
     """The one-line summary `worldpipe GROUP --help` lists: the help's first paragraph, as a phrase."""
     first = help_text.split("\n\n", 1)[0].rstrip(".")
     return first[:1].lower() + first[1:]
+
+
+def run_click(command: click.Command, argv: list[str], prog: str) -> int:
+    """Run a click command (the whole tree, or one benchmark as a script); its usage errors end as one line
+    (exit 2), its --help exits 0, and the handler's exit status comes back."""
+    try:
+        # Not standalone: the handler's exit status comes back, and errors reach guarded / errors.report.
+        return command.main(argv, prog_name=prog, standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:
+        listed = err.ctx.command.list_commands(err.ctx) if isinstance(err.ctx.command, click.Group) else []
+        print(f"{ERROR_PREFIX}{err.ctx.command_path}: missing command ({', '.join(sorted(listed))}); "
+              f"see `{err.ctx.command_path} --help`", file=sys.stderr)
+        return EXIT_USAGE
+    except click.UsageError as err:
+        where = f"{err.ctx.command_path}: " if err.ctx is not None else ""
+        print(f"{ERROR_PREFIX}{where}{' '.join(err.format_message().split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except click.exceptions.Exit as done:  # --help
+        return done.exit_code
+
+
+def guarded(handler: Callable[[], int | None]) -> int:
+    """``handler()``'s exit status; any error it raises ends as one line (errors.report), never a traceback."""
+    try:
+        return int(handler() or 0)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001 - every error ends as one line (errors.report), never a traceback
+        return report(err, getattr(err, "log_file", None))

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import click
 
-from worldpipe.commands import command, group, pin_recorded_numerics
+from worldpipe.commands import (
+    RUN_HELP,
+    RUN_TEXT,
+    checkpoints_option,
+    command,
+    group,
+    locate,
+    pin_recorded_numerics,
+    run_argument,
+)
 from worldpipe.core.atomic import write_text_atomic
 
 
@@ -16,8 +25,8 @@ def register(cli: click.Group) -> None:
     control = group("control", "plan with a trained model and act in the real environment")
     control.add_command(command("evaluate", _evaluate, "Closed-loop evaluation: the planner acting with the run's "
                                 "model on held-out seeds, beside random, the behaviour policy and the planner with "
-                                "the true simulator.", [
-        click.Option(["--checkpoints"], required=True, help="checkpoint directory of the run"),
+                                f"the true simulator.\n\n{RUN_TEXT}", [
+        run_argument(required=False), checkpoints_option(),
         click.Option(["--env-id"], required=True, help="Gymnasium env the model was trained on"),
         click.Option(["--behaviour-policy"], required=True, help="policy that collected the training data"),
         click.Option(["--max-steps"], type=int, default=200, show_default=True, help="steps per episode"),
@@ -38,16 +47,18 @@ def register(cli: click.Group) -> None:
         click.Option(["--no-tracking"], is_flag=True, help="do not log to MLflow"),
     ]))
     control.add_command(command("rerun", _rerun, "Repeat a recorded closed-loop evaluation from its metrics JSON "
-                                "and compare bit for bit (exit 1 on any difference).", [
-        click.Argument(["record"]),
-        click.Option(["--checkpoints"], required=True, help="checkpoint directory of the evaluated run"),
+                                "and compare bit for bit (exit 1 on any difference).\n\nRECORD: the metrics JSON of "
+                                f"`worldpipe control evaluate`. RUN: the evaluated run, {RUN_HELP} (the step is the "
+                                "record's; a step folder must be that one).", [
+        click.Argument(["record"]), run_argument(required=False), checkpoints_option(),
         click.Option(["--out"], help="write the repeated evaluation's JSON here"),
     ]))
     cli.add_command(control)
 
 
 def _evaluate(args) -> int:
-    pin_recorded_numerics(args.checkpoints)  # the evaluated run's code paths, before torch computes
+    where = locate(args)
+    pin_recorded_numerics(where)  # the evaluated run's code paths, before torch computes
     from worldpipe.config.paths import conf_dir
     from worldpipe.control.evaluation import ControlSettings, evaluate_control, planner_config
 
@@ -57,12 +68,12 @@ def _evaluate(args) -> int:
     gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
     if args.pictures:
         Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model
-    result = evaluate_control(args.checkpoints, settings, gif=gif)
+    result = evaluate_control(where.root, settings, step=where.step, gif=gif)
     _write(result, args.out, args.plot, args.loop_plot)
     _print_summary(result)
     if args.no_tracking:
         return 0
-    return _track(result, args)
+    return _track(result, args, where.root)
 
 
 def _write(result: dict, out: str, plot: str | None, loop_plot: str | None) -> None:
@@ -89,11 +100,11 @@ def _print_summary(result: dict) -> None:
         print(f"over HTTP the planner takes the in-process actions: {result['http_takes_the_in_process_actions']}")
 
 
-def _track(result: dict, args) -> int:
+def _track(result: dict, args, root: str) -> int:
     from worldpipe.control.record import record_control
 
     try:
-        where = record_control(result, args.checkpoints, args.tracking_uri,
+        where = record_control(result, root, args.tracking_uri,
                                [p for p in (args.out, args.plot, args.loop_plot, *result.get("pictures", [])) if p])
     except Exception as err:  # noqa: BLE001 - any MLflow failure: one line, the files are written
         print(f"error: logging the control evaluation to MLflow failed ({type(err).__name__}: {err}); {args.out} "
@@ -111,10 +122,14 @@ def _rerun(args) -> int:
         record = json.loads(Path(args.record).read_text())
     except (OSError, ValueError) as err:
         raise UserError(f"{args.record}: not a readable control evaluation record ({err})") from None
-    pin_recorded_numerics(args.checkpoints)
+    try:
+        where = locate(args, int(record["checkpoint_step"]))  # the recorded step; a step folder must be that one
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{args.record}: no checkpoint_step (not a control evaluation record)") from None
+    pin_recorded_numerics(where)
     from worldpipe.control.evaluation import rerun_control
 
-    result, differences = rerun_control(args.checkpoints, record)
+    result, differences = rerun_control(where.root, record)
     if args.out:
         write_text_atomic(Path(args.out), json.dumps(result, indent=1))
     if differences:

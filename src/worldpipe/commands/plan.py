@@ -1,4 +1,8 @@
-"""`worldpipe plan experiment=... world_size=N [memory_mb=M] [--json]`: predict and rank the parallel layouts."""
+"""`worldpipe plan experiment=... world_size=N [memory_mb=M] [--json]`: predict and rank the parallel layouts.
+
+The world size has the training key's spelling too: ``parallel.nproc_per_node=N`` (times ``parallel.nnodes``, 1 by
+default), as ``worldpipe train`` and the pipeline config's ``train.nproc_per_node`` give it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from worldpipe.core.provenance import PROJECT_ROOT
 
 def register(cli: click.Group) -> None:
     cli.add_command(command("plan", _plan, "Predict per-rank memory and communication of every layout in "
-                            "conf/parallel/.\n\nOVERRIDES: world_size=N (required), memory_mb=M, and Hydra "
+                            "conf/parallel/.\n\nOVERRIDES: world_size=N (required; or training's spelling, "
+                            "parallel.nproc_per_node=N [parallel.nnodes=K]: N*K ranks), memory_mb=M, and Hydra "
                             "overrides (experiment=...).", [
         click.Option(["--json"], is_flag=True, help="print the predictions as JSON"),
         click.Option(["--env"], default="Pendulum-v1", show_default=True,
@@ -20,23 +25,36 @@ def register(cli: click.Group) -> None:
         overrides()], pass_on=True))
 
 
+WORLD_KEYS = ("world_size", "parallel.nproc_per_node", "parallel.nnodes")
+
+
 def _split(overrides: list[str]) -> tuple[int, float | None, list[str]]:
+    """(world size, memory budget in MB, the Hydra overrides left) of the command's ``key=value`` arguments."""
     from worldpipe.core.errors import UsageError
 
-    world, budget, rest = None, None, []
+    sizes: dict[str, int] = {}
+    budget, rest = None, []
     for item in overrides:
         key, _, value = item.partition("=")
         try:
-            if key == "world_size":
-                world = int(value)
+            if key in WORLD_KEYS:
+                sizes[key] = int(value)
             elif key == "memory_mb":
                 budget = float(value)
             else:
                 rest.append(item)
         except ValueError:
             raise UsageError(f"argument '{key}': expected a number, got {value!r}") from None
+    world = sizes.get("world_size")
+    if "parallel.nproc_per_node" in sizes:  # training's spelling: ranks per node times nodes
+        ranks = sizes["parallel.nproc_per_node"] * sizes.get("parallel.nnodes", 1)
+        if world is not None and world != ranks:
+            raise UsageError(f"argument 'world_size': {world}, but parallel.nproc_per_node x parallel.nnodes is "
+                             f"{ranks}: give one of them")
+        world = ranks
     if world is None or world < 1:
-        raise UsageError("argument 'world_size': required, a positive integer (world_size=4)")
+        raise UsageError("argument 'world_size': required, a positive integer (world_size=4, or training's "
+                         "parallel.nproc_per_node=4)")
     return world, budget, rest
 
 

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import click
 
-from worldpipe.commands import command, handled, pin_recorded_numerics
+from worldpipe.commands import (
+    RUN_TEXT,
+    checkpoints_option,
+    command,
+    handled,
+    locate,
+    pin_recorded_numerics,
+    run_argument,
+)
 from worldpipe.core.atomic import write_text_atomic
 
 
@@ -24,8 +32,8 @@ def register(cli: click.Group) -> None:
         short_help="train under torchrun: a Hydra app (trainer.steps=100, --cfg job, --help, -m)", options_metavar="",
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}))
     cli.add_command(command("evaluate", _evaluate, "Open-loop prediction error vs the repeat-last-observation "
-                            "baseline.", [
-        click.Option(["--checkpoints"], required=True, help="checkpoint directory of the run"),
+                            f"baseline.\n\n{RUN_TEXT}", [
+        run_argument(required=False), checkpoints_option(),
         click.Option(["--store"], required=True, help="held-out trajectory store (path or URL)"),
         click.Option(["--manifest"], required=True, help="held-out dataset manifest.json"),
         click.Option(["--context"], type=int, default=8, show_default=True, help="context steps"),
@@ -72,42 +80,44 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    pin_recorded_numerics(args.checkpoints)  # the evaluated run's code paths, before torch computes
+    where = locate(args)
+    pin_recorded_numerics(where)  # the evaluated run's code paths, before torch computes
     from worldpipe.evaluate.open_loop import evaluate, plot_error_vs_horizon
 
     with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:
         predictions = args.predictions or str(Path(tmp) / "predictions.npz")
-        result = evaluate(args.checkpoints, args.store, args.manifest, args.context, args.horizon, predictions)
+        result = evaluate(where.root, args.store, args.manifest, args.context, args.horizon, predictions, where.step)
         write_text_atomic(Path(args.out), json.dumps(result, indent=2))
         if args.plot:
             plot_error_vs_horizon(result, args.plot)
-        pictures = _pictures(args, predictions)
+        pictures = _pictures(args, where.root, result["checkpoint_step"], predictions)
         print(f"one-step MSE ratio (model / repeat-last): {result['one_step_ratio']:.4f} "
               f"over {result['segments']} segments")
         if "pixel_ratio" in result:
             print(f"pixel MSE ratio (model / repeat-last frame): horizon 1 {result['pixel_ratio'][0]:.4f}, "
                   f"horizon {result['horizon']} {result['pixel_ratio'][-1]:.4f}")
         if not args.no_tracking:
-            return _track_evaluation(args, result, predictions, pictures)
+            return _track_evaluation(args, where.root, result, predictions, pictures)
     return 0
 
 
-def _pictures(args, predictions: str) -> dict[str, str]:
-    """Draw the pictures (``--pictures``) from the predictions file; {name: path} of the files written."""
+def _pictures(args, root: str, step: int, predictions: str) -> dict[str, str]:
+    """Draw the pictures (``--pictures``) of checkpoint ``step`` from the predictions file; {name: path} of the
+    files written."""
     if not args.pictures:
         return {}
     from worldpipe.evaluate.open_loop import load_model
     from worldpipe.evaluate.pictures import write_pictures
 
-    model, _ = load_model(args.checkpoints)
+    model, _ = load_model(root, step)
     return {path.stem: str(path) for path in write_pictures(model, predictions, args.context, args.pictures)}
 
 
-def _track_evaluation(args, result: dict, predictions: str, pictures: dict[str, str]) -> int:
+def _track_evaluation(args, root: str, result: dict, predictions: str, pictures: dict[str, str]) -> int:
     from worldpipe.evaluate.record import EvaluationInputs, record_evaluation
 
     files = {"metrics": args.out, **({"plot": args.plot} if args.plot else {}), **pictures}
-    inputs = EvaluationInputs(args.checkpoints, args.store, args.manifest, files, predictions)
+    inputs = EvaluationInputs(root, args.store, args.manifest, files, predictions)
     try:
         recorded = record_evaluation(result, inputs, args.tracking_uri, args.register_as)
     except Exception as err:  # noqa: BLE001 - any MLflow failure: one line, the files are written

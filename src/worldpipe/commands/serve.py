@@ -1,4 +1,4 @@
-"""`worldpipe serve CHECKPOINT_DIR` (HTTP rollout service) and `worldpipe rollout CHECKPOINT` (one request)."""
+"""`worldpipe serve RUN` (HTTP rollout service) and `worldpipe rollout RUN` (one request)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from worldpipe.commands import command, pin_recorded_numerics
+from worldpipe.commands import RUN_HELP, command, locate, pin_recorded_numerics, run_argument
 
 
 def register(cli: click.Group) -> None:
@@ -16,9 +16,9 @@ def register(cli: click.Group) -> None:
         return click.Option([name], type=kind, default=default, show_default=True, help=help_text)
 
     cli.add_command(command("serve", _serve, "Serve imagination rollouts of the newest loadable checkpoint over "
-                            "HTTP.\n\nCHECKPOINT_DIR: checkpoints/ of a run, resolved once at start (or one "
-                            "step-NNNNNN directory).", [
-        click.Argument(["checkpoint_dir"]),
+                            f"HTTP.\n\nRUN: {RUN_HELP}; resolved once at start (without a step: the newest "
+                            "loadable step, and newer ones of the same run with --poll-s or POST /reload).", [
+        run_argument(),
         opt("--host", str, "127.0.0.1"),
         opt("--port", int, 8000, "0 picks a free port (see --port-file)"),
         click.Option(["--port-file"], help="write the bound port here once listening"),
@@ -36,9 +36,8 @@ def register(cli: click.Group) -> None:
         click.Option(["--heldout-manifest"], help="its manifest.json (as `worldpipe evaluate --manifest`)"),
     ], short="serve imagination rollouts of the newest loadable checkpoint over HTTP"))
     cli.add_command(command("rollout", _rollout, "Imagine one trajectory from a checkpoint (JSON request in, JSON "
-                            "out).\n\nCHECKPOINT: checkpoints/ of a run (newest loadable) or one step-NNNNNN "
-                            "directory.", [
-        click.Argument(["checkpoint"]),
+                            f"out).\n\nRUN: {RUN_HELP} (without a step: the newest loadable step).", [
+        run_argument(),
         click.Option(["--request"], required=True, help="JSON file with context.obs, context.action, actions, "
                                                         "sampling, rng (as POST /rollout)"),
         click.Option(["--out"], help="write the result JSON here (default: stdout)"),
@@ -62,11 +61,17 @@ def _config(args):
 
 
 def _serve(args) -> int:
-    pin_recorded_numerics(args.checkpoint_dir)  # the served run's code paths, before torch computes
-    import torch
-
     from worldpipe.checkpoint import CheckpointError
     from worldpipe.core.errors import EXIT_USAGE, one_line
+
+    try:
+        where = locate(args)
+    except CheckpointError as err:  # nothing to serve at RUN: the argument is what must change
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    pin_recorded_numerics(where)  # the served run's code paths, before torch computes
+    import torch
+
     from worldpipe.rollout.http.server import serve
 
     try:
@@ -81,8 +86,8 @@ def _serve(args) -> int:
     heldout = (args.heldout_store, args.heldout_manifest) if args.heldout_store else None
     torch.set_num_threads(args.threads)
     try:
-        return serve(args.checkpoint_dir, args.host, args.port, config, args.port_file, heldout=heldout)
-    except CheckpointError as err:  # nothing to serve in CHECKPOINT_DIR: the argument is what must change
+        return serve(where.path, args.host, args.port, config, args.port_file, heldout=heldout)
+    except CheckpointError as err:  # nothing to serve at RUN: the argument is what must change
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -102,7 +107,7 @@ def _rollout(args) -> int:
         first = err.errors()[0]
         print(f"error: {args.request}: {'.'.join(map(str, first['loc']))}: {first['msg']}", file=sys.stderr)
         return 2
-    service = RolloutService(args.checkpoint, ServiceConfig(poll_s=3600))
+    service = RolloutService(locate(args).path, ServiceConfig(poll_s=3600))
     try:
         result = service.rollout(as_matrix(body.context.obs, ("context", "obs")),
                                  as_matrix(body.context.action, ("context", "action")),

@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
+from worldpipe.checkpoint.layout import Location
 from worldpipe.control.dynamics import ControlError, LearnedDynamics, ServedDynamics, true_simulator
 from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_episode
 from worldpipe.control.planners import Planner
@@ -200,7 +201,7 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
                   for name in CONTENDERS}
     if settings.http_episodes > 0:
-        with served_model(checkpoints) as url:
+        with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here
             contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
                                                        pixel_size_of(model), url)
     result = control_result(settings, identity, digest, run_seed, contenders)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from worldpipe.checkpoint.layout import latest_identity
+from worldpipe.checkpoint.layout import step_identity
 from worldpipe.evaluate.logged_model import find_logged_model
 from worldpipe.evaluate.record import recorded_run_id
 from worldpipe.tracking.control import log_control
@@ -22,7 +22,7 @@ def record_control(result: dict[str, Any], checkpoints: str, uri: str | None, fi
         log.warning("the checkpoint records no MLflow run (training ran without tracking); nothing logged")
         return None
     fail_fast_over_http()
-    identity = latest_identity(checkpoints)
+    identity = step_identity(checkpoints, int(result["checkpoint_step"]))  # the step evaluated
     uri = resolve_tracking_uri(uri or identity.get("config", {}).get("tracking", {}).get("uri"))
     model_id = find_logged_model(uri, run_id, result["checkpoint_digest"])
     return log_control(uri, run_id, result, files, model_id)

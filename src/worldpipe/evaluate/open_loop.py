@@ -62,14 +62,15 @@ def segment_episodes(lengths: np.ndarray, length: int) -> np.ndarray:
 
 
 def evaluate(checkpoint_dir: str, store_url: str, manifest_path: str, context: int, horizon: int,
-             predictions_out: str | Path | None = None) -> dict:
+             predictions_out: str | Path | None = None, step: int | None = None) -> dict:
     """Per-horizon MSE of model and baseline (raw observation units) and their ratio.
 
     ``predictions_out``: also write the inputs and the predicted trajectories (npz: obs, action, predicted).
+    ``step``: the checkpoint evaluated (default: the newest loadable).
     """
     manifest = load_manifest(manifest_path)
     store = TrajectoryStore.open(store_url, manifest=manifest)
-    model, identity = load_model(checkpoint_dir)
+    model, identity = load_model(checkpoint_dir, step)
     episodes = store.read_episodes(0, store.num_episodes)
     obs, action = heldout_segments(episodes, context + horizon, model.observation_key)
     obs_t, action_t = torch.from_numpy(obs), torch.from_numpy(action)  # [N,C+H,O], [N,C+H,A]

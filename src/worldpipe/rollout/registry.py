@@ -26,7 +26,7 @@ from worldpipe.checkpoint import (
     CheckpointNotFoundError,
     state_digest,
 )
-from worldpipe.checkpoint.layout import parse_step_dir
+from worldpipe.checkpoint.layout import resolve_location
 from worldpipe.checkpoint.loadable import step_problems
 from worldpipe.models import WorldModel
 from worldpipe.models.restore import restore_model
@@ -75,13 +75,6 @@ class ServedModel:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def split_checkpoint_path(path: str | Path) -> tuple[Path, int | None]:
-    """(checkpoint root, step) for a root directory or one ``step-NNNNNN`` directory inside it."""
-    path = Path(path)
-    step = parse_step_dir(path.name)
-    return (path.parent, step) if step is not None else (path, None)
-
-
 def load_served_model(root: Path, step: int, device: str = "cpu", manager: CheckpointManager | None = None
                       ) -> ServedModel:
     """Load and verify (sha256 of every file) checkpoint ``step`` under ``root`` as a servable model.
@@ -115,8 +108,8 @@ class ModelRegistry:
     """The models a server holds: the newest loadable checkpoint of a directory plus versions still pinned."""
 
     def __init__(self, checkpoint_path: str | Path, device: str = "cpu") -> None:
-        root, self.fixed_step = split_checkpoint_path(checkpoint_path)
-        self.root = root.resolve()  # pinned to the run `latest` names now, whatever `latest` names later
+        root, self.fixed_step = resolve_location(checkpoint_path)  # a run, its checkpoints/ or one step
+        self.root = Path(root).resolve()  # pinned to the run `latest` names now, whatever `latest` names later
         self.device = device
         self._lock = threading.Lock()
         self._models: dict[str, ServedModel] = {}
