@@ -10,7 +10,7 @@ import click
 
 from worldpipe.commands import bench, ckpt, data, plan, rerun, run, runs, serve, sweep, tracking, train
 from worldpipe.core.errors import DEBUG_ENV, ERROR_PREFIX, EXIT_USAGE, report
-from worldpipe.core.process_exit import exit_now
+from worldpipe.core.process_exit import exit_process
 
 # MLflow prints "View run NAME at: URL" whenever a run ends on a server; that URL opens the UI's GenAI layout.
 # Every command prints its own links instead (worldpipe.tracking.links: the Model training view).
@@ -81,13 +81,13 @@ def _guarded(handler) -> int:
 
 
 def run() -> None:
-    """The `worldpipe` console script: :func:`main`, then the process ends without the interpreter's teardown
-    of the modules it imported (:mod:`worldpipe.core.process_exit`; torch's alone is half a second)."""
+    """The `worldpipe` console script: :func:`main`, then the interpreter's exit without its final collections
+    over every object the command made (:mod:`worldpipe.core.process_exit`)."""
     try:
         status = main()
     except SystemExit as done:
         status = done.code
-    exit_now(status)
+    exit_process(status)
 
 
 if __name__ == "__main__":

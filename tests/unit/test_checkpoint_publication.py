@@ -70,7 +70,7 @@ def test_full_and_sharded_saves_pass_the_same_phases_seen_the_same_way(one_rank_
         phases: list = []
         with contextlib.ExitStack() as hooks:
             for phase in PHASES:
-                hooks.enter_context(hooked(phase, lambda step, phase=phase, root=root:
+                hooks.enter_context(hooked(phase, lambda step, phase=phase, root=root, phases=phases:
                                            phases.append((phase, step, _seen(root)))))
             save(3)
         seen[kind] = phases

@@ -76,9 +76,10 @@ class ShardedSaver:
         progress, sampler, identity and ``rng`` (every rank's, gathered by the caller). If any rank fails, every
         rank raises CheckpointWriteError and the previous checkpoint stays ``latest``.
 
-        Sync: returns once durable and ``latest`` names it. Async: returns after the snapshot (the copy of what ``optimizer.step()``
-        writes continues in the background when ``optimizer`` is given). ``wait`` (every rank alike): publish on
-        this thread, as a sync save does (a final save is waited for anyway; see CheckpointManager.save).
+        Sync: returns once durable and ``latest`` names it. Async: returns after the snapshot (the copy of what
+        ``optimizer.step()`` writes continues in the background when ``optimizer`` is given). ``wait`` (every rank
+        alike): publish on this thread, as a sync save does (a final save is waited for anyway; see
+        CheckpointManager.save).
         """
         layout.step_dir_name(step)
         if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):
@@ -232,7 +233,8 @@ def _problem(exc: Exception) -> str:
     return f"{exc.path}: {exc.cause}" if isinstance(exc, CheckpointWriteError) else str(exc)
 
 
-def _write_own(publication: Publication, rank: int, local: shards.LocalShards) -> tuple[FileRecord | None, str | None]:
+def _write_own(publication: Publication, rank: int,
+               local: shards.LocalShards) -> tuple[FileRecord | None, str | None]:
     """This rank's shard file (None when it holds no piece), or the problem that stopped it."""
     if not local.local:
         return None, None
@@ -268,7 +270,9 @@ def _commit(publication: Publication, local: shards.LocalShards, gathered: list,
         records += publication.write([PendingFile(shards.INDEX_FILE, [json_bytes(index)])])
     except Exception as exc:
         publication.discard()
-        return exc if isinstance(exc, CheckpointWriteError) else CheckpointWriteError(step, publication.writer.path(), exc)
+        if isinstance(exc, CheckpointWriteError):
+            return exc
+        return CheckpointWriteError(step, publication.writer.path(), exc)
     contents[shards.CONTENTS_KEY] = {"index": shards.INDEX_FILE, "world_size": len(gathered),
                                      "files": sorted(r.path for r, _, _ in gathered if r is not None)}
     try:
