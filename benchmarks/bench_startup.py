@@ -73,7 +73,7 @@ SPANS = {
     "launcher_start": "interpreter + CLI imports",
     "config_composed": "config composition, validation, resume preflight",
     "torchrun_spawned": "launcher bookkeeping",
-    "torchrun_main": "torchrun start (a fork of the launcher: torch is imported already)",
+    "torchrun_main": "torchrun start (a fresh interpreter: imports torch)",
     "worker_process_start": "rendezvous + worker interpreter spawn",
     "train_imported": "training imports",
     "train_start": "worker config composition (hydra.main)",

@@ -26,7 +26,7 @@ from worldpipe.commands import (
     train,
 )
 from worldpipe.core.errors import DEBUG_ENV
-from worldpipe.core.process_exit import exit_now
+from worldpipe.core.process_exit import exit_process
 
 # MLflow prints "View run NAME at: URL" whenever a run ends on a server; that URL opens the UI's GenAI layout.
 # Every command prints its own links instead (worldpipe.tracking.links: the Model training view).
@@ -79,7 +79,7 @@ def run() -> None:
         status = main()
     except SystemExit as done:
         status = done.code
-    exit_now(status)
+    exit_process(status)
 
 
 if __name__ == "__main__":

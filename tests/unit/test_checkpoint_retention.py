@@ -2,7 +2,7 @@
 
 import pytest
 
-from worldpipe.checkpoint.retention import select_deletions
+from worldpipe.checkpoint.manager import select_deletions
 
 
 def _all_intact(_step):

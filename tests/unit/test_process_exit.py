@@ -1,5 +1,6 @@
-"""worldpipe.core.process_exit.exit_now: the end of a process without module teardown still joins its threads,
-runs its atexit handlers and flushes what it printed; the status is what sys.exit would give."""
+"""worldpipe.core.process_exit.exit_process: the end of a process without the final collections over its
+objects still joins its threads, runs its atexit handlers and flushes what it printed; the status is what
+sys.exit would give."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import textwrap
 
 PROGRAM = textwrap.dedent("""
     import atexit, sys, threading, time
-    from worldpipe.core.process_exit import exit_now
+    from worldpipe.core.process_exit import exit_process
 
     def late_write():
         time.sleep(0.3)
@@ -18,7 +19,7 @@ PROGRAM = textwrap.dedent("""
     threading.Thread(target=late_write).start()
     atexit.register(lambda: open(sys.argv[1] + "/atexit", "w").write("ran"))
     sys.stdout.write("buffered, not yet flushed")
-    exit_now(eval(sys.argv[2]))
+    exit_process(eval(sys.argv[2]))
 """)
 
 

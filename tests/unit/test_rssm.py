@@ -1,5 +1,8 @@
 """The RSSM: shapes, masking, determinism, and that it can learn."""
 
+import copy
+import functools
+
 import pytest
 import torch
 
@@ -80,10 +83,25 @@ def test_learns_a_linear_system_better_than_repeating():
     assert model_err < 0.5 * baseline_err
 
 
+def _filter_by_modules(model, embed, action, noise):
+    """The filter as the RSSM's modules define it, one module call per step, recorded by autograd op by op: the
+    oracle the fused core (its forward and its hand-written backward through time) is held to."""
+    h, z = model.initial_state(embed)
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("h", "z", "post_mean", "post_std")}
+    for t in range(embed.shape[1]):
+        if t > 0:
+            h = model.transition(h, z, action[:, t - 1])
+        mean, std = model._gaussian(model.posterior_head(torch.cat([h, embed[:, t]], dim=-1)))
+        z = mean + std * noise[:, t]
+        for key, value in zip(out, (h, z, mean, std), strict=True):
+            out[key].append(value)
+    return {key: torch.stack(values, dim=1) for key, values in out.items()}
+
+
 def _loss_and_grads(model, batch, by_modules: bool):
-    """Loss terms and parameter gradients, the core run by the fused function or module by module."""
-    if by_modules:  # the path torch.compile and FSDP2 take: every layer recorded by autograd
-        model._filter = model._filter_by_modules
+    """Loss terms and parameter gradients, the core run by the fused function or by the modules (the oracle)."""
+    if by_modules:
+        model._filter = functools.partial(_filter_by_modules, model)
     try:
         model.zero_grad(set_to_none=True)
         sums = model(*batch)
@@ -206,3 +224,22 @@ def test_without_a_compiler_one_warning_line_and_the_same_bits(tmp_path):
     warning = without.stderr.strip().splitlines()
     assert len(warning) == 1 and "compiled filter_core is unavailable" in warning[0], without.stderr
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_under_fsdp2_the_fused_filter_runs_on_whole_weights_to_the_same_bits(one_rank_group):
+    # The filter's layers stay in the root's unit (RSSM.whole_in_forward), so FSDP2 trains the one fused path:
+    # on one rank, the same loss and gradients as the plain model, bit for bit.
+    from worldpipe.parallel.fsdp_units import fully_shard_units
+
+    torch.manual_seed(0)
+    plain = RSSM.from_config(3, 1, CFG)
+    sharded = fully_shard_units(copy.deepcopy(plain), None)
+    batch = _batch(b=4, t=7)
+    losses = []
+    for model in (plain, sharded):
+        sums = model(*batch)
+        (sums["total"] + 0.3 * sums["kl"]).backward()
+        losses.append(sums["total"].detach())
+    assert torch.equal(*losses)
+    for (name, a), b in zip(plain.named_parameters(), sharded.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad.full_tensor()), name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +16,11 @@ from . import fault, layout
 from .codec import PendingFile, decode_state, encode_state, files_for_keys
 from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
-from .errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError, load_error_line
+from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_line
 from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
+from .publication import publish
 from .resharding import is_sharded, lazy_state
-from .retention import select_deletions
 from .state import snapshot_state, validate_state
 from .stores import Store, open_store
 from .structure import tensor_table
@@ -197,13 +197,7 @@ class CheckpointManager:
 
     def _publish(self, step: int, prepared: _Prepared) -> None:
         with self.store.writer_lock(step), fault.publishing(step):
-            try:
-                removed = self.store.remove_leftovers()
-            except OSError as exc:
-                raise CheckpointWriteError(step, self.root, f"cannot remove leftovers: {exc}") from exc
-            for path in removed:
-                logger.warning("removed leftover of an interrupted save or deletion: %s", path)
-            self.store.publish(step, prepared.files, prepared.contents, prepared.identity, prepared.tensors)
+            publish(self.store, step, prepared.files, prepared.contents, prepared.identity, prepared.tensors)
             self.retain_after(step)
 
     def retain_after(self, step: int) -> None:
@@ -377,6 +371,31 @@ class CheckpointManager:
         if full and only is None:
             self._mark_verified(step, manifest)
         return state, []
+
+
+def select_deletions(steps: Iterable[int], current: int, keep_last: int, keep_every: int | None,
+                     is_intact: Callable[[int], bool]) -> list[int]:
+    """Steps to delete after ``current`` was published.
+
+    Kept: ``current``; the ``keep_last - 1`` newest older steps that are intact (so ``keep_last`` intact
+    checkpoints remain to fall back on); older steps that are multiples of ``keep_every``; and every step newer
+    than ``current`` (those belong to a run that was resumed from an earlier step; deleting them is not
+    retention's call). Everything else older than ``current`` is deleted, oldest first.
+    """
+    if keep_last < 1:
+        raise ValueError("keep_last must be >= 1")
+    older = sorted((s for s in set(steps) if s < current), reverse=True)
+    keep: set[int] = set()
+    remaining = keep_last - 1
+    for step in older:
+        if remaining <= 0:
+            break
+        if is_intact(step):
+            keep.add(step)
+            remaining -= 1
+    if keep_every:
+        keep.update(s for s in older if s % keep_every == 0)
+    return sorted(s for s in older if s not in keep)
 
 
 def checkpoint_digest(root: str | os.PathLike, step: int | None = None,

@@ -20,7 +20,6 @@ from .codec import decode_state
 from .errors import CheckpointCorruptError, load_error_line
 from .manifest import check_sizes
 from .stage_state import restrict_optimizer
-from .stores import PosixStore
 
 _OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
 
@@ -41,13 +40,8 @@ class StepFiles:
     def load(self, relpath: str) -> Any:
         """A tensor file (``weights_only``), memory-mapped on POSIX stores."""
         if relpath not in self._opened:
-            store = self.manager.store
             try:
-                if isinstance(store, PosixStore):
-                    self._opened[relpath] = torch.load(store.local_path(self.step, relpath), map_location="cpu",
-                                                       weights_only=True, mmap=True)
-                else:
-                    self._opened[relpath] = store.load_torch(self.step, relpath, "cpu")
+                self._opened[relpath] = self.manager.store.load_torch(self.step, relpath, "cpu", mmap=True)
             except Exception as exc:  # a damaged file that passed the size check
                 raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
         return self._opened[relpath]

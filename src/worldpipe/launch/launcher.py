@@ -16,8 +16,7 @@ workers load that record (:mod:`worldpipe.launch.worker`), they do not compose i
 
 torchrun and its workers die with this launcher (:mod:`worldpipe.launch.lifeline`); torchrun's stderr is relayed so
 that a failure ends as one line (:mod:`worldpipe.launch.relay`). torchrun runs as :mod:`worldpipe.launch.torchrun`, whose
-stores of a loopback rendezvous listen on 127.0.0.1 only, forked from this launcher, which has imported torch
-already (:mod:`worldpipe.launch.forked`).
+stores of a loopback rendezvous listen on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ from worldpipe.core import numerics
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
 from worldpipe.core.last_words import ENV_VAR, LastWords
 from worldpipe.launch import slurm
-from worldpipe.launch.forked import ForkedProcess, start_torchrun
-from worldpipe.launch.lifeline import launcher_environment
+from worldpipe.launch.lifeline import die_with_parent, launcher_environment
 from worldpipe.launch.local_run import record_config, run_in_process, runs_in_process
 from worldpipe.launch.preflight import check_data, checked_config, world_size_of
 from worldpipe.launch.relay import OutputRelay
@@ -194,8 +192,12 @@ def _run_and_relay(cmd: list[str], run_dir: Path, last_words: LastWords) -> int:
     # ignored; the workers install their own handler (PreemptionFlag).
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_IGN)}
     try:
-        proc = start_torchrun(cmd, {**launcher_environment(), ENV_VAR: str(last_words.dir)})
-        mark("torchrun_spawned", forked=isinstance(proc, ForkedProcess), torchrun_pid=proc.pid)
+        # A fresh interpreter, not a fork of this one: this process has torch (and numpy's BLAS threads) loaded,
+        # and a fork copies none of its other threads, only the locks they may hold.
+        env = {**launcher_environment(), ENV_VAR: str(last_words.dir)}
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=die_with_parent)  # noqa: PLW1509 - it only calls prctl (resolved before)
+        mark("torchrun_spawned", torchrun_pid=proc.pid)
     except BaseException:
         signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
         raise

@@ -104,8 +104,7 @@ def main() -> None:
     """Run torchrun with ``sys.argv[1:]``; stores of a loopback rendezvous listen on 127.0.0.1 only."""
     from worldpipe.measure.startup import mark
 
-    # A fork of the launcher starts with torch imported (worldpipe.launch.forked); a fresh interpreter does not.
-    mark("torchrun_main", torch_preloaded="torch" in sys.modules)
+    mark("torchrun_main")
     install_loopback_stores()
     from torch.distributed.run import main as torchrun_main
 
@@ -114,8 +113,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Finished with every worker gone: skip the interpreter's teardown of torch (worldpipe.core.process_exit). A
-    # failure raises out of main() above and ends as torchrun's own would.
-    from worldpipe.core.process_exit import exit_now
+    # Finished with every worker gone: exit without the final collections over torch's objects
+    # (worldpipe.core.process_exit). A failure raises out of main() above and ends as torchrun's own would.
+    from worldpipe.core.process_exit import exit_process
 
-    exit_now(0)
+    exit_process(0)

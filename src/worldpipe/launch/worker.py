@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from worldpipe.core.process_exit import exit_now
+from worldpipe.core.process_exit import exit_process
 from worldpipe.launch.lifeline import bind_worker_to_launcher
 
 USAGE = "usage: python -m worldpipe.launch.worker --config RUN_DIR/hydra/config.yaml"
@@ -34,5 +34,5 @@ if __name__ == "__main__":
     try:
         main()
     except SystemExit as done:  # a failure already reported as one line (worldpipe.core.errors.run_worker_main)
-        exit_now(done.code)
-    exit_now(0)  # without the interpreter's teardown of torch (worldpipe.core.process_exit)
+        exit_process(done.code)
+    exit_process(0)  # without the final collections over torch's objects (worldpipe.core.process_exit)

@@ -69,6 +69,9 @@ class WorldModel(nn.Module):
     loss_terms: ClassVar[tuple[str, ...]] = ("total",)
     #: Partitioning axes the model admits.
     parallel: ClassVar[ParallelSupport] = ParallelSupport()
+    #: Children whose weights the model's own ``forward`` reads outside their forward (a fused kernel takes them):
+    #: FSDP2 leaves them in the root's unit (``parallel.fsdp_units``), so they are whole while ``forward`` runs.
+    whole_in_forward: ClassVar[tuple[str, ...]] = ()
     #: True when the rollout state grows with the horizon (a KV cache), False for a fixed-size state.
     state_grows: ClassVar[bool] = False
     #: Constructor parameters that are sizes or counts (layer widths, latent sizes, heads, layers): each must be

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel, has_dtensor_parameters
+from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
 from worldpipe.models.rssm_filter import CoreWeights, filter_core
 
 
@@ -55,6 +55,9 @@ class RSSM(WorldModel):
     dimensions = ("embed", "deter", "stoch", "hidden")
     # The filter's loops through time run compiled where the extension is built (the same bits either way).
     compiled_core = True
+    # The filter reads these layers' weights (split by input block) outside their forward: FSDP2 keeps them in
+    # the root's unit, whole while forward runs.
+    whole_in_forward = ("cell_input", "cell", "posterior_head")
 
     def __init__(self, obs_dim: int, act_dim: int, embed: int = 64, deter: int = 64, stoch: int = 16,
                  hidden: int = 128, min_std: float = 0.1, kl_scale: float = 1.0, free_nats: float = 0.5,
@@ -116,12 +119,17 @@ class RSSM(WorldModel):
     def _filter(self, embed: torch.Tensor, action: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
         """The sequential core: h_t = GRU(h_{t-1}, [z_{t-1}, a_{t-1}]), z_t ~ q(z_t | h_t, e_t); [B,T,...] each.
 
-        Eagerly, one autograd function steps through time forward and backward
-        (:mod:`worldpipe.models.rssm_filter`). Under ``torch.compile``, or when the layers' parameters live
-        sharded outside their own forward (FSDP2), the same recurrence runs layer by layer through the modules.
+        One autograd function steps through time forward and backward (:mod:`worldpipe.models.rssm_filter`),
+        on the layers' weights: under FSDP2 they are whole here (:attr:`whole_in_forward`). Under torch.compile it
+        runs eagerly, a graph break: its loops are compiled C++ already, and T unrolled steps would only cost
+        compile time. (Wrapped here, not where it is defined: ``torch.compiler.disable`` imports dynamo, seconds
+        that a process which never compiles must not pay.)
         """
-        if torch.compiler.is_compiling() or has_dtensor_parameters(self.cell):
-            return self._filter_by_modules(embed, action, noise)
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(self._fused_filter)(embed, action, noise)
+        return self._fused_filter(embed, action, noise)
+
+    def _fused_filter(self, embed: torch.Tensor, action: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
         stoch, deter = self.cfg.stoch, self.cfg.deter
         cell_in, post = self.cell_input[0], self.posterior_head
         # The first layers of the cell input ([z, a]) and of the posterior head ([h, e]) are split by input
@@ -136,20 +144,6 @@ class RSSM(WorldModel):
                              self.compiled_core)
         return {key: value.transpose(0, 1) for key, value in zip(("h", "z", "post_mean", "post_std"), states,
                                                                   strict=True)}
-
-    def _filter_by_modules(self, embed: torch.Tensor, action: torch.Tensor,
-                           noise: torch.Tensor) -> dict[str, torch.Tensor]:
-        """:meth:`_filter` one module call at a time (recorded by autograd op by op)."""
-        h, z = self.initial_state(embed)
-        out: dict[str, list[torch.Tensor]] = {k: [] for k in ("h", "z", "post_mean", "post_std")}
-        for t in range(embed.shape[1]):
-            if t > 0:
-                h = self.transition(h, z, action[:, t - 1])
-            mean, std = self._gaussian(self.posterior_head(torch.cat([h, embed[:, t]], dim=-1)))
-            z = mean + std * noise[:, t]
-            for key, value in zip(out, (h, z, mean, std), strict=True):
-                out[key].append(value)
-        return {key: torch.stack(values, dim=1) for key, values in out.items()}
 
     def decode(self, h: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted observation [...,O] and reward [...] from the latent state."""

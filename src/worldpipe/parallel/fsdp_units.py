@@ -8,8 +8,12 @@ from torch import nn
 
 
 def fsdp_units(module: nn.Module):
-    """The modules FSDP2 wraps as units below the root: parameterized children, ModuleList entries each."""
-    for child in module.children():
+    """The modules FSDP2 wraps as units below the root: parameterized children, ModuleList entries each, except
+    the children a model reads whole in its own forward (``WorldModel.whole_in_forward``: they stay with it)."""
+    whole = set(getattr(module, "whole_in_forward", ()))
+    for name, child in module.named_children():
+        if name in whole:
+            continue
         if isinstance(child, nn.ModuleList):
             yield from fsdp_units(child)
         elif any(p.requires_grad for p in child.parameters()):

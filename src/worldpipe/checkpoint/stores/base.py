@@ -1,18 +1,57 @@
-"""The interface a place that holds checkpoints offers the manager (docs/architecture.md, "Publication protocol").
+"""The interface a place that holds checkpoints offers (docs/architecture.md, "Publication protocol").
 
 Two implementations: :class:`worldpipe.checkpoint.stores.posix.PosixStore` (a directory: partial directory,
 fsync, atomic rename) and :class:`worldpipe.checkpoint.stores.object.ObjectStore` (fsspec object stores:
-files first, MANIFEST.json last as the commit marker). Single writer: rank 0 publishes; POSIX stores enforce it
-with a lock file, object stores cannot.
+files first, MANIFEST.json last as the commit marker). A store says how each step of the protocol is done
+(:class:`StepWriter`); the order of the steps is :mod:`worldpipe.checkpoint.publication`'s alone. Single
+writer: rank 0 commits; POSIX stores enforce it with a lock file, object stores cannot.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
-from ..codec import PendingFile
+from ..tensorfile import Segment
+
+
+class StepWriter:
+    """The files of one step on their way into a store, until the step is committed or discarded.
+
+    :mod:`worldpipe.checkpoint.publication` calls these in the protocol's order; every process that writes
+    files of the step holds a writer of the same :attr:`token`, the committing one also stages the manifest and
+    commits. An I/O failure is an ``OSError`` (the protocol reports it as a CheckpointWriteError naming the file).
+    """
+
+    token: str  # names where the step is being written: another rank passes it to Store.step_writer
+
+    def path(self, relpath: str = "") -> str:
+        """Printable location of a file of the step being written (``""``: the step itself), for errors."""
+        raise NotImplementedError
+
+    def create(self) -> None:
+        """Make the place the files go (POSIX: the partial directory; object stores: clear an earlier attempt)."""
+        raise NotImplementedError
+
+    def write(self, relpath: str, segments: list[Segment]) -> Future:
+        """Write one file (it must not exist yet); the future is done once the file is durable."""
+        raise NotImplementedError
+
+    def seal(self, relpaths: Iterable[str]) -> None:
+        """Make the names of these files durable (POSIX: fsync the directories below the step that hold them)."""
+
+    def stage_manifest(self, data: bytes) -> None:
+        """Write ``MANIFEST.json``, after every file is durable (object stores: this PUT is the commit point)."""
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        """Show the step to readers, durably (POSIX: rename into place, fsync the root)."""
+
+    def discard(self) -> None:
+        """Remove what was written of an uncommitted step (never raises: it runs while a failure propagates)."""
+        raise NotImplementedError
 
 
 class Store:
@@ -44,8 +83,9 @@ class Store:
         """SHA-256 of a file of ``step``, read from the store."""
         raise NotImplementedError
 
-    def load_torch(self, step: int, relpath: str, map_location: Any) -> Any:
-        """``torch.load(..., weights_only=True)`` of a file of ``step``."""
+    def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:
+        """``torch.load(..., weights_only=True)`` of a file of ``step``; ``mmap``: memory-mapped where the store
+        holds local files (a reader then touches only the bytes it uses), read whole elsewhere."""
         raise NotImplementedError
 
     def read_json(self, step: int, relpath: str) -> Any:
@@ -56,9 +96,17 @@ class Store:
         """Step named by the ``latest`` pointer, None when absent or unreadable."""
         raise NotImplementedError
 
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
-                tensors: list[dict] | None = None) -> None:
-        """Publish ``files`` as step ``step`` and point ``latest`` at it; raise CheckpointWriteError on failure."""
+    def latest_location(self) -> str:
+        """Printable location of the ``latest`` pointer, for errors."""
+        raise NotImplementedError
+
+    def step_writer(self, step: int, token: str | None = None) -> StepWriter:
+        """A writer of ``step``: a new place to write it (``token`` None: the committing process, before
+        :meth:`StepWriter.create`), or the place another process's writer names by its ``token``."""
+        raise NotImplementedError
+
+    def write_latest(self, name: str) -> None:
+        """Point ``latest`` at the step directory ``name``, atomically and durably."""
         raise NotImplementedError
 
     def remove_leftovers(self) -> list[str]:

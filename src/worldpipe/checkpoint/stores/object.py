@@ -1,5 +1,6 @@
-"""Object-store protocol over fsspec (``memory://``, ``s3://``, ...): no atomic rename, so the files of a step
-are written first and ``MANIFEST.json`` LAST, as the commit marker; readers treat a step without a manifest as
+"""Object stores over fsspec (``memory://``, ``s3://``, ...): how each step of the publication protocol is done
+without an atomic rename (the order is :mod:`worldpipe.checkpoint.publication`'s). The files of a step are
+written first and ``MANIFEST.json`` LAST, as the commit marker; readers treat a step without a manifest as
 nonexistent, and ``latest`` is written after the manifest.
 """
 
@@ -10,7 +11,8 @@ import io
 import json
 import logging
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import fsspec
@@ -18,11 +20,10 @@ import torch
 
 from worldpipe.core import ownership
 
-from .. import fault, layout
-from ..codec import PendingFile
-from ..errors import CheckpointWriteError
-from ..manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
-from .base import Store
+from .. import layout
+from ..manifest import sha256_stream
+from ..tensorfile import Segment
+from .base import StepWriter, Store
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -78,7 +79,7 @@ class ObjectStore(Store):
         with self.fs.open(self._step_path(step, relpath), "rb") as f:
             return sha256_stream(f)
 
-    def load_torch(self, step: int, relpath: str, map_location: Any) -> Any:  # noqa: D102
+    def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
         data = self.fs.cat_file(self._step_path(step, relpath))
         return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
 
@@ -102,40 +103,6 @@ class ObjectStore(Store):
             self.fs.rm(base, recursive=True)
         self.fs.invalidate_cache()
 
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
-                tensors: list[dict] | None = None) -> None:  # noqa: D102
-        current = self._step_path(step)
-        try:
-            fault.inject("before_files")
-            if self.step_exists(step):
-                # A crashed earlier attempt (or a step being re-saved): never mix old and new files.
-                self.delete_step(step)
-            records = []
-            for index, pending in enumerate(files):
-                current = self._step_path(step, pending.relpath)
-                digest = hash_pool().submit(sha256_segments, pending.segments)
-                with self.fs.open(current, "wb") as f:
-                    for seg in pending.segments:
-                        f.write(seg)
-                records.append(FileRecord(pending.relpath, pending.size, digest.result()))
-                if index == 0:
-                    fault.inject("mid_files")
-            fault.inject("after_files")
-            current = self._step_path(step, layout.MANIFEST_NAME)
-            self.commit_manifest(step, build_manifest(step, records, contents, identity, tensors))
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                self._remove_step(step)
-            raise CheckpointWriteError(step, current, exc) from exc
-        current = posixpath.join(self.root, layout.LATEST_NAME)
-        try:
-            fault.inject("after_manifest")
-            fault.inject("after_rename")  # no rename in object stores: same point as after_manifest
-            self.write_latest(layout.step_dir_name(step))
-            fault.inject("after_latest")
-        except Exception as exc:
-            raise CheckpointWriteError(step, current, exc) from exc
-
     def remove_leftovers(self) -> list[str]:  # noqa: D102
         removed = []
         for step in self._listed_steps():
@@ -144,17 +111,66 @@ class ObjectStore(Store):
                 removed.append(self.location(step))
         return removed
 
-    def commit_manifest(self, step: int, manifest: bytes) -> None:
-        """The commit point of a step: a single PUT of its manifest (every file is written before)."""
-        ownership.confirm(f"publishing step {step}")
-        self.fs.pipe_file(self._step_path(step, layout.MANIFEST_NAME), manifest)
+    def latest_location(self) -> str:  # noqa: D102
+        return f"{self.url}/{layout.LATEST_NAME}"
+
+    def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
+        return _StepObjects(self, step)
 
     def write_latest(self, name: str) -> None:
         """Point ``latest`` at ``name`` (a single PUT)."""
         ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
-        self.fs.pipe_file(posixpath.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
+        with _io_errors():
+            self.fs.pipe_file(posixpath.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
         self.fs.invalidate_cache()
 
     def delete_step(self, step: int) -> None:  # noqa: D102
         ownership.confirm(f"deleting step {step}")
         self._remove_step(step)
+
+
+class _StepObjects(StepWriter):
+    """A step written straight to its objects; the manifest, written last, commits it."""
+
+    token = ""  # every writer of a step writes under the step's own name
+
+    def __init__(self, store: ObjectStore, step: int) -> None:
+        self.store, self.step = store, step
+
+    def path(self, relpath: str = "") -> str:  # noqa: D102
+        return self.store._step_path(self.step, relpath or None)
+
+    def create(self) -> None:  # noqa: D102
+        with _io_errors():
+            if self.store.step_exists(self.step):
+                # A crashed earlier attempt (or a step being re-saved): never mix old and new files.
+                self.store.delete_step(self.step)
+
+    def write(self, relpath: str, segments: list[Segment]) -> Future:  # noqa: D102
+        with _io_errors(), self.store.fs.open(self.path(relpath), "wb") as f:
+            for seg in segments:
+                f.write(seg)
+        done: Future = Future()
+        done.set_result(None)  # the object exists once its upload is closed
+        return done
+
+    def stage_manifest(self, data: bytes) -> None:
+        """The commit point of a step: a single PUT of its manifest (every file is written before)."""
+        ownership.confirm(f"publishing step {self.step}")
+        with _io_errors():
+            self.store.fs.pipe_file(self.path(layout.MANIFEST_NAME), data)
+
+    def discard(self) -> None:  # noqa: D102
+        with contextlib.suppress(Exception):
+            self.store._remove_step(self.step)
+
+
+@contextlib.contextmanager
+def _io_errors() -> Iterator[None]:
+    """A backend's own error (fsspec filesystems raise their clients' exceptions too) as the OSError it is."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as exc:
+        raise OSError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,14 +1,15 @@
-"""POSIX store: the publication protocol for a local directory (docs/architecture.md, "Publication protocol"): atomic via rename, durable via fsync, in this order.
+"""POSIX store: how each step of the publication protocol is done in a local directory (docs/architecture.md,
+"Publication protocol"; the order is :mod:`worldpipe.checkpoint.publication`'s): atomic via rename, durable via
+fsync.
 
-1. write every file into ``.step-NNNNNN.partial-<nonce>/``: write, ``fsync(file)``; fsync its subdirectories;
-2. write ``MANIFEST.json`` (every file, size, sha256; step; identity), ``fsync`` it, ``fsync`` the partial dir;
-3. ``rename`` the partial dir to ``step-NNNNNN`` and ``fsync`` the checkpoints dir: only now is it durable;
-4. replace ``latest``: temp file, ``fsync``, ``rename``, ``fsync`` the checkpoints dir;
-5. retention (done by the manager) deletes old steps only after that: rename to a hidden name, fsync, remove.
+1. every file goes into ``.step-NNNNNN.partial-<nonce>/``: write, ``fsync(file)``; then its subdirectories;
+2. ``MANIFEST.json`` (every file, size, sha256; step; identity): write, ``fsync``, ``fsync`` the partial dir;
+3. the commit: ``rename`` the partial dir to ``step-NNNNNN`` and ``fsync`` the checkpoints dir;
+4. ``latest``: temp file, ``fsync``, ``rename``, ``fsync`` the checkpoints dir;
+5. a deletion (retention's) renames the step to a hidden name, fsyncs, removes.
 
-A failure before step 3 removes the partial dir and raises CheckpointWriteError naming the step and the file;
-the previous checkpoint and ``latest`` are untouched. A crash (SIGKILL, power loss) leaves at most a hidden
-partial dir, which readers never list and the next save removes.
+A crash (SIGKILL, power loss) leaves at most a hidden partial dir, which readers never list and the next save
+removes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -35,19 +36,23 @@ from worldpipe.core.atomic import (
     write_file_durably,
 )
 
-from .. import fault, layout
-from ..codec import PendingFile
+from .. import layout
 from ..errors import CheckpointWriteError, PathEscapeError
-from ..files import fsync_pool
-from ..manifest import FileRecord, build_manifest, hash_pool, sha256_segments, sha256_stream
-from .base import Store
+from ..manifest import sha256_stream
+from ..tensorfile import Segment
+from ..thread_pool import LazyThreadPool, in_background
+from .base import StepWriter, Store
+
+_FSYNC_POOL = LazyThreadPool("ckpt-fsync", max_workers=2)
+_BACKGROUND_FSYNC_POOL = LazyThreadPool("ckpt-fsync-bg", max_workers=2, background=True)
 
 
-class _Cursor:
-    """The path the publication is working on, so an error can name it."""
+def fsync_pool() -> ThreadPoolExecutor:
+    """Threads that fsync finished files while the next ones are being written (device I/O overlaps).
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    Asked from a background thread (an async save), the background-priority ones.
+    """
+    return (_BACKGROUND_FSYNC_POOL if in_background() else _FSYNC_POOL).get()
 
 
 class PosixStore(Store):
@@ -112,8 +117,8 @@ class PosixStore(Store):
         with open(self.local_path(step, relpath), "rb", buffering=0) as f:
             return sha256_stream(f)
 
-    def load_torch(self, step: int, relpath: str, map_location: Any) -> Any:  # noqa: D102
-        return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True)
+    def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
+        return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True, mmap=mmap)
 
     def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
         with open(self.local_path(step, relpath), "rb") as f:
@@ -159,93 +164,11 @@ class PosixStore(Store):
         finally:
             os.close(fd)  # releases the lock
 
-    def publish(self, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
-                tensors: list[dict] | None = None) -> None:  # noqa: D102
-        name = layout.step_dir_name(step)
-        nonce = secrets.token_hex(6)
-        partial = os.path.join(self.root, layout.temp_name(step, "partial", nonce))
-        final = os.path.join(self.root, name)
-        cursor = _Cursor(partial)
-        created = False
-        try:
-            self._ensure_root()
-            fault.inject("before_files")
-            os.mkdir(partial, 0o755)
-            created = True
-            self._write_files(partial, files, step, contents, identity, cursor, tensors)
-            fault.inject("after_manifest")
-            cursor.path = final
-            self.rename_into_place(partial, final, step, nonce)
-        except BaseException as exc:
-            if created:
-                shutil.rmtree(partial, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise CheckpointWriteError(step, cursor.path, exc) from exc
-            raise
-        cursor.path = os.path.join(self.root, layout.LATEST_NAME)
-        try:
-            fault.inject("after_rename")
-            self.write_latest(name)
-            fault.inject("after_latest")
-        except OSError as exc:
-            raise CheckpointWriteError(step, cursor.path, exc) from exc
+    def latest_location(self) -> str:  # noqa: D102
+        return os.path.join(self.root, layout.LATEST_NAME)
 
-    def _write_files(self, partial: str, files: list[PendingFile], step: int, contents: Mapping,
-                     identity: Mapping, cursor: _Cursor, tensors: list[dict] | None) -> None:
-        subdirs: list[str] = []
-        records: list[FileRecord] = []
-        digests = []
-        syncs: list[tuple[str, Future]] = []
-        # Hash the same bytes on other threads while this one writes them (hashlib drops the GIL). Largest
-        # first: the longest hash starts at once instead of becoming a serial tail after the writes.
-        for pending in sorted(files, key=lambda f: f.size, reverse=True):
-            digests.append((pending, hash_pool().submit(sha256_segments, pending.segments)))
-        try:
-            self._write_all_files(partial, files, cursor, subdirs, syncs)
-        finally:
-            # Every descriptor gets closed, and the first fsync failure is reported with its file.
-            first_error = None
-            for path, done in syncs:
-                try:
-                    done.result()
-                except OSError as exc:
-                    if first_error is None:
-                        first_error, cursor.path = exc, path
-            if first_error is not None:
-                raise first_error
-        for pending, digest in digests:
-            records.append(FileRecord(pending.relpath, pending.size, digest.result()))
-        for sub in sorted(subdirs, key=len, reverse=True):
-            cursor.path = sub
-            fsync_dir(sub)
-        cursor.path = partial
-        fault.inject("after_files")
-        cursor.path = os.path.join(partial, layout.MANIFEST_NAME)
-        write_file_durably(cursor.path, [build_manifest(step, records, contents, identity, tensors)])
-        cursor.path = partial
-        fsync_dir(partial)
-
-    def _write_all_files(self, partial: str, files: list[PendingFile], cursor: _Cursor, subdirs: list[str],
-                         syncs: list) -> None:
-        for index, pending in enumerate(files):
-            path = os.path.join(partial, *pending.relpath.split("/"))
-            parent = os.path.dirname(path)
-            if parent != partial and parent not in subdirs:
-                cursor.path = parent
-                os.makedirs(parent, exist_ok=True)
-                subdirs.append(parent)
-            cursor.path = path
-            fd = write_file(path, pending.segments)
-            # fsync on another thread: this file's device I/O overlaps writing the next file.
-            syncs.append((path, fsync_pool().submit(fsync_and_close, fd)))
-            if index == 0:
-                fault.inject("mid_files")
-
-    def rename_into_place(self, partial: str, final: str, step: int, nonce: str) -> None:
-        """Step 3 of the protocol: the durable partial directory becomes ``step-NNNNNN`` (a re-saved step's old
-        directory is moved aside under a hidden name first, and removed once the new one is durable)."""
-        ownership.confirm(f"publishing step {step}")
-        publish_dir(partial, final, os.path.join(self.root, layout.temp_name(step, "replaced", nonce)))
+    def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
+        return _PartialDir(self, step, token or layout.temp_name(step, "partial", secrets.token_hex(6)))
 
     def write_latest(self, name: str) -> None:
         """Atomically and durably point ``latest`` at ``name``: temp file, fsync, rename, fsync dir."""
@@ -284,3 +207,45 @@ class PosixStore(Store):
         # Renamed aside first: readers see the whole step or nothing, never a half-deleted one.
         remove_atomic(self._path(step), os.path.join(self.root, layout.temp_name(step, "deleting", secrets.token_hex(6))))
 
+
+
+class _PartialDir(StepWriter):
+    """A step written into a hidden partial directory of the store's root, renamed into place by the commit."""
+
+    def __init__(self, store: PosixStore, step: int, token: str) -> None:
+        self.store, self.step, self.token = store, step, token
+        self.dir = os.path.join(store.root, token)
+
+    def path(self, relpath: str = "") -> str:  # noqa: D102
+        return os.path.join(self.dir, *relpath.split("/")) if relpath else self.dir
+
+    def create(self) -> None:  # noqa: D102
+        os.mkdir(self.dir, 0o755)
+
+    def write(self, relpath: str, segments: list[Segment]) -> Future:  # noqa: D102
+        path = self.path(relpath)
+        if os.path.dirname(path) != self.dir:
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # several ranks may make shards/ at once
+        fd = write_file(path, segments)
+        # fsync on another thread: this file's device I/O overlaps writing the next file.
+        return fsync_pool().submit(fsync_and_close, fd)
+
+    def seal(self, relpaths: Iterable[str]) -> None:  # noqa: D102
+        subdirs = {os.path.dirname(self.path(r)) for r in relpaths} - {self.dir}
+        for sub in sorted(subdirs, key=len, reverse=True):  # deepest first; the partial dir after the manifest
+            fsync_dir(sub)
+
+    def stage_manifest(self, data: bytes) -> None:  # noqa: D102
+        write_file_durably(self.path(layout.MANIFEST_NAME), [data])
+        fsync_dir(self.dir)
+
+    def commit(self) -> None:
+        """The durable partial directory becomes ``step-NNNNNN`` (a re-saved step's old directory is moved aside
+        under a hidden name first, and removed once the new one is durable)."""
+        ownership.confirm(f"publishing step {self.step}")
+        nonce = self.token.rsplit("-", 1)[-1]
+        publish_dir(self.dir, self.store.location(self.step),
+                    os.path.join(self.store.root, layout.temp_name(self.step, "replaced", nonce)))
+
+    def discard(self) -> None:  # noqa: D102
+        shutil.rmtree(self.dir, ignore_errors=True)
