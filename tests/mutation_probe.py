@@ -124,6 +124,13 @@ MUTANTS = (
     Mutant("portable_optimizer_unfused", "the portable mode's optimizer step is the fused kernel (exact sqrt)",
            'options = {**{k: v for k, v in options.items() if k != "foreach"}, "fused": True}', "pass",
            ("tests/unit/test_numerics.py",)),
+    Mutant("planner_unseeded", "a closed-loop decision draws only from its recorded stream (reruns bit-identically)",
+           "action = self.planner.plan(self.dynamics, seed_for_step(self.stream, step, self.generator), timing)",
+           "action = self.planner.plan(self.dynamics, self.generator, timing)",
+           ("tests/unit/test_control_planners.py",)),
+    Mutant("planner_ignores_model", "the planner scores candidates by the imagined rewards",
+           "returns = (rewards * discounts).sum(dim=1)", "returns = torch.zeros(rewards.shape[0])",
+           ("tests/unit/test_control_planners.py",)),
 )
 
 
