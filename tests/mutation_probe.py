@@ -73,8 +73,8 @@ MUTANTS = (
            "return slice(start, start + base + 1)",
            ("tests/unit/test_data_sampler.py",)),
     Mutant("loss_local_count", "every rank's loss is normalised by the valid steps of the whole global batch",
-           'loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])',
-           'loss = sums["total"] * self.layout.loss_scale(int(batch["mask"].sum()))',
+           'self.layout.forward_backward(self.loss_fn, part, batch["global_valid"],',
+           'self.layout.forward_backward(self.loss_fn, part, int(part["mask"].sum()),',
            ("tests/parallel/test_dist_parallel.py::"
             "test_trainer_step_on_unequal_slices_follows_the_global_mean_gradient",)),
     Mutant("model_key_resume_safe", "only resume-safe keys may change on resume: model keys are the run's identity",
