@@ -7,8 +7,10 @@ sends back its result. torch and worldpipe are already imported in the test proc
 milliseconds instead of the seconds a torchrun (an agent and one fresh interpreter per rank) takes on 2 cores.
 
 The ranks run the project's own code (the Trainer, the Checkpointer, the layouts) against a real process
-group: only the way the processes are started differs from ``worldpipe train``. What torchrun itself does
-(rendezvous, lifelines, exit codes) is tested by the tests that launch it.
+group: only the way the processes are started differs from ``worldpipe train``. ``train_on_ranks(overrides)``
+is ``worldpipe train OVERRIDES`` so: the config checked and recorded as the launcher does, then the body of a
+torchrun worker on every rank. What torchrun and the launcher do besides (rendezvous, run lock, lifelines, exit
+codes, signals, kills) is tested by the tests that launch them.
 
 Each rank sets one intra-op thread, as torchrun does for several ranks per node. A rank that raises sends its
 traceback; the others are then stopped (they may wait in a collective for it) and the test fails with the
@@ -18,6 +20,7 @@ first traceback. A rank that dies without a word (a crash) fails the test with i
 from __future__ import annotations
 
 import datetime
+import json
 import multiprocessing
 import os
 import traceback
@@ -34,6 +37,11 @@ import torch.distributed as dist
 # torch.distributed.checkpoint and DTensor), and the part of Inductor that `torch.use_deterministic_algorithms`
 # (Trainer.setup) imports on first use. On 2 shared cores that is ~10 s a rank.
 import worldpipe.trainer.trainer  # noqa: F401
+from worldpipe.core import numerics
+from worldpipe.launch.local_run import record_config
+from worldpipe.launch.preflight import check_data, checked_config, world_size_of
+from worldpipe.trainer.main import train
+from worldpipe.trainer.resume import preflight_resume
 
 TIMEOUT_S = 240  # a broken collective fails the test instead of hanging the suite
 _CONTEXT = multiprocessing.get_context("fork")
@@ -99,3 +107,20 @@ def run_on_ranks(nproc: int, fn: Callable[..., Any], *args: Any, tmp: Path, time
     if errors:
         pytest.fail("\n".join(errors), pytrace=False)
     return results
+
+
+def train_on_ranks(overrides: list[str], tmp: Path) -> dict:
+    """``worldpipe train OVERRIDES`` on ranks forked from the test; returns the run's completion record.
+
+    As the launcher: the config composed and validated once (``checked_config``), the data and a resume's
+    identity checked, the config recorded in RUN_DIR/hydra; then every rank runs
+    :func:`worldpipe.trainer.main.train` on it, as a torchrun worker does. A numerics mode that pins variables
+    needs a fresh process (the test process has computed already): such runs go through ``worldpipe train``.
+    """
+    cfg = checked_config(overrides)
+    assert not numerics.pinned_variables(cfg.get("numerics")), "a pinned numerics mode needs `worldpipe train`"
+    check_data(cfg)
+    preflight_resume(cfg)
+    record_config(cfg, overrides)
+    run_on_ranks(world_size_of(cfg), train, cfg, True, tmp=tmp)
+    return json.loads((Path(cfg.run_dir) / "train_done.json").read_text())
