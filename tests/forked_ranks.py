@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import traceback
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def run_on_ranks(nproc: int, fn: Callable[..., Any], *args: Any, tmp: Path, time
     ``fn`` and ``args`` are inherited by the fork (no pickling); results come back pickled.
     """
     tmp.mkdir(parents=True, exist_ok=True)
-    store = tmp / f"pg-store-{os.getpid()}-{id(fn)}"
+    store = tmp / f"pg-store-{uuid.uuid4().hex}"  # a fresh file: a group's store must never be reused
     pipes, procs = [], []
     for rank in range(nproc):
         receive, send = _CONTEXT.Pipe(duplex=False)
