@@ -3,8 +3,9 @@ rank's global Python, NumPy and torch generators, so a resume is bit-identical o
 exactly the state it saved (restoring rank 0's state everywhere must fail these tests).
 
 The default-tier test runs the Trainer and its Checkpointer on 2 ranks of a real gloo group forked from the
-test (seconds); the slow ones kill a real torchrun (2 gloo ranks) with SIGKILL at random points and compare the
-resumed run's final checkpoint, RNG files included, with an uninterrupted run's.
+test (seconds); the slow ones kill a real `worldpipe train` (torchrun, 2 gloo ranks) with SIGKILL at random
+points and compare the resumed run's final checkpoint, RNG files included, with an uninterrupted run's (trained
+on forked ranks).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from kill_support import kill_at_random_point
 
 from checkpoint_states import example_state
-from forked_ranks import run_on_ranks
+from forked_ranks import run_on_ranks, train_on_ranks
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 from worldpipe.checkpoint.rng_audit import rng_fingerprint
 from worldpipe.checkpoint.state import capture_rng
@@ -112,11 +113,11 @@ def test_ckpt_verify_rng_names_a_copied_or_missing_rank(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def augmented_reference(tmp_path_factory, smoke_dataset, env_with_venv) -> dict:
-    run_dir = tmp_path_factory.mktemp("augmented_reference") / "run"
-    proc = run(train_cmd(run_dir, smoke_dataset, 30, 10), env_with_venv)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"dir": run_dir, "digest": checkpoint_digest(run_dir / "checkpoints")}
+def augmented_reference(tmp_path_factory, smoke_dataset) -> dict:
+    """The uninterrupted run, on ranks forked from the test (the killed runs are real `worldpipe train`)."""
+    root = tmp_path_factory.mktemp("augmented_reference")
+    train_on_ranks(train_cmd(root / "run", smoke_dataset, 30, 10)[2:], tmp=root / "ranks")
+    return {"dir": root / "run", "digest": checkpoint_digest(root / "run" / "checkpoints")}
 
 
 @pytest.mark.slow
