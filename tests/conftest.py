@@ -54,6 +54,15 @@ def smoke_dataset(tmp_path_factory, env_with_venv) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def smoke_runs(tmp_path_factory, smoke_dataset, env_with_venv):
+    """Smoke trainings (tests/smoke_runs.py), each run once per session on first request and shared: read them,
+    or copy one (``smoke_runs.copy``) to go on from it."""
+    from smoke_runs import SmokeRuns
+
+    return SmokeRuns(tmp_path_factory.mktemp("smoke_runs"), smoke_dataset, env_with_venv)
+
+
+@pytest.fixture(scope="session")
 def readme_pipelines(tmp_path_factory, env_with_venv) -> tuple[Path, dict[str, str]]:
     """A fresh copy of the project after the docs' smoke and sweep pipelines ran in it, exactly as the docs say
     (docs/getting-started.md, docs/sweeps.md).
@@ -76,12 +85,13 @@ def readme_pipelines_last_reader(readme_pipelines) -> tuple[Path, dict[str, str]
 
 # Under `pytest -n N --dist loadgroup` (make test) a group runs whole on one worker, in collection order. A
 # module is a group, so its module-scoped fixtures (a pipeline, a server, a cluster) are built once; the SLURM
-# tests share one cluster's system daemons and the modules that read the docs pipelines share one session
-# fixture, so each of those is one group. The longest groups go first so that no worker idles at the end.
+# tests share one cluster's system daemons, the modules that read the docs pipelines share one session
+# fixture and those that start from the shared smoke runs another, so each of those is one group. The longest
+# groups go first so that no worker idles at the end.
 # xdist's own loadgroup reads `xdist_group` marks by rewriting node ids, which pytest 9 no longer allows; the
 # scheduler below groups by node id instead (the controller has no items, only their ids).
-FIRST_GROUPS = ("slurm", "readme")
-SHARED_FIXTURE = "readme_pipelines"
+FIRST_GROUPS = ("slurm", "readme", "smoke_runs")
+SHARED_FIXTURES = {"readme_pipelines": "readme", "smoke_runs": "smoke_runs"}  # session fixture -> its group
 
 
 @functools.cache
@@ -92,11 +102,12 @@ def _module_group(module: str) -> str:
         source = (REPO / module).read_text()
     except OSError:
         return module
-    return "readme" if SHARED_FIXTURE in source else module
+    return next((group for fixture, group in SHARED_FIXTURES.items() if fixture in source), module)
 
 
 def xdist_group(nodeid: str) -> str:
-    """The group a test runs in under `--dist loadgroup`: its module's, or a shared one (slurm, readme)."""
+    """The group a test runs in under `--dist loadgroup`: its module's, or a shared one (slurm, readme,
+    smoke_runs)."""
     return _module_group(nodeid.split("::", 1)[0])
 
 

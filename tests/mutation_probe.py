@@ -49,7 +49,7 @@ class Mutant:
 MUTANTS = (
     Mutant("rng_rank_index", "every rank resumes with the RNG state it saved",
            "restore_rng(rng[self.runtime.rank]", "restore_rng(rng[0]",
-           ("tests/crash/test_rng_resume.py::test_each_rank_resumes_with_the_rng_state_it_saved",)),
+           ("tests/crash/test_rng_resume.py::test_each_rank_gets_back_the_rng_state_it_saved",)),
     Mutant("first_never_hashes", "verify=first hashes a step the first time it is selected",
            'return (self.root, step, manifest["manifest_sha256"]) not in _fully_verified',
            "return False",
@@ -80,8 +80,8 @@ MUTANTS = (
            "return slice(start, start + base + 1)",
            ("tests/unit/test_data_sampler.py",)),
     Mutant("loss_local_count", "every rank's loss is normalised by the valid steps of the whole global batch",
-           'loss = sums["total"] * self.layout.loss_scale(batch["global_valid"])',
-           'loss = sums["total"] * self.layout.loss_scale(int(batch["mask"].sum()))',
+           'self.layout.forward_backward(self.loss_fn, part, batch["global_valid"],',
+           'self.layout.forward_backward(self.loss_fn, part, int(part["mask"].sum()),',
            ("tests/parallel/test_dist_parallel.py::"
             "test_trainer_step_on_unequal_slices_follows_the_global_mean_gradient",)),
     Mutant("model_key_resume_safe", "only resume-safe keys may change on resume: model keys are the run's identity",
@@ -96,7 +96,7 @@ MUTANTS = (
            ("tests/integration/test_tracking_comparison.py::test_each_part_of_the_key_makes_another_evaluation",)),
     Mutant("fault_die_exits_cleanly", "an injected kill is a SIGKILL, not an exit (the crash tests prove it landed)",
            "os.kill(os.getpid(), signal.SIGKILL)\n", "os._exit(1)\n",
-           ("tests/crash/test_rng_resume.py::test_each_rank_resumes_with_the_rng_state_it_saved",)),
+           ("tests/crash/test_publish_crash.py::test_sigkill_at_phase",)),
     Mutant("dir_fsync_skipped", "publication is durable: the directory is fsynced after a rename",
            "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n    try:\n        os.fsync(fd)",
            "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n    try:\n        pass",

@@ -1,13 +1,16 @@
-"""Launching the sharded-checkpoint worker (tests/integration/sharded_worker.py) under a real torchrun."""
+"""Running the sharded-checkpoint worker (tests/integration/sharded_worker.py): under a real torchrun (the crash
+and memory tests: a rank killed, a rank's resident memory), or on ranks forked from the test (the rest)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 from pathlib import Path
 
 import torch
 from torch.distributed.fsdp import fully_shard
 
+from forked_ranks import run_on_ranks
 from worldpipe.launch.torchrun import torchrun_argv
 
 WORKER = Path(__file__).parent / "integration" / "sharded_worker.py"
@@ -24,6 +27,14 @@ def torchrun(env: dict, nproc: int, *args, fault: str | None = None,
     cmd = torchrun_argv(nproc, [str(WORKER), *map(str, args)])
     # torchrun waits for its ranks and stops the others when one dies; the timeout bounds a hang.
     return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def on_forked_ranks(nproc: int, *args, tmp: Path) -> None:
+    """The worker's ``run(args)`` on ``nproc`` gloo ranks forked from the test (no torchrun start-up)."""
+    spec = importlib.util.spec_from_file_location("sharded_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    run_on_ranks(nproc, worker.run, [str(a) for a in args], tmp=tmp)
 
 
 def fsdp_toy_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_recovery import run_train
 
 from checkpoint_states import rehash_step, slice_model_file
+from smoke_runs import run_train
 from worldpipe.checkpoint import checkpoint_digest
 from worldpipe.checkpoint.shards import INDEX_FILE, shard_file
 from worldpipe.evaluate.open_loop import load_model
@@ -38,11 +38,9 @@ def _resume(run_dir: Path, dataset, env, *extra) -> str:
     return re.search(r"resumed from \S+ step (\d+)", output)[1]
 
 
-def test_full_checkpoint_with_sliced_tensors_every_reader_takes_the_step_before(tmp_path, smoke_dataset,
+def test_full_checkpoint_with_sliced_tensors_every_reader_takes_the_step_before(tmp_path, smoke_runs, smoke_dataset,
                                                                                  env_with_venv):
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, smoke_dataset, env_with_venv)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = smoke_runs.copy(smoke_runs.straight("parallel.nproc_per_node=2"), tmp_path / "run")
     checkpoints = run_dir / "checkpoints"
     final, before = checkpoint_digest(checkpoints), checkpoint_digest(checkpoints, 20)
     slice_model_file(checkpoints / "step-000030")
@@ -105,10 +103,9 @@ def _escape(step_dir: Path) -> None:
     _write_index(step_dir, index)
 
 
-def test_sharded_checkpoint_forgeries_fall_back_and_resume_to_the_same_bits(tmp_path, smoke_dataset, env_with_venv):
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, smoke_dataset, env_with_venv, "parallel=fsdp2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_sharded_checkpoint_forgeries_fall_back_and_resume_to_the_same_bits(tmp_path, smoke_runs, smoke_dataset,
+                                                                            env_with_venv):
+    run_dir = smoke_runs.copy(smoke_runs.straight("parallel=fsdp2"), tmp_path / "run")
     checkpoints = run_dir / "checkpoints"
     final = checkpoint_digest(checkpoints)
     for damage in (_overlap, _wrong_shape, _pickle, _escape):

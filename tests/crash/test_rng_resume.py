@@ -2,26 +2,33 @@
 rank's global Python, NumPy and torch generators, so a resume is bit-identical only if each rank gets back
 exactly the state it saved (restoring rank 0's state everywhere must fail these tests).
 
-Real torchrun (2 gloo ranks), real checkpoint files, real SIGKILL. The model's RNG trace
-(``WORLDPIPE_RNG_TRACE``) records, per rank and per training step, a fingerprint of the generator states the
-step draws from; the tests compare those with the states each rank saved in the checkpoint.
+The default-tier test runs the Trainer and its Checkpointer on 2 ranks of a real gloo group forked from the
+test (seconds); the slow ones kill a real `worldpipe train` (torchrun, 2 gloo ranks) with SIGKILL at random
+points and compare the resumed run's final checkpoint, RNG files included, with an uninterrupted run's (trained
+on forked ranks).
 """
 
 from __future__ import annotations
 
-import json
+import random
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from kill_support import assert_died_of_sigkill, kill_at_random_point
+from kill_support import kill_at_random_point
 
 from checkpoint_states import example_state
+from forked_ranks import run_on_ranks, train_on_ranks
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 from worldpipe.checkpoint.rng_audit import rng_fingerprint
+from worldpipe.checkpoint.state import capture_rng
 from worldpipe.cli import main as cli_main
-from worldpipe.trainer.seeding import PER_RANK_STREAMS, RNG_TRACE_ENV, RNG_TRACE_FORMAT
+from worldpipe.launch.preflight import compose_config
+from worldpipe.parallel.runtime import init_runtime
+from worldpipe.trainer.seeding import PER_RANK_STREAMS
+from worldpipe.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.crash, pytest.mark.integration]
 
@@ -41,55 +48,51 @@ def run(cmd: list[str], env: dict, **extra_env: str) -> subprocess.CompletedProc
     return subprocess.run(cmd, env={**env, **extra_env}, capture_output=True, text=True, timeout=300)
 
 
-def read_trace(trace_dir: Path, rank: int) -> list[list[dict]]:
-    """The rank's trace split by process: one list of per-step fingerprints per training process, in order."""
-    processes: dict[int, list[dict]] = {}
-    for line in (trace_dir / RNG_TRACE_FORMAT.format(rank=rank)).read_text().splitlines():
-        entry = json.loads(line)
-        processes.setdefault(entry["pid"], []).append({k: entry["rng"][k] for k in TRACED_STREAMS})
-    return list(processes.values())
-
-
 def saved_fingerprints(run_dir: Path, step: int) -> list[dict]:
     rng = CheckpointManager(run_dir / "checkpoints").load(step, keys=["rng"])["rng"]
     return [{k: rng_fingerprint(r)[k] for k in TRACED_STREAMS} for r in rng]
 
 
-def assert_killed_mid_files(root: Path, step: int, previous: int) -> None:
-    """The kill landed at ``mid_files`` of ``step``: its hidden partial directory holds a file, and the newest
-    intact step (the one `latest` names) is the previous one."""
-    partial = [p for p in root.iterdir() if p.name.startswith(f".step-{step:06d}.partial-")]
-    assert len(partial) == 1 and any(p.is_file() for p in partial[0].rglob("*")), sorted(p.name for p in root.iterdir())
-    assert CheckpointManager(root).latest_intact() == previous
-    assert (root / "latest").read_text().strip() == f"step-{previous:06d}"
+def train_then_resume_in_process(cfg) -> dict:
+    """On one rank of a real process group: train 2 steps (step 2 saved), move every generator on, then set up a
+    new Trainer as a restarted process does (which seeds the generators afresh) and resume it. Returns the
+    fingerprints of the global generators right after the save, after the new setup and after its resume."""
+    runtime = init_runtime(cfg.parallel.backend)
+    Trainer(cfg, runtime).fit()
+    after_save = rng_fingerprint(capture_rng())
+    random.random(), np.random.random(), torch.rand(1)  # what the lost process drew after the save
+    restarted = Trainer(cfg, runtime)
+    restarted.setup()
+    seeded = rng_fingerprint(capture_rng())
+    restarted.resume()
+    restored = rng_fingerprint(capture_rng())
+    return {name: {k: fp[k] for k in TRACED_STREAMS} for name, fp in
+            (("after_save", after_save), ("seeded", seeded), ("restored", restored))}
 
 
-@pytest.mark.slow  # 15 s of torchrun: the default tier's budget is 5 minutes
-def test_each_rank_resumes_with_the_rng_state_it_saved(tmp_path, smoke_dataset, env_with_venv, capsys):
-    """Killed inside the save of step 4 (step 2 is the newest intact), resumed: at step 3 every rank draws
-    from the state it saved at step 2 and from the very state the killed process drew from."""
-    run_dir, trace = tmp_path / "run", tmp_path / "trace"
-    cmd = train_cmd(run_dir, smoke_dataset, 4, 2)
-    killed = run(cmd, env_with_venv, WORLDPIPE_CKPT_FAULT="mid_files@4:die", **{RNG_TRACE_ENV: str(trace)})
-    assert_died_of_sigkill(killed, run_dir, rank=0)  # killed, not an exit: rank 0 writes the (unsharded) files
-    assert not (run_dir / "train_done.json").exists()
-    assert_killed_mid_files(run_dir / "checkpoints", step=4, previous=2)
-    resumed = run(cmd, env_with_venv, **{RNG_TRACE_ENV: str(trace)})
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout + resumed.stderr
+def test_each_rank_gets_back_the_rng_state_it_saved(tmp_path, smoke_dataset, capsys):
+    """The Trainer and its Checkpointer on 2 ranks of a real gloo group (forked from the test): each rank saves
+    its own RNG state and, in a restarted Trainer, gets exactly that state back, not rank 0's (the ranks'
+    states differ) and not the fresh seeding (the resume changes it)."""
+    run_dir = tmp_path / "run"
+    store, manifest = smoke_dataset
+    cfg = compose_config(["experiment=smoke_augmented", f"run_dir={run_dir}", f"data.store={store}",
+                          f"data.manifest={manifest}", "tracking.enabled=false", "trainer.progress_bar=false",
+                          "trainer.steps=2", "trainer.log_every=2", "checkpoint.every=2", "data.prefetch=0",
+                          f"parallel.nproc_per_node={RANKS}"])
+    results = run_on_ranks(RANKS, train_then_resume_in_process, cfg, tmp=tmp_path)
 
     saved = saved_fingerprints(run_dir, 2)
     assert len(saved) == RANKS
     for stream in PER_RANK_STREAMS:  # otherwise restoring rank 0's state everywhere would go unnoticed
         assert saved[0][stream] != saved[1][stream], stream
-    for rank in range(RANKS):
-        first, second = read_trace(trace, rank)
-        assert len(first) == 4 and len(second) == 2  # steps 1-4, then steps 3-4 after the resume
-        assert second[0] == saved[rank], f"rank {rank} did not get back the RNG state it saved"
-        assert second == first[2:], f"rank {rank} drew from other states than the interrupted run"
+    for rank, r in enumerate(results):
+        assert r["after_save"] == saved[rank], f"rank {rank}'s RNG file is not the state it held"
+        assert r["seeded"] != saved[rank], "the restarted Trainer's seeding alone gives the saved state"
+        assert r["restored"] == saved[rank], f"rank {rank} did not get back the RNG state it saved"
 
     assert cli_main(["ckpt", "verify", "--rng", str(run_dir)]) == 0
-    assert capsys.readouterr().out.count(": ok") == len(CheckpointManager(run_dir / "checkpoints").list()) == 2
+    assert capsys.readouterr().out.count(": ok") == len(CheckpointManager(run_dir / "checkpoints").list()) == 1
 
 
 def test_ckpt_verify_rng_names_a_copied_or_missing_rank(tmp_path, capsys):
@@ -110,11 +113,11 @@ def test_ckpt_verify_rng_names_a_copied_or_missing_rank(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def augmented_reference(tmp_path_factory, smoke_dataset, env_with_venv) -> dict:
-    run_dir = tmp_path_factory.mktemp("augmented_reference") / "run"
-    proc = run(train_cmd(run_dir, smoke_dataset, 30, 10), env_with_venv)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"dir": run_dir, "digest": checkpoint_digest(run_dir / "checkpoints")}
+def augmented_reference(tmp_path_factory, smoke_dataset) -> dict:
+    """The uninterrupted run, on ranks forked from the test (the killed runs are real `worldpipe train`)."""
+    root = tmp_path_factory.mktemp("augmented_reference")
+    train_on_ranks(train_cmd(root / "run", smoke_dataset, 30, 10)[2:], tmp=root / "ranks")
+    return {"dir": root / "run", "digest": checkpoint_digest(root / "run" / "checkpoints")}
 
 
 @pytest.mark.slow

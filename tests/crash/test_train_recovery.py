@@ -3,6 +3,13 @@ checkpoints, world-size changes and identity checks. Real torchrun (2 gloo ranks
 
 Every interrupted run is resumed with the same command and must end with the digest of the uninterrupted
 run (same world size), or allclose parameters (different world size).
+
+The uninterrupted references and the runs killed by a fault at a phase of step 20's save are the session's
+shared smoke runs (tests/smoke_runs.py, also read by test_fsdp2.py, test_sharded_training.py and
+test_loadable_resume.py): a test resumes or damages a copy, so e.g. the run killed right after step 20 was
+published is trained once for the publication, refusal and world-size tests together. The references train
+on ranks forked from the test; every interrupted run here is a real `worldpipe train` (torchrun), so each
+digest comparison also checks that both ways of starting the ranks train the same bits.
 """
 
 from __future__ import annotations
@@ -22,29 +29,14 @@ from kill_support import assert_died_of_sigkill, kill_at_random_point
 
 from datasets import SMOKE_SPEC, build_dataset
 from processes import pids_with_arg, wait_gone
+from smoke_runs import STEPS, SmokeRuns, run_train, train_cmd
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
-STEPS, EVERY = 30, 10
 # World-size changes only reorder floating-point reductions (docs/architecture.md, "The state contract": the global batch is world-size
 # invariant): the parameters must agree to this tolerance after 30 steps.
 WORLD_SIZE_RTOL, WORLD_SIZE_ATOL = 1e-4, 1e-6
-
-
-def train_cmd(run_dir: Path, dataset, *extra: str) -> list[str]:
-    store, manifest = dataset
-    return ["worldpipe", "train", "experiment=smoke", f"run_dir={run_dir}", f"data.store={store}",
-            f"data.manifest={manifest}", "tracking.enabled=false", "trainer.progress_bar=false",
-            f"trainer.steps={STEPS}", f"checkpoint.every={EVERY}", *extra]
-
-
-def run_train(run_dir, dataset, env, *extra, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(env)
-    if fault:
-        env["WORLDPIPE_CKPT_FAULT"] = fault
-    return subprocess.run(train_cmd(run_dir, dataset, *extra), env=env, capture_output=True, text=True,
-                          timeout=300)
 
 
 def published_steps(run_dir: Path) -> list[str]:
@@ -66,15 +58,21 @@ def resume_and_digest(run_dir, dataset, env, *extra) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, smoke_dataset, env_with_venv) -> dict:
-    """Uninterrupted runs on 2 ranks and on 1 rank."""
+def reference(smoke_runs) -> dict:
+    """Uninterrupted runs on 2 ranks and on 1 rank (shared: read only)."""
     out = {}
     for world in (2, 1):
-        run_dir = tmp_path_factory.mktemp(f"reference{world}")
-        proc = run_train(run_dir, smoke_dataset, env_with_venv, f"parallel.nproc_per_node={world}")
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        run_dir = smoke_runs.straight(f"parallel.nproc_per_node={world}").dir
         out[world] = {"dir": run_dir, "digest": checkpoint_digest(run_dir / "checkpoints")}
     return out
+
+
+def killed_at(smoke_runs: SmokeRuns, fault: str, dest: Path, ranks: int = 2) -> Path:
+    """A copy at ``dest`` of the shared run of ``ranks`` ranks killed by ``fault``, asserted to have died of
+    SIGKILL (rank 0 writes the unsharded checkpoint; with one rank the launcher itself dies)."""
+    run = smoke_runs.killed(fault, f"parallel.nproc_per_node={ranks}")
+    assert_died_of_sigkill(run.proc, run.dir, rank=0)
+    return smoke_runs.copy(run, dest)
 
 
 def kill_tree(proc: subprocess.Popen, run_dir: Path, mode: str) -> None:
@@ -119,10 +117,9 @@ KILLED_AT = {"mid_files": (False, 10), "after_files": (False, 10), "after_manife
 
 
 @pytest.mark.parametrize("phase", sorted(KILLED_AT))
-def test_kill9_inside_publication_resumes_bit_exact(phase, tmp_path, smoke_dataset, env_with_venv, reference):
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, smoke_dataset, env_with_venv, fault=f"{phase}@20:die")
-    assert_died_of_sigkill(proc, run_dir, rank=0)  # rank 0 writes the (unsharded) checkpoint
+def test_kill9_inside_publication_resumes_bit_exact(phase, tmp_path, smoke_runs, smoke_dataset, env_with_venv,
+                                                    reference):
+    run_dir = killed_at(smoke_runs, f"{phase}@20:die", tmp_path / "run")
     assert "step-000010" in published_steps(run_dir), "the previous checkpoint must survive"
     assert_no_partial_reported(run_dir)
     # Where the kill landed, as the store shows it: before the rename only a hidden partial step 20 exists,
@@ -152,10 +149,8 @@ def test_preemption_signal_checkpoints_and_exits_75(sig, tmp_path, smoke_dataset
     assert not (run_dir / "PREEMPTED").exists()
 
 
-def test_flipped_byte_falls_back_to_previous_step(tmp_path, smoke_dataset, env_with_venv, reference):
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, smoke_dataset, env_with_venv)
-    assert proc.returncode == 0
+def test_flipped_byte_falls_back_to_previous_step(tmp_path, smoke_runs, smoke_dataset, env_with_venv, reference):
+    run_dir = smoke_runs.copy(smoke_runs.straight("parallel.nproc_per_node=2"), tmp_path / "run")
     step_dir = run_dir / "checkpoints" / "step-000030"
     victim = max((p for p in step_dir.rglob("*") if p.is_file() and p.name != "MANIFEST.json"),
                  key=lambda p: p.stat().st_size)
@@ -182,11 +177,9 @@ def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("first", "second"), [(2, 1), (1, 2)])
-def test_world_size_change_keeps_sample_order(first, second, tmp_path, smoke_dataset, env_with_venv, reference):
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, smoke_dataset, env_with_venv, f"parallel.nproc_per_node={first}",
-                     fault="after_latest@20:die")
-    assert_died_of_sigkill(proc, run_dir, rank=0)  # one rank: the launcher itself dies (-9)
+def test_world_size_change_keeps_sample_order(first, second, tmp_path, smoke_runs, smoke_dataset, env_with_venv,
+                                              reference):
+    run_dir = killed_at(smoke_runs, "after_latest@20:die", tmp_path / "run", ranks=first)
     assert CheckpointManager(run_dir / "checkpoints").latest_intact() == 20
     resumed = run_train(run_dir, smoke_dataset, env_with_venv, f"parallel.nproc_per_node={second}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -204,16 +197,16 @@ def test_world_size_change_keeps_sample_order(first, second, tmp_path, smoke_dat
     print(f"world size {first}->{second}: max relative parameter difference {worst:.3e}")
 
 
-def killed_after_step_20(run_dir: Path, dataset, env) -> None:
-    """A run SIGKILLed right after step 20 was published (`latest` names it): what the refusals resume from."""
-    proc = run_train(run_dir, dataset, env, fault="after_latest@20:die")
-    assert_died_of_sigkill(proc, run_dir, rank=0)
+def killed_after_step_20(smoke_runs: SmokeRuns, dest: Path) -> Path:
+    """A copy of the run SIGKILLed right after step 20 was published (`latest` names it): what the refusals
+    resume from."""
+    run_dir = killed_at(smoke_runs, "after_latest@20:die", dest)
     assert CheckpointManager(run_dir / "checkpoints").latest_intact() == 20
+    return run_dir
 
 
-def test_changed_config_is_refused_with_a_diff(tmp_path, smoke_dataset, env_with_venv):
-    run_dir = tmp_path / "run"
-    killed_after_step_20(run_dir, smoke_dataset, env_with_venv)
+def test_changed_config_is_refused_with_a_diff(tmp_path, smoke_runs, smoke_dataset, env_with_venv):
+    run_dir = killed_after_step_20(smoke_runs, tmp_path / "run")
     refused = run_train(run_dir, smoke_dataset, env_with_venv, "trainer.lr=0.01")
     assert refused.returncode == 2
     assert "trainer.lr: 0.001 -> 0.01" in refused.stderr
@@ -224,9 +217,8 @@ def test_changed_config_is_refused_with_a_diff(tmp_path, smoke_dataset, env_with
     assert "resumed from" in ok.stdout + ok.stderr
 
 
-def test_changed_dataset_is_refused(tmp_path, smoke_dataset, env_with_venv):
-    run_dir = tmp_path / "run"
-    killed_after_step_20(run_dir, smoke_dataset, env_with_venv)
+def test_changed_dataset_is_refused(tmp_path, smoke_runs, env_with_venv):
+    run_dir = killed_after_step_20(smoke_runs, tmp_path / "run")
     other = build_dataset(tmp_path / "other", env_with_venv, {**SMOKE_SPEC, "seed": 7})
     refused = run_train(run_dir, other, env_with_venv)
     assert refused.returncode == 2

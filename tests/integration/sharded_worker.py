@@ -1,7 +1,9 @@
-"""torchrun worker for the sharded-checkpoint tests: trains a small MLP in a layout, saves, resumes, measures.
+"""Worker of the sharded-checkpoint tests: trains a small MLP in a layout, saves, resumes, measures.
 
     torchrun --nproc-per-node N sharded_worker.py MODE ROOT OUT [--layout fsdp2|ddp|single] [--resume-step S]
         [--steps K] [--save-at S1,S2] [--width W] [--full] [--async-save]
+
+or :func:`run` with the same arguments on ranks forked from the test (sharded_support.on_forked_ranks).
 
 MODE ``train``: resume from checkpoint ``--resume-step`` in ROOT (if given) into the current layout, train to
 ``--steps``, saving sharded (``--full``: gathered to rank 0, the unsharded path; ``--async-save``: in the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -135,7 +138,9 @@ def memory(args, rank: int, world: int) -> dict:
             "threads": threading.active_count()}
 
 
-def main() -> None:
+def run(argv: list[str]) -> None:
+    """MODE on this rank of the process group joined already (torchrun's, or a forked rank's); rank 0 writes
+    OUT."""
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["train", "memory"])
     parser.add_argument("root")
@@ -147,14 +152,18 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=10)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--async-save", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = train(args, rank, world) if args.mode == "train" else memory(args, rank, world)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(result))
+
+
+def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        result = train(args, rank, world) if args.mode == "train" else memory(args, rank, world)
-        if rank == 0:
-            Path(args.out).write_text(json.dumps(result))
+        run(sys.argv[1:])
     finally:
         dist.destroy_process_group()
 

@@ -1,4 +1,4 @@
-"""Sharded resume on the context-parallel, pipeline and 2-D layouts (real torchrun, gloo; 2 or 4 ranks).
+"""Sharded resume on the context-parallel, pipeline and 2-D layouts (real gloo groups of 2 or 4 ranks).
 
 For cp, dp×tp, dp×cp, pp and dp×pp: a run of 2N steps saving every N steps (sharded: every parameter a DTensor) is the
 uninterrupted reference; its step-N checkpoint, copied alone into a fresh run directory, is exactly what a run
@@ -13,16 +13,20 @@ cp and dp×cp train with ``parallel.strategy=fsdp2`` here: the shipped cp/dp_cp 
 (DDP), and a replicated model is saved full by rank 0, which the full-checkpoint resume tests already cover.
 
 Tensor parallel alone resumes bit-exactly (and onto FSDP2), and FSDP2 onto DDP, in test_sharded_training.py.
+
+Each training is `worldpipe train` with its ranks forked from the test (tests/forked_ranks.py: the launcher's
+checks and record, then the torchrun worker's body on every rank), not started by torchrun: 13 trainings of
+up to 4 ranks cost their steps instead of a torchrun and one interpreter per rank each. Every layout is trained
+under real torchrun through Snakemake in test_layouts_pipeline.py.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 
 import pytest
 
+from forked_ranks import train_on_ranks
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 from worldpipe.checkpoint.shards import INDEX_FILE
 from worldpipe.cli import main as cli_main
@@ -52,14 +56,13 @@ def step_dir(run_dir, step: int):
     return run_dir / "checkpoints" / f"step-{step:06d}"
 
 
-def train(run_dir, dataset, env, experiment: str, layout: str, *extra: str) -> dict:
+def train(run_dir, dataset, experiment: str, layout: str, *extra: str) -> dict:
+    """`worldpipe train` of 2N steps, a checkpoint every N, on forked ranks; returns the completion record."""
     store, manifest = dataset
-    cmd = ["worldpipe", "train", f"experiment={experiment}", f"parallel={layout}", f"run_dir={run_dir}",
-           f"data.store={store}", f"data.manifest={manifest}", "tracking.enabled=false",
-           "trainer.progress_bar=false", f"trainer.steps={2 * HALF}", f"checkpoint.every={HALF}", *extra]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((run_dir / "train_done.json").read_text())
+    return train_on_ranks([f"experiment={experiment}", f"parallel={layout}", f"run_dir={run_dir}",
+                           f"data.store={store}", f"data.manifest={manifest}", "tracking.enabled=false",
+                           "trainer.progress_bar=false", f"trainer.steps={2 * HALF}", f"checkpoint.every={HALF}",
+                           *extra], tmp=run_dir.parent / f"{run_dir.name}-ranks")
 
 
 def resume_from(checkpoint, run_dir) -> None:
@@ -73,26 +76,25 @@ def distance(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory, smoke_dataset, env_with_venv) -> dict:
+def references(tmp_path_factory, smoke_dataset) -> dict:
     """The uninterrupted 2N-step run of every case."""
     out = {}
     for layout, (experiment, extra) in CASES.items():
         run_dir = tmp_path_factory.mktemp(f"straight_{layout}")
-        train(run_dir, smoke_dataset, env_with_venv, experiment, layout, *extra)
+        train(run_dir, smoke_dataset, experiment, layout, *extra)
         out[layout] = run_dir
     return out
 
 
 # pp resumes on its own layout through Snakemake (test_layouts_pipeline.py), to the same digest.
 @pytest.mark.parametrize("layout", [layout for layout in CASES if layout != "pp"])
-def test_sharded_resume_on_the_same_layout_is_bit_exact(tmp_path, references, smoke_dataset, env_with_venv,
-                                                        layout):
+def test_sharded_resume_on_the_same_layout_is_bit_exact(tmp_path, references, smoke_dataset, layout):
     experiment, extra = CASES[layout]
     straight = references[layout]
     assert (step_dir(straight, HALF) / INDEX_FILE).is_file(), "the checkpoint resumed from is not sharded"
     resumed = tmp_path / "resumed"
     resume_from(step_dir(straight, HALF), resumed)
-    done = train(resumed, smoke_dataset, env_with_venv, experiment, layout, *extra)
+    done = train(resumed, smoke_dataset, experiment, layout, *extra)
     assert done["final_step"] == 2 * HALF
     # Step N is still the copied one (the run resumed rather than starting over).
     assert CheckpointManager(resumed / "checkpoints").load(HALF, keys=["identity"])["identity"]["parallel_layout"] \
@@ -104,13 +106,13 @@ def test_sharded_resume_on_the_same_layout_is_bit_exact(tmp_path, references, sm
 @pytest.mark.parametrize(("source", "target", "experiment"),
                          [("dp_tp", "tp_cp", "smoke_transformer"), ("dp_cp", "single", "smoke_ssm"),
                           ("pp", "single", "smoke_transformer"), ("dp_pp", "fsdp2", "smoke_transformer")])
-def test_sharded_checkpoint_resumes_onto_another_layout(tmp_path, references, smoke_dataset, env_with_venv,
-                                                        source, target, experiment):
+def test_sharded_checkpoint_resumes_onto_another_layout(tmp_path, references, smoke_dataset, source, target,
+                                                        experiment):
     straight = references[source]
     resumed = tmp_path / "resumed"
     resume_from(step_dir(straight, HALF), resumed)
     model_keys = tuple(o for o in CASES[source][1] if o.startswith("model."))  # the same model, other layout
-    done = train(resumed, smoke_dataset, env_with_venv, experiment, target, *model_keys)
+    done = train(resumed, smoke_dataset, experiment, target, *model_keys)
     assert done["final_step"] == 2 * HALF
     manager, reference = CheckpointManager(resumed / "checkpoints"), CheckpointManager(straight / "checkpoints")
     source_layout = reference.load(HALF, keys=["identity"])["identity"]["parallel_layout"]

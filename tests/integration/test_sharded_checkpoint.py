@@ -1,4 +1,4 @@
-"""Sharded checkpoints on real torchrun process groups (gloo): every rank writes its own pieces, rank 0 commits.
+"""Sharded checkpoints on real process groups (gloo): every rank writes its own pieces, rank 0 commits.
 
 Resharding: one trajectory is trained across layouts and world sizes (fsdp 4 → fsdp 2 → single 1 → fsdp 4 →
 ddp 2 → fsdp 2), resuming each leg from the previous leg's sharded checkpoint, and must end within float
@@ -7,21 +7,24 @@ sizes: rtol 1e-5, atol 1e-6 after 12 Adam steps). Digest: the same state saved s
 same digest (also when saved in the background while training goes on), and `worldpipe ckpt
 list|verify|digest` read the sharded one. Memory: rank 0's peak RSS during a
 sharded save stays below the full state's size (it does during a gathered save).
+
+The training legs run on ranks forked from the test (sharded_support.on_forked_ranks: 11 legs of 1-4 ranks
+cost their steps, not a torchrun start-up each); the memory test measures a rank started by torchrun.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from sharded_support import torchrun
+from sharded_support import on_forked_ranks, torchrun
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 from worldpipe.checkpoint.shards import CONTENTS_KEY, INDEX_FILE
+from worldpipe.cli import main as cli_main
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,17 +36,17 @@ def _params(path: Path) -> dict[str, torch.Tensor]:
     return {k: torch.tensor(v) for k, v in json.loads(path.read_text())["model"].items()}
 
 
-def test_resume_across_layouts_and_world_sizes(tmp_path, env_with_venv):
+def test_resume_across_layouts_and_world_sizes(tmp_path):
     root, out = tmp_path / "ckpt", tmp_path / "out.json"
     reference = tmp_path / "reference.json"
-    _ok(torchrun(env_with_venv, 1, "train", tmp_path / "ref", reference, "--layout", "single", "--steps", 12))
+    on_forked_ranks(1, "train", tmp_path / "ref", reference, "--layout", "single", "--steps", 12, tmp=tmp_path)
     legs = [(4, "fsdp2", None, 2), (2, "fsdp2", 2, 4), (1, "single", 4, 6), (4, "fsdp2", 6, 8), (2, "ddp", 8, 10),
             (2, "fsdp2", 10, 12)]
     for nproc, layout, start, stop in legs:
         args = ["train", root, out, "--layout", layout, "--steps", stop, "--save-at", stop]
         if start is not None:
             args += ["--resume-step", start]
-        _ok(torchrun(env_with_venv, nproc, *args))
+        on_forked_ranks(nproc, *args, tmp=tmp_path)
         result = json.loads(out.read_text())
         assert result["step"] == stop
         if start is not None:  # the sampler resumes where the saving run left it
@@ -64,22 +67,20 @@ def test_resume_across_layouts_and_world_sizes(tmp_path, env_with_venv):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_sharded_and_gathered_saves_have_one_digest_and_cli_reads_them(mode, tmp_path, env_with_venv):
+def test_sharded_and_gathered_saves_have_one_digest_and_cli_reads_them(mode, tmp_path, capsys):
     sharded, full = tmp_path / "sharded", tmp_path / "full"
     extra = ["--async-save"] if mode == "async" else []  # async: the copy overlaps the next step's forward
-    _ok(torchrun(env_with_venv, 3, "train", sharded, tmp_path / "a.json", "--steps", 3, "--save-at", "1,2", *extra))
-    _ok(torchrun(env_with_venv, 3, "train", full, tmp_path / "b.json", "--steps", 3, "--save-at", "1,2", "--full"))
+    on_forked_ranks(3, "train", sharded, tmp_path / "a.json", "--steps", 3, "--save-at", "1,2", *extra, tmp=tmp_path)
+    on_forked_ranks(3, "train", full, tmp_path / "b.json", "--steps", 3, "--save-at", "1,2", "--full", tmp=tmp_path)
     assert (sharded / "step-000002" / INDEX_FILE).is_file()
     assert not (full / "step-000002" / INDEX_FILE).exists()
     for step in (1, 2):
         assert checkpoint_digest(sharded, step) == checkpoint_digest(full, step)
     assert checkpoint_digest(sharded, 1) != checkpoint_digest(sharded, 2)
-    bin_dir = Path(sys.executable).parent
-    for cmd in (["list"], ["verify"], ["digest"]):
-        proc = subprocess.run([str(bin_dir / "worldpipe"), "ckpt", *cmd, str(tmp_path / "sharded")],
-                              env=env_with_venv, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == checkpoint_digest(full, 2)
+    for cmd in (["list"], ["verify"], ["digest"]):  # the CLI's commands, in this process (no interpreter start-up)
+        assert cli_main(["ckpt", *cmd, str(tmp_path / "sharded")]) == 0, capsys.readouterr().err
+        printed = capsys.readouterr().out.strip()
+    assert printed == checkpoint_digest(full, 2)
 
 
 def test_rank0_peak_memory_during_sharded_save_stays_below_full_state(tmp_path, env_with_venv):

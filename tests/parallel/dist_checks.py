@@ -1,30 +1,38 @@
-"""Checks run by every rank of a real torchrun (gloo) process group; each rank writes its findings as JSON.
+"""Checks run by every rank of a real gloo process group; each returns its findings as a dict.
 
-    torchrun --nproc_per_node=N tests/parallel/dist_checks.py CHECK OUT_DIR [args...]
-
-The pytest side (test_dist_*.py) launches this and asserts on the JSON, so a failure shows the numbers.
+The pytest side (test_dist_parallel.py) runs them on forked ranks (tests/forked_ranks.py) and asserts on the
+dicts, so a failure shows the numbers.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
+from worldpipe.checkpoint import shards
+from worldpipe.checkpoint.sharded_saver import local_state_dicts
+from worldpipe.data.loader import WindowLoader
+from worldpipe.data.sampler import GlobalWindowSampler
+from worldpipe.launch.preflight import compose_config
+from worldpipe.models import build_model
+from worldpipe.models.noise import sample_noise
+from worldpipe.parallel.layout import build_layout
 from worldpipe.parallel.ring_attention import RingStats, ring_attention
+from worldpipe.parallel.runtime import init_runtime
 from worldpipe.parallel.scan import linear_recurrence, sequential_scan
+from worldpipe.parallel.wrap import unwrap
+from worldpipe.trainer.trainer import Trainer
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
-def check_ring(rank: int, size: int, chunk: int, block_size: int, seed: int) -> dict:
+def check_ring(chunk: int, block_size: int, seed: int) -> dict:
     """Ring attention of this rank's chunk vs the same rows of dense causal attention, forward and backward."""
+    rank, size = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(seed)
     seq = size * chunk
     q, k, v = (torch.randn(2, 3, seq, 4, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -48,8 +56,9 @@ def check_ring(rank: int, size: int, chunk: int, block_size: int, seed: int) -> 
     }
 
 
-def check_scan(rank: int, size: int, lengths: list[int], seed: int) -> dict:
+def check_scan(lengths: list[int], seed: int) -> dict:
     """Cross-rank scan of this rank's chunk (chunks of unequal length) vs the sequential loop, with gradients."""
+    rank = dist.get_rank()
     gen = torch.Generator().manual_seed(seed)
     total = sum(lengths)
     a = torch.rand(2, total, 3, generator=gen, dtype=torch.float64)
@@ -98,10 +107,6 @@ def synthetic_batch(batch: int, window: int, seed: int, noise_shape, obs_dim: in
 
 
 def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from torch.distributed.tensor import DTensor
-
-    from worldpipe.parallel.wrap import unwrap
-
     def full(t):
         return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -109,10 +114,6 @@ def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from torch.distributed.tensor import DTensor
-
-    from worldpipe.parallel.wrap import unwrap
-
     return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
             for name, p in unwrap(model).named_parameters()}
 
@@ -129,13 +130,6 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
     steps of the whole global batch; a pipeline (``pp`` > 1) runs them inside its ``schedule``); the reference
     runs the whole batch at once.
     """
-    from torch.distributed.tensor import DTensor
-
-    from worldpipe.data.sampler import GlobalWindowSampler
-    from worldpipe.models import build_model
-    from worldpipe.parallel.layout import build_layout
-    from worldpipe.parallel.runtime import init_runtime
-
     runtime = init_runtime("gloo")
     torch.manual_seed(0)
     obs_dim = OBS_DIMS.get(model_name, OBS_DIM)
@@ -182,20 +176,20 @@ def check_layout(model_name: str, strategy: str, tp: int, cp: int, batch_size: i
     }
 
 
+def check_layout_case(case: tuple) -> dict:
+    """:func:`check_layout` of a case ``(model, strategy, tp, cp, batch, window, micro[, pp, schedule[, "sp"]])``."""
+    model_name, strategy, tp, cp, batch, window, micro, *pipeline = case
+    pp, schedule = (pipeline[0], pipeline[1]) if pipeline else (1, "gpipe")
+    sp = len(pipeline) > 2 and pipeline[2] == "sp"
+    return check_layout(model_name, strategy, tp, cp, batch, window, micro, pp, schedule, sp)
+
+
 def check_trainer_step(store: str, manifest: str, run_dir: str) -> dict:
     """``Trainer.train_step`` on this rank's slice of an odd global batch (3 and 2 windows: unequal valid
     counts) against the definition computed on one process: the gradient of the loss summed over the whole
     global batch's valid steps, divided by their number. Clipping is off (a huge ``grad_clip``) so the
     gradients the step leaves behind are the ones compared.
     """
-    from worldpipe.data.loader import WindowLoader
-    from worldpipe.data.sampler import GlobalWindowSampler
-    from worldpipe.launch.preflight import compose_config
-    from worldpipe.models import build_model
-    from worldpipe.models.noise import sample_noise
-    from worldpipe.parallel.runtime import init_runtime
-    from worldpipe.trainer.trainer import Trainer
-
     cfg = compose_config(["experiment=smoke", f"run_dir={run_dir}", f"data.store={store}",
                           f"data.manifest={manifest}", "tracking.enabled=false", "trainer.batch_size=5",
                           "parallel.even_batches=false", "trainer.grad_clip=1e9", "data.prefetch=0"])
@@ -232,12 +226,6 @@ def check_shard_index(tp: int, cp: int, seed: int) -> dict:
     The modules tensor parallelism leaves whole live on a submesh (FSDP2 over "dp", or over the flattened
     dp×cp ranks): their pieces must not be written once per tp coordinate.
     """
-    from worldpipe.checkpoint import shards
-    from worldpipe.checkpoint.sharded_saver import local_state_dicts
-    from worldpipe.models import build_model
-    from worldpipe.parallel.layout import build_layout
-    from worldpipe.parallel.runtime import init_runtime
-
     runtime = init_runtime("gloo")
     torch.manual_seed(seed)
     model = build_model(MODELS["transformer"], OBS_DIM, ACT_DIM)
@@ -281,41 +269,3 @@ def check_shard_index(tp: int, cp: int, seed: int) -> dict:
             worst = max(worst, _max_diff(assembled, tensor.detach()))
         result.update(elements_not_once=counts_off, value_diff=worst)
     return result
-
-
-def main(argv: list[str]) -> None:
-    check, out_dir, *args = argv
-    torch.set_num_threads(1)
-    if check == "layout":
-        model_name, strategy, tp, cp, batch, window, micro, *pipeline = args
-        pp, schedule = (int(pipeline[0]), pipeline[1]) if pipeline else (1, "gpipe")
-        sp = len(pipeline) > 2 and pipeline[2] == "sp"
-        result = check_layout(model_name, strategy, int(tp), int(cp), int(batch), int(window), int(micro), pp,
-                              schedule, sp)
-        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-        return
-    if check == "trainer_step":
-        result = check_trainer_step(*args)
-        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-        return
-    if check == "shard_index":
-        result = check_shard_index(*map(int, args))
-        Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-        return
-    dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    if check == "ring":
-        result = check_ring(rank, size, int(args[0]), int(args[1]), int(args[2]))
-    elif check == "scan":
-        result = check_scan(rank, size, [int(x) for x in args[0].split(",")], int(args[1]))
-    else:
-        raise SystemExit(f"unknown check {check!r}")
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
