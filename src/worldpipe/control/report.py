@@ -12,7 +12,9 @@ from worldpipe.core.figures import save_figure
 from worldpipe.evaluate.pictures import side_by_side_gif, to_frames
 
 LABELS = {"random": "random", "behaviour": "behaviour policy", "planner": "planner + model",
-          "ceiling": "planner + true simulator"}
+          "ceiling": "planner + true simulator", "planner_http": "planner + served model (HTTP)"}
+# The contenders whose returns are compared (the HTTP one plays a few episodes, for its timing only).
+COMPARED = ("random", "behaviour", "planner", "ceiling")
 
 
 def plot_returns(result: dict[str, Any], path: str | Path) -> None:
@@ -22,7 +24,7 @@ def plot_returns(result: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(result["contenders"])
+    names = [name for name in COMPARED if name in result["contenders"]]
     means = np.array([result["contenders"][n]["mean"] for n in names])
     lows = means - np.array([result["contenders"][n]["ci95"][0] for n in names])
     highs = np.array([result["contenders"][n]["ci95"][1] for n in names]) - means
@@ -46,7 +48,7 @@ def plot_control_loop(result: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ("planner", "ceiling") if n in result["contenders"]]
+    names = [n for n in ("planner", "planner_http", "ceiling") if n in result["contenders"]]
     parts = list(result["contenders"][names[0]]["control_loop"]["parts"])
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
