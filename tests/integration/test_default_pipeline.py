@@ -7,16 +7,20 @@ import json
 import subprocess
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_default_pipeline_beats_repeat_last_observation(repo, env_with_venv, tmp_path):
+    # the closed loop of the defaults, shortened (its full length is measured by `make pipeline`); a config file,
+    # because `--config key={...}` hands nested values to the schema as strings
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump({"experiments": ["pendulum_rssm"], "control": {
+        "episodes": 2, "seed": 5000, "context": 8, "planner": "mppi", "max_steps": 40, "http_episodes": 1}}))
     cmd = ["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(tmp_path), "--profile",
-           str(repo / "workflow/profiles/workstation"), "--config", 'experiments=["pendulum_rssm"]',
-           # the closed loop of the defaults, shortened (its 20 x 200 steps are measured by `make pipeline`)
-           'control={"episodes": 2, "seed": 5000, "context": 8, "planner": "mppi", "max_steps": 40, '
-           '"http_episodes": 1}']
+           str(repo / "workflow/profiles/workstation"), "--configfile", str(repo / "conf/pipeline/default.yaml"),
+           str(overlay)]
     proc = subprocess.run(cmd, env=env_with_venv, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-5000:]
     (evaluation,) = (tmp_path / "results/runs/pendulum_rssm/latest/eval").iterdir()

@@ -16,7 +16,9 @@ from worldpipe.config import paths
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 METRIC_KEYS = {"model", "experiment", "checkpoint_step", "mlflow_run_id", "train_dataset_hash", "heldout_dataset_hash", "segments", "context",
-               "horizon", "model_mse", "baseline_mse", "ratio", "one_step_ratio", "beats_baseline_one_step"}
+               "horizon", "model_mse", "baseline_mse", "ratio", "one_step_ratio", "beats_baseline_one_step",
+               # the smoke model is an RSSM: its sampled latents' open loop too
+               "sampled_model_mse", "sampled_ratio", "sampled_one_step_ratio"}
 
 
 def _dataset_hash(pipeline_dir: Path, dataset) -> str:
@@ -80,11 +82,15 @@ def test_evaluation_metrics_are_complete_and_consistent(pipeline_dir, repo):
     assert metrics["heldout_dataset_hash"] == _dataset_hash(pipeline_dir, datasets["pendulum-heldout"])
     assert metrics["heldout_dataset_hash"] != metrics["train_dataset_hash"]
     assert isinstance(metrics["segments"], int) and metrics["segments"] > 0
-    for key in ("model_mse", "baseline_mse", "ratio"):
+    for key in ("model_mse", "baseline_mse", "ratio", "sampled_model_mse", "sampled_ratio"):
         assert len(metrics[key]) == 8 and all(math.isfinite(v) and v > 0 for v in metrics[key]), key
     for model, baseline, ratio in zip(metrics["model_mse"], metrics["baseline_mse"], metrics["ratio"], strict=True):
         assert ratio == pytest.approx(model / baseline, rel=1e-12)
     assert metrics["one_step_ratio"] == metrics["ratio"][0]
+    assert metrics["sampled_one_step_ratio"] == metrics["sampled_ratio"][0]
+    for sampled, baseline, ratio in zip(metrics["sampled_model_mse"], metrics["baseline_mse"], metrics["sampled_ratio"],
+                                        strict=True):
+        assert ratio == pytest.approx(sampled / baseline, rel=1e-12)
     assert metrics["beats_baseline_one_step"] is (metrics["ratio"][0] < 1.0)
 
 
@@ -189,3 +195,17 @@ def test_report_renders_the_last_run_with_no_config_and_every_plot_two_clicks_de
     for name in ("loss_curve.png", "error_vs_horizon.png", "returns.png", "control_loop.png"):
         _, category, labels = figures[name]
         assert category == "smoke" and labels["model"] == "RSSM" and labels["run"] == run.name, (name, labels)
+
+
+def test_a_hand_run_of_the_pipelines_config_is_addressed_to_the_pipelines_run(pipeline_dir, repo, env_with_venv):
+    """`worldpipe train experiment=smoke` by hand, in the project the pipeline trained: the same resolved config
+    and dataset, so the same folder, finished already: nothing trains and nothing of the run changes."""
+    datasets, runs = plan_of(repo, repo / "conf/pipeline/smoke.yaml")
+    data, run = pipeline_dir / datasets["pendulum"].dir, pipeline_dir / runs["smoke"].dir
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    proc = subprocess.run(["worldpipe", "train", "experiment=smoke", f"data.store={data}/{paths.STORE_NAME}",
+                           f"data.manifest={data}/{paths.MANIFEST_NAME}"], cwd=pipeline_dir, env=env_with_venv,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{runs['smoke'].dir}: this config's run, finished already" in proc.stderr, proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before

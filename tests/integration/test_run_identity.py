@@ -18,7 +18,7 @@ from pipeline_project import Project, files_of, kill_tree, planned_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-RUN_RULES = {"train_model", "evaluate_model", "plot_loss_curve"}
+RUN_RULES = {"train_model", "evaluate_model", "evaluate_control", "plot_loss_curve"}
 
 
 def smoke_config(repo: Path, experiments: list[str], overrides: list[str] | None = None) -> dict:

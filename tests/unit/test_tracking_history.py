@@ -25,3 +25,11 @@ def test_missing_steps_and_metrics_are_differences_nan_equals_nan():
 
 def test_duplicate_steps():
     assert duplicate_steps({"a": [(1, 0, 1.0), (1, 1, 1.0), (2, 0, 1.0)], "b": [(1, 0, 0.0)]}) == {"a": [1]}
+
+
+def test_evaluations_logged_on_the_run_afterwards_are_not_part_of_its_training_history():
+    trained = {"loss/total": [(40, 0, 0.5)]}
+    evaluated = {**trained, "eval/ratio_h8": [(40, 0, 0.3)], "control/behaviour/return_ci95_high": [(40, 0, -46.5)],
+                 "control/score": [(40, 0, 0.9)]}
+    assert first_difference(evaluated, trained) is None
+    assert first_difference({**evaluated, "loss/kl": [(40, 0, 1.0)]}, trained) == (40, "loss/kl", 1.0, None)

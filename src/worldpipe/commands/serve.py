@@ -62,18 +62,10 @@ def _config(args):
 
 def _serve(args) -> int:
     from worldpipe.checkpoint import CheckpointError
-    from worldpipe.core.errors import EXIT_USAGE, one_line
+    from worldpipe.core.errors import EXIT_USAGE, UsageError, one_line
+    from worldpipe.rollout.contexts import HeldoutContexts
 
-    try:
-        where = locate(args)
-    except CheckpointError as err:  # nothing to serve at RUN: the argument is what must change
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return EXIT_USAGE
-    pin_recorded_numerics(where)  # the served run's code paths, before torch computes
-    import torch
-
-    from worldpipe.rollout.http.server import serve
-
+    # The options first, then the held-out data (read, not computed on), then RUN: cheapest refusal first.
     try:
         config = _config(args)
     except ValueError as err:
@@ -83,10 +75,20 @@ def _serve(args) -> int:
         print("error: --heldout-store and --heldout-manifest go together (the held-out dataset and its manifest)",
               file=sys.stderr)
         return EXIT_USAGE
-    heldout = (args.heldout_store, args.heldout_manifest) if args.heldout_store else None
+    try:
+        contexts = HeldoutContexts.load(args.heldout_store, args.heldout_manifest) if args.heldout_store else None
+        where = locate(args)
+    except (UsageError, CheckpointError) as err:  # the argument named is what must change
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    pin_recorded_numerics(where)  # the served run's code paths, before torch computes
+    import torch
+
+    from worldpipe.rollout.http.server import serve
+
     torch.set_num_threads(args.threads)
     try:
-        return serve(where.path, args.host, args.port, config, args.port_file, heldout=heldout)
+        return serve(where.path, args.host, args.port, config, args.port_file, contexts=contexts)
     except CheckpointError as err:  # nothing to serve at RUN: the argument is what must change
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE

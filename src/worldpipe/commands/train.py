@@ -101,25 +101,67 @@ def launch(overrides: list[str], options: argparse.Namespace | None = None) -> i
     and the MLflow run's page (in the UI's Model training view)."""
     options = options if options is not None else own_options([])[0]
     overrides = with_dataset(overrides)
-    if options.dataset_spec_hash is None:
+    spec_hash = options.dataset_spec_hash
+    if spec_hash is None and "run_dir" not in {_key(o) for o in overrides if "=" in o}:
+        overrides, spec_hash, finished = config_addressed(overrides)
+        if finished is not None:  # as Snakemake's "Nothing to be done": its results stay as they are
+            print(f"{finished}: this config's run, finished already; nothing to train (a changed value trains "
+                  "a new run, a larger trainer.steps continues this one)", file=sys.stderr)
+            print(closing_line(overrides), flush=True)
+            return 0
+    if spec_hash is None:
         from worldpipe.launch.launcher import start_training
 
         code = start_training(overrides, options.rdzv_endpoint, options.rdzv_id)
     else:
-        code = _pipeline_attempt(overrides, options)
+        code = _pipeline_attempt(overrides, options, spec_hash)
     if code == 0:
         print(closing_line(overrides), flush=True)
     return code
 
 
-def _pipeline_attempt(overrides: list[str], options: argparse.Namespace) -> int:
-    """A pipeline job's attempt: the run directory checked against the config's hash, begin and end recorded."""
+def config_addressed(overrides: list[str]) -> tuple[list[str], str | None, str | None]:
+    """A hand run addressed as the pipeline addresses its runs: ``overrides`` plus ``run_dir=`` the folder of this
+    resolved config and dataset spec (``results/runs/<experiment>/<run-hash>``), the dataset's spec hash, and
+    that folder when it holds this config's run finished at its ``trainer.steps`` already (else None).
+
+    So the same config resumes in its folder, a changed value trains into a new one, and ``<experiment>/latest``
+    follows the newest. Where the config does not compose or the manifest cannot be read, ``overrides`` come back
+    as they are (spec hash None): the launcher's checks then name the problem in one line.
+    """
+    import json
+    from pathlib import Path
+
+    from worldpipe.config import paths
+    from worldpipe.config.compose import compose_config
+    from worldpipe.config.identity import config_hash
+    from worldpipe.data.manifest import load_manifest
+    from worldpipe.data.spec import spec_hash
+    from worldpipe.pipeline.plan import run_hash
+
+    try:
+        cfg = compose_config(overrides)
+        dataset = spec_hash(load_manifest(str(cfg.data.manifest))["spec"])
+        address = paths.run_dir(str(cfg.experiment_name), run_hash(config_hash(cfg), dataset))
+    except Exception:  # noqa: BLE001 - reported by name by the launcher's full check
+        return overrides, None, None
+    try:
+        done = json.loads((Path(address) / paths.COMPLETION_RECORD).read_text())
+        finished = address if done.get("final_step") == int(cfg.trainer.steps) else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        finished = None
+    return [*overrides, f"run_dir={address}"], dataset, finished
+
+
+def _pipeline_attempt(overrides: list[str], options: argparse.Namespace, spec_hash: str) -> int:
+    """An attempt at a config-addressed run (a pipeline job's, or a hand run's): the run directory checked against
+    the config's hash, begin and end recorded."""
     from worldpipe.core.errors import EXIT_FAILURE, classify
     from worldpipe.launch.launcher import prepared_config, start_training
     from worldpipe.pipeline.run_index import begin, end
 
     cfg = prepared_config(overrides)  # composed once: the run directory's check and the launch share it
-    record = begin(cfg.run_dir, options.dataset_spec_hash, overrides, cfg)
+    record = begin(cfg.run_dir, spec_hash, overrides, cfg)
     print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}", flush=True)
     code = EXIT_FAILURE
     try:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worldpipe.core.hashing import canonical_hash
+
 SUPPORTED_ENVS: tuple[str, ...] = ("Pendulum-v1", "CartPole-v1")
 # Envs whose actions are a continuous box: the ones a planner can act in (closed-loop control).
 CONTINUOUS_ACTION_ENVS: tuple[str, ...] = ("Pendulum-v1",)
@@ -105,3 +107,9 @@ class DatasetSpec:
             raise ValueError(f"shard index {shard_index} out of range [0, {self.num_shards})")
         start = shard_index * self.episodes_per_shard
         return start, min(start + self.episodes_per_shard, self.episodes)
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """The hash that addresses a dataset spec (``results/data/<name>/<spec-hash>``, and every run trained on it):
+    of the normalized spec, so a default written out and a default left out give the same hash."""
+    return canonical_hash(DatasetSpec.from_dict(spec).to_dict())

@@ -24,7 +24,7 @@ from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.config.tracking_uri import tracking_uri_problem
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
-from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec
+from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec, spec_hash
 from worldpipe.launch.preflight import check_window, checked_config
 
 HELDOUT_SUFFIX = "-heldout"
@@ -84,11 +84,10 @@ def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
         heldout = {**train, "name": f"{name}{HELDOUT_SUFFIX}", **entry["heldout"]}
         for raw in (train, heldout):
             try:
-                # Normalized, so a default written out and a default left out give the same hash.
                 full = DatasetSpec.from_dict(raw).to_dict()
             except ValueError as err:
                 raise PipelineError(f"datasets: {name}: {err}") from err
-            found[full["name"]] = Dataset(full["name"], full, canonical_hash(full))
+            found[full["name"]] = Dataset(full["name"], full, spec_hash(full))
     return found
 
 

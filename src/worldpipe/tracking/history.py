@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from worldpipe.config.identity import flatten
+from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
@@ -21,8 +22,9 @@ from worldpipe.tracking.recorder import fail_fast_over_http, resolve_tracking_ur
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
-# Metrics that are not part of a training run's computation: the machine's, and evaluations logged afterwards.
-NOT_TRAINING_PREFIXES = (SYSTEM_PREFIX, EVAL_PREFIX)
+# Metrics that are not part of a training run's computation: the machine's, and evaluations (open-loop and
+# closed-loop) logged afterwards.
+NOT_TRAINING_PREFIXES = (SYSTEM_PREFIX, EVAL_PREFIX, CONTROL_PREFIX)
 
 
 class RecordError(RuntimeError):
@@ -75,7 +77,8 @@ def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[s
     """First (step, metric, value_a, value_b) where two histories differ bitwise; None if identical.
 
     Values are compared per step (timestamps ignored); a step or metric present on one side only is a
-    difference (its missing side shown as None); system and evaluation metrics are not compared. Steps are visited in order, metrics by name within a step.
+    difference (its missing side shown as None); system and evaluation metrics (open- and closed-loop) are not compared. Steps are visited in order, metrics
+    by name within a step.
     """
     skip = set(ignore)
     keys = sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES))

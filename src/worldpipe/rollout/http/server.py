@@ -68,17 +68,16 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(checkpoint_path: str, host: str = "127.0.0.1", port: int = 8000, config: ServiceConfig | None = None,
-          port_file: str | None = None, device: str = "cpu", heldout: tuple[str, str] | None = None) -> int:
+          port_file: str | None = None, device: str = "cpu", contexts: HeldoutContexts | None = None) -> int:
     """Serve ``checkpoint_path`` until SIGTERM/SIGINT; returns the exit status.
 
-    The address is claimed, the held-out data (``heldout``: store, manifest; the play page's contexts) read and
-    the model loaded before uvicorn starts: a bad host, port, held-out dataset or checkpoint directory is one
-    error line (UsageError, CheckpointError), never a traceback from inside the server.
+    The address is claimed and the model loaded (and checked against ``contexts``, the held-out windows the play
+    page starts sessions from) before uvicorn starts: a bad host, port, held-out dataset or checkpoint directory
+    is one error line (UsageError, CheckpointError), never a traceback from inside the server.
     """
     config = config or ServiceConfig()
     sock = listen_socket(host, port)
     try:
-        contexts = HeldoutContexts.load(*heldout) if heldout else None
         service = RolloutService(checkpoint_path, config, device)
         if contexts is not None:
             latest = service.registry.latest()
