@@ -10,6 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from worldpipe.cli import main as cli_main
+from worldpipe.tracking import spool as spool_module
 from worldpipe.tracking.delivery import RECORD_KEY_TAG, deliver, metric_fate
 from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
@@ -30,6 +31,32 @@ def _simulate(recorder: RunRecorder, steps, every: int, crash_after_stage: int |
             if step == crash_after_stage:
                 return  # died after journaling, before the checkpoint was published
             recorder.commit(step, {f"checkpoints/step-{step:06d}/digest.json": b'{"step": %d}' % step})
+
+
+def test_a_checkpoints_records_are_one_journal_write_and_every_file_arrives_whole(tmp_path, sqlite_uri,
+                                                                                  monkeypatch):
+    run_dir = tmp_path / "run"
+    recorder = RunRecorder(True, sqlite_uri, "spool-inline", run_dir=run_dir)
+    recorder.start(None, "inline", {})
+    spool = Spool(run_dir)
+    files = {"checkpoints/step-000010/manifest.json": b'{"step": 10}',          # small text: in the journal line
+             "checkpoints/step-000010/rng/rank0.json": b'{"torch": "abc"}',
+             "checkpoints/step-000010/big.txt": b"x" * (1 << 17),               # large: a blob file
+             "checkpoints/step-000010/state.bin": bytes(range(256)) * 4}       # binary: a blob file
+    before = spool.journal.stat().st_size
+    writes = []
+    original = spool_module.append_durably
+    monkeypatch.setattr(spool_module, "append_durably", lambda path, data: (writes.append(data), original(path, data))[1])
+    recorder.commit(10, files, {"worldpipe.checkpoint.step": "10"})  # the real write, watched
+    assert len(writes) == 1 and spool.journal.stat().st_size == before + len(writes[0])
+    ops = [json.loads(line)["op"] for line in writes[0].decode().splitlines()]
+    assert ops == ["commit", "artifacts", "artifacts", "tags"]  # checkpoints/step-000010 and its rng/ folder
+    recorder.end("FINISHED")
+    client = MlflowClient(sqlite_uri)
+    run_id = spool.state()["run_id"]
+    for path, data in files.items():
+        assert Path(client.download_artifacts(run_id, path, str(tmp_path / "down"))).read_bytes() == data, path
+    assert client.get_run(run_id).data.tags["worldpipe.checkpoint.step"] == "10"
 
 
 def test_journal_sequence_and_torn_tail(tmp_path):
@@ -76,7 +103,8 @@ def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_pat
     assert [s for s, _, _ in history["loss/total"]] == list(range(1, 41))
     assert not duplicate_steps(history)
     assert len(client.list_artifacts(run.info.run_id, "checkpoints")) == 4
-    assert not list((run_dir / "tracking" / "blobs").iterdir())  # uploaded blobs are dropped
+    blobs = run_dir / "tracking" / "blobs"
+    assert not blobs.exists() or not list(blobs.iterdir())  # uploaded blobs are dropped
     # A second sync has nothing to do and changes nothing.
     assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
     assert histories(client, run.info.run_id) == history

@@ -8,7 +8,8 @@ Record kinds and why replaying each is idempotent:
 - ``params``    only keys the run lacks are logged; a value changed on resume goes to the tag
                 ``worldpipe.changed.<key>`` (MLflow refuses to change a param).
 - ``tags``      set_tag overwrites.
-- ``artifacts`` upload of ``blobs/<seq>/`` under a path: overwrites the same files.
+- ``artifacts`` upload of its files (``blobs/<seq>/``, and the small text ones journaled ``inline``) under a
+                path: overwrites the same files.
 - ``metrics``   staged before the checkpoint of ``gate`` is published. Delivered once a later ``commit``
                 (checkpoint durable) or ``open`` with ``resume_step >= gate`` confirms them; voided by an ``open``
                 that resumed from an earlier step (those steps are recomputed and staged again). The first record
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,10 +186,18 @@ class _Applier:
             self.client.log_batch(self.run_id, tags=tags[start:start + TAG_BATCH])
 
     def _artifacts(self, record: dict, _first: bool) -> None:
-        blob = self.spool.blob_dir(record["seq"])
-        if not blob.exists():
+        blob, inline = self.spool.blob_dir(record["seq"]), record.get("inline") or {}
+        if blob.exists():
+            self.client.log_artifacts(self.run_id, str(blob), record.get("path") or None)
+        elif not inline:
             raise RuntimeError(f"files of artifact record {record['seq']} are missing from {blob}")
-        self.client.log_artifacts(self.run_id, str(blob), record.get("path") or None)
+        if inline:
+            with tempfile.TemporaryDirectory(prefix="worldpipe-inline-") as staging:
+                for name, text in inline.items():
+                    target = Path(staging) / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(text, encoding="utf-8")
+                self.client.log_artifacts(self.run_id, staging, record.get("path") or None)
 
     def _metrics(self, record: dict, first: bool) -> None:
         from mlflow.entities import Metric

@@ -85,6 +85,11 @@ def group_files(files: Mapping[str, bytes]) -> dict[str, dict[str, bytes]]:
     return groups
 
 
+def artifact_records(files: Mapping[str, bytes]) -> list[tuple[str, Mapping[str, bytes], dict[str, str]]]:
+    """Spool records (op, files, fields) uploading ``files`` ({artifact path: content}): one per directory."""
+    return [("artifacts", group, {"path": directory}) for directory, group in sorted(group_files(files).items())]
+
+
 class RunRecorder:
     """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
 
@@ -214,8 +219,7 @@ class RunRecorder:
         """Record artifacts given as {artifact path: content}; contents are spooled before upload."""
         if not self.enabled:
             return
-        for directory, group in sorted(group_files(files).items()):
-            self._spool.append("artifacts", files=group, path=directory)
+        self._spool.append_many(artifact_records(files))
         if deliver:
             self.deliver()
 
@@ -246,11 +250,11 @@ class RunRecorder:
         """Checkpoint `step` is durable: release its staged metrics, record its artifacts and tags, replay."""
         if not self.enabled:
             return
-        self._spool.append("commit", step=int(step))
-        if files:
-            self.log_files(files, deliver=False)
+        # One journal write (one fsync) for the checkpoint's records: this runs on the training thread.
+        records = [("commit", None, {"step": int(step)}), *artifact_records(files or {})]
         if tags:
-            self._spool.append("tags", tags={k: str(v) for k, v in tags.items()})
+            records.append(("tags", None, {"tags": {k: str(v) for k, v in tags.items()}}))
+        self._spool.append_many(records)
         self.deliver()
 
     # ---- delivery ----

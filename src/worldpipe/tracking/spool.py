@@ -1,8 +1,9 @@
 """The durable outbox of a run's records: an append-only journal in ``RUN_DIR/tracking/``.
 
-Every record a run sends to MLflow is first appended here (one JSON line, ``fsync``), with a sequence number;
-files an artifact record uploads are copied into ``blobs/<seq>/`` first, so later changes (retention deleting a
-checkpoint) cannot change what gets recorded. ``state.json`` (replaced atomically) holds the highest
+Every record a run sends to MLflow is first appended here (one JSON line, ``fsync``; the records of one event,
+such as a checkpoint's commit, artifacts and tags, with one ``fsync``), with a sequence number; files an artifact
+record uploads are copied into it first (small text inline in the line, the rest into ``blobs/<seq>/``), so later
+changes (retention deleting a checkpoint) cannot change what gets recorded. ``state.json`` (replaced atomically) holds the highest
 acknowledged sequence number and the MLflow run id once known. Delivery (``worldpipe.tracking.delivery``)
 replays records after the acknowledged one, in order, and acknowledges each after MLflow accepted it; every
 record kind is applied idempotently, so a crash between applying and acknowledging duplicates nothing.
@@ -26,7 +27,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,24 @@ TRACKING_DIR = "tracking"
 JOURNAL_NAME = "journal.jsonl"
 STATE_NAME = "state.json"
 BLOBS_DIR = "blobs"
+# Artifact files of text up to this size are journaled in their record's line: no blob files, no fsync of their
+# own (a checkpoint's records: manifest, digest, sampler and RNG views, a few KiB each).
+INLINE_LIMIT = 1 << 16
+
+
+def _split_inline(files: Mapping[str, bytes]) -> tuple[dict[str, str], dict[str, bytes]]:
+    """({name: text} small enough to journal inline, {name: bytes} for blobs)."""
+    inline, large = {}, {}
+    for name, data in files.items():
+        try:
+            text = bytes(data).decode("utf-8") if len(data) <= INLINE_LIMIT else None
+        except UnicodeDecodeError:
+            text = None
+        if text is None:
+            large[name] = data
+        else:
+            inline[name] = text
+    return inline, large
 
 
 def default_state() -> dict[str, Any]:
@@ -171,24 +190,42 @@ class Spool:
 
     def append(self, op: str, files: Mapping[str, bytes] | None = None, **fields: Any) -> int:
         """Durably append one record (its files first); returns its sequence number."""
+        return self.append_many([(op, files, fields)])[0]
+
+    def append_many(self, entries: Sequence[tuple[str, Mapping[str, bytes] | None, Mapping[str, Any]]]) -> list[int]:
+        """Durably append records (op, files, fields) in order, with one journal fsync; their sequence numbers.
+
+        An artifact file of text up to INLINE_LIMIT bytes travels in its record's line (``inline``); a larger
+        or binary one is written to ``blobs/<seq>/`` and fsynced first. A crash mid-write leaves a prefix of
+        the records (a torn last line is cut by the next append), as separate appends would.
+        """
         with self.locked("append"):
-            seq = self._repair_tail() + 1
-            if files:
-                blob = self.blob_dir(seq)
-                if blob.exists():  # left by a crash between writing blobs and the journal line
-                    shutil.rmtree(blob)
-                for relpath, data in files.items():
-                    target = blob / relpath
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    write_file_durably(target, [data])
-                    fsync_dir(target.parent)
-                fsync_dir(blob.parent)
-            record = {"seq": seq, "op": op, "time_ms": int(time.time() * 1000), **fields}
-            line = (json.dumps(record, sort_keys=True, allow_nan=True) + "\n").encode()
-            append_durably(self.journal, line)
-            if seq == 1:
+            first = self._repair_tail() + 1
+            now = int(time.time() * 1000)
+            lines = []
+            for seq, (op, files, fields) in enumerate(entries, start=first):
+                record = {"seq": seq, "op": op, "time_ms": now, **fields}
+                inline, large = _split_inline(files or {})
+                if inline:
+                    record["inline"] = inline
+                if large:
+                    self._write_blobs(seq, large)
+                lines.append(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
+            append_durably(self.journal, "".join(lines).encode())
+            if first == 1:
                 fsync_dir(self.dir)
-            return seq
+            return list(range(first, first + len(entries)))
+
+    def _write_blobs(self, seq: int, files: Mapping[str, bytes]) -> None:
+        blob = self.blob_dir(seq)
+        if blob.exists():  # left by a crash between writing blobs and the journal line
+            shutil.rmtree(blob)
+        for relpath, data in files.items():
+            target = blob / relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_file_durably(target, [data])
+            fsync_dir(target.parent)
+        fsync_dir(blob.parent)
 
     def blob_dir(self, seq: int) -> Path:
         return self.dir / BLOBS_DIR / f"{seq:08d}"
