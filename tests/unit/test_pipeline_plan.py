@@ -48,6 +48,23 @@ def test_an_edit_in_conf_changes_the_run_hash_and_restoring_it_restores_the_hash
     assert run_hashes(config, conf) == before
 
 
+def control_hashes(config: dict, conf: Path) -> dict[str, str | None]:
+    return {name: run.control_hash for name, run in plan(config, conf)[1].items()}
+
+
+def test_an_edit_of_the_planners_config_is_a_new_closed_loop_evaluation_not_a_new_run(conf):
+    config = pipeline_config()
+    runs, controls = run_hashes(config, conf), control_hashes(config, conf)
+    edit(conf / "planner/mppi.yaml", "samples: 128", "samples: 64")
+    assert run_hashes(config, conf) == runs
+    assert control_hashes(config, conf)["pendulum_rssm"] not in (None, controls["pendulum_rssm"])
+    edit(conf / "planner/mppi.yaml", "samples: 64", "samples: 128")
+    assert control_hashes(config, conf) == controls
+    config["control"]["planner"] = "nope"
+    with pytest.raises(PipelineError, match=r"control: planner: 'nope': cannot read .*nope\.yaml .*planners: cem, mppi"):
+        plan(config, conf)
+
+
 def test_an_override_changes_the_hash_a_resume_safe_key_does_not(conf):
     base = run_hashes(pipeline_config(), conf)
     assert run_hashes(pipeline_config(overrides=["trainer.lr=3e-4"]), conf) != base

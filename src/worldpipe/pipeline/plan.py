@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig
 
 from worldpipe.config import paths
@@ -139,7 +140,7 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
-               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1], control_hash(config, dataset))
+               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1], control_hash(config, dataset, conf))
 
 
 def control_settings(config: Mapping[str, Any], dataset: Dataset) -> dict[str, Any] | None:
@@ -152,10 +153,20 @@ def control_settings(config: Mapping[str, Any], dataset: Dataset) -> dict[str, A
             "max_steps": dataset.spec["max_steps"], **control}
 
 
-def control_hash(config: Mapping[str, Any], dataset: Dataset) -> str | None:
-    """The directory name of a run's closed-loop evaluation: a hash of its settings."""
+def control_hash(config: Mapping[str, Any], dataset: Dataset, conf: Path | None = None) -> str | None:
+    """The directory name of a run's closed-loop evaluation: a hash of its settings and of the planner's config
+    file (``conf/planner/<planner>.yaml``), so an edit of either evaluates again beside the earlier result."""
     settings = control_settings(config, dataset)
-    return None if settings is None else canonical_hash(settings)
+    if settings is None:
+        return None
+    planner = (conf or paths.conf_dir()) / "planner" / f"{settings['planner']}.yaml"
+    try:
+        planner_config = yaml.safe_load(planner.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        known = sorted(p.stem for p in planner.parent.glob("*.yaml"))
+        raise PipelineError(f"control: planner: {settings['planner']!r}: cannot read {planner} "
+                            f"({type(err).__name__}; planners: {', '.join(known)})") from None
+    return canonical_hash({**settings, "planner_config": planner_config})
 
 
 def check_tracking_uri(config: Mapping[str, Any]) -> None:
