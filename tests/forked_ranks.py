@@ -12,7 +12,9 @@ is ``worldpipe train OVERRIDES`` so: the config checked and recorded as the laun
 torchrun worker on every rank. What torchrun and the launcher do besides (rendezvous, run lock, lifelines, exit
 codes, signals, kills) is tested by the tests that launch them.
 
-Each rank sets one intra-op thread, as torchrun does for several ranks per node. A rank that raises sends its
+Each rank sets one intra-op thread first, as torchrun does for several ranks per node; it is also what makes a
+fork safe here: an OpenMP thread pool the test process used does not exist in the fork, and a parallel region
+with more than one thread would wait for it forever. A rank that raises sends its
 traceback; the others are then stopped (they may wait in a collective for it) and the test fails with the
 first traceback. A rank that dies without a word (a crash) fails the test with its exit status.
 """
