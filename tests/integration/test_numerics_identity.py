@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_support import BIN
 
+from worldpipe.checkpoint import checkpoint_digest
 from worldpipe.pipeline.run_index import numerics_lines
 
 pytestmark = pytest.mark.integration
@@ -35,30 +36,35 @@ def _train(run_dir: Path, dataset, env: dict, *extra: str, uri: str = "", forced
                           timeout=300)
 
 
-def _digest(run_dir: Path, env: dict) -> str:
-    proc = subprocess.run([str(BIN / "worldpipe"), "ckpt", "digest", str(run_dir)], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split()[-1]
+def _train_portable(run_dir: Path, dataset, env: dict, forced: dict) -> str:
+    """A portable run under ``forced`` variables, checked to have recorded the pinned code paths; its digest."""
+    proc = _train(run_dir, dataset, env, "numerics=portable", forced=forced)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((run_dir / "checkpoints" / "step-000010" / "MANIFEST.json").read_text())
+    recorded = manifest["identity"]["numerics"]
+    assert (recorded["mkl.cbwr"], recorded["aten.cpu_capability"]) == ("COMPATIBLE", "AVX2")
+    assert manifest["identity"]["config"]["numerics"]["mode"] == "portable"
+    assert manifest["identity"]["config"]["numerics"]["fused_optimizer"] is True
+    return checkpoint_digest(run_dir / "checkpoints")
 
 
-def test_portable_digests_are_equal_whatever_code_path_the_environment_forces(tmp_path, smoke_dataset,
-                                                                               env_with_venv):
-    """Each forced variant trains in fresh processes (the launcher pins before torch computes; a launcher that
-    pinned late hands training to torchrun); one variant has the pins already set and trains in-process."""
+@pytest.fixture(scope="module")
+def portable_reference(tmp_path_factory, smoke_dataset, env_with_venv) -> str:
+    """The portable run whose variables are set already (it trains in the launcher's own process): the digest
+    every forced variant must give."""
     pinned = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    digests = {}
-    for index, forced in enumerate([*FORCED, pinned]):
-        run_dir = tmp_path / f"portable-{index}"
-        proc = _train(run_dir, smoke_dataset, env_with_venv, "numerics=portable", forced=forced)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        digests[json.dumps(forced)] = _digest(run_dir, env_with_venv)
-        manifest = json.loads((run_dir / "checkpoints" / "step-000010" / "MANIFEST.json").read_text())
-        recorded = manifest["identity"]["numerics"]
-        assert (recorded["mkl.cbwr"], recorded["aten.cpu_capability"]) == ("COMPATIBLE", "AVX2")
-        assert manifest["identity"]["config"]["numerics"]["mode"] == "portable"
-        assert manifest["identity"]["config"]["numerics"]["fused_optimizer"] is True
-    assert len(set(digests.values())) == 1, digests
+    return _train_portable(tmp_path_factory.mktemp("portable") / "pinned", smoke_dataset, env_with_venv, pinned)
+
+
+# One forced code path in the default tier (a launcher that pins nothing records it, and its bits differ), the
+# other two in the slow tier. Each trains in fresh processes: the launcher pins before torch computes, and a
+# launcher that pinned late hands training to torchrun.
+@pytest.mark.parametrize("forced", [FORCED[1], pytest.param(FORCED[0], marks=pytest.mark.slow),
+                                    pytest.param(FORCED[2], marks=pytest.mark.slow)],
+                         ids=["avx512", "avx2", "auto"])
+def test_portable_digests_are_equal_whatever_code_path_the_environment_forces(forced, tmp_path, smoke_dataset,
+                                                                               env_with_venv, portable_reference):
+    assert _train_portable(tmp_path / "portable", smoke_dataset, env_with_venv, forced) == portable_reference
 
 
 @pytest.fixture(scope="module")
