@@ -1,4 +1,9 @@
-"""Build small real datasets through the CLI, exactly as the Snakemake rules do."""
+"""Small real datasets: simulated Pendulum episodes in a real zarr store, sealed with a manifest.
+
+Built in the test process with the library call the data rules' commands make (`worldpipe data init`, `write`,
+`seal` are :func:`worldpipe.data.build.build_dataset` in three steps): the same bytes and dataset hash
+(`tests/integration/test_data_pipeline.py` checks it against the commands), without three fresh interpreters.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,20 @@ SMOKE_SPEC = {
 }
 
 
-def build_dataset(root: Path, env: dict, spec: dict | None = None) -> tuple[Path, Path]:
-    """init + write all shards + seal; returns (store path, manifest path)."""
+def build_dataset(root: Path, env: dict | None = None, spec: dict | None = None) -> tuple[Path, Path]:
+    """Store and manifest of ``spec`` (default: the smoke spec) under ``root``; returns (store, manifest).
+
+    ``env`` is unused (kept for the callers that pass the test environment)."""
+    from worldpipe.data.build import build_dataset as build
+    from worldpipe.data.spec import DatasetSpec
+
+    store, manifest = root / "store.zarr", root / "manifest.json"
+    build(str(store), DatasetSpec.from_dict(dict(spec or SMOKE_SPEC)), manifest_path=str(manifest))
+    return store, manifest
+
+
+def build_dataset_with_the_cli(root: Path, env: dict, spec: dict | None = None) -> tuple[Path, Path]:
+    """The same through `worldpipe data init`, `write` and `seal`, as the Snakemake rules run them."""
     spec = dict(spec or SMOKE_SPEC)
     store, manifest = root / "store.zarr", root / "manifest.json"
     text = json.dumps(spec)

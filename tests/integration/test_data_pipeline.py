@@ -77,3 +77,13 @@ def test_cli_info_and_verify(two_builds, env_with_venv, tmp_path, repo):
     assert bad.returncode == 1
     flagged = [line for line in bad.stdout.splitlines() if not line.strip().startswith("ok")]
     assert any(str(shard.relative_to(copy / "store.zarr")) in line for line in flagged), bad.stdout
+
+
+def test_the_test_suites_datasets_are_the_data_commands_datasets(tmp_path, env_with_venv):
+    """tests/datasets.py builds in-process; `worldpipe data init/write/seal` must give the same dataset."""
+    from datasets import SMOKE_SPEC, build_dataset, build_dataset_with_the_cli
+
+    spec = {**SMOKE_SPEC, "episodes": 8}
+    _, in_process = build_dataset(tmp_path / "library", spec=spec)
+    _, by_cli = build_dataset_with_the_cli(tmp_path / "cli", env_with_venv, spec)
+    assert json.loads(in_process.read_text())["dataset_hash"] == json.loads(by_cli.read_text())["dataset_hash"]

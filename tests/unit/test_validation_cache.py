@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import worldpipe
 from worldpipe.config import paths
 
@@ -54,12 +56,18 @@ def test_a_pass_is_remembered_and_the_next_check_imports_no_torch(tmp_path):
     assert len(entries(tmp_path)) == 2
 
 
-def test_a_failure_is_never_remembered(tmp_path):
+def test_a_failure_is_never_remembered(tmp_path, monkeypatch):
+    # In this process (whether torch is imported does not matter here): the real check, the real cache folder.
+    from worldpipe.launch.preflight import checked_config
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for _ in range(2):
-        result = check(tmp_path, "experiment=smoke", "+model.bogus=3")
-        assert result["torch"] is True
-        assert result["error"] == "config key 'model.bogus': RSSM takes no parameter 'bogus'"
+        with pytest.raises(Exception) as refused:
+            checked_config(["experiment=smoke", "+model.bogus=3"], remember_pass=True)
+        assert str(refused.value) == "config key 'model.bogus': RSSM takes no parameter 'bogus'"
     assert entries(tmp_path) == []
+    checked_config(["experiment=smoke"], remember_pass=True)  # the same folder records a pass
+    assert len(entries(tmp_path)) == 1
 
 
 def test_an_edited_source_file_is_a_new_key(tmp_path):
