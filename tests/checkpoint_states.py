@@ -84,3 +84,22 @@ def slice_model_file(step_dir: str | os.PathLike) -> None:
     path = Path(step_dir) / "model.pt"
     model = torch.load(path, weights_only=True)
     torch.save({k: v[: max(1, v.shape[0] // 2)].clone() if v.dim() else v for k, v in model.items()}, path)
+
+
+def save_until_killed(root, fault: str, mode: str, options: dict | None, out) -> None:
+    """The crash tests' dying saver: save step 1, then arm ``fault`` (WORLDPIPE_CKPT_FAULT) and save steps 2, 3, ...
+    until the fault or the test kills this process; prints ``saved N`` to ``out`` after each save."""
+    from worldpipe.checkpoint import CheckpointManager
+
+    cm = CheckpointManager(root, keep_last=2, async_save=(mode == "async"), storage_options=options)
+    cm.save(1, example_state(seed=1))
+    cm.wait()
+    print("saved 1", file=out, flush=True)
+    if fault:
+        os.environ["WORLDPIPE_CKPT_FAULT"] = fault
+    step = 2
+    while True:  # without a fault: save until killed from outside
+        cm.save(step, example_state(seed=step))
+        cm.wait()
+        print(f"saved {step}", file=out, flush=True)
+        step += 1

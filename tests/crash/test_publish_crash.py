@@ -20,29 +20,16 @@ import uuid
 import pytest
 import torch
 
-from checkpoint_states import example_state
+from checkpoint_states import example_state, save_until_killed
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.fault import PHASES
 
 pytestmark = pytest.mark.crash
 
 CHILD = textwrap.dedent("""
-    import json, os, sys
-    from worldpipe.checkpoint import CheckpointManager
-    from checkpoint_states import example_state
-    root, fault, mode, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-    cm = CheckpointManager(root, keep_last=2, async_save=(mode == "async"), storage_options=options)
-    cm.save(1, example_state(seed=1))
-    cm.wait()
-    print("saved 1", flush=True)
-    if fault:
-        os.environ["WORLDPIPE_CKPT_FAULT"] = fault
-    step = 2
-    while True:  # without a fault: save until killed from outside
-        cm.save(step, example_state(seed=step))
-        cm.wait()
-        print(f"saved {step}", flush=True)
-        step += 1
+    import json, sys
+    from checkpoint_states import save_until_killed
+    save_until_killed(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.stdout)
 """)
 
 
@@ -61,18 +48,7 @@ class ForkedChild:
                 # a parallel region would wait for it forever.
                 torch.set_num_threads(1)
                 out = os.fdopen(write_fd, "w", buffering=1)
-                cm = CheckpointManager(root, keep_last=2, async_save=(mode == "async"))
-                cm.save(1, example_state(seed=1))
-                cm.wait()
-                print("saved 1", file=out, flush=True)
-                if fault:
-                    os.environ["WORLDPIPE_CKPT_FAULT"] = fault
-                step = 2
-                while True:  # without a fault: save until killed from outside
-                    cm.save(step, example_state(seed=step))
-                    cm.wait()
-                    print(f"saved {step}", file=out, flush=True)
-                    step += 1
+                save_until_killed(root, fault, mode, None, out)
             except BaseException:  # noqa: BLE001 - reported to the test as the child's error output
                 with contextlib.suppress(Exception):
                     print(traceback.format_exc(), file=out, flush=True)
