@@ -23,6 +23,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/control.smk"
+include: "workflow/rules/rounds.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/sweep.smk"
 
@@ -53,4 +54,5 @@ rule all:
             for output in (rules.evaluate_control.output.returns, rules.evaluate_control.output.loop)
         ],
         [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
+        [rules.summarize_rounds.output.plot] if ROUNDS else [],
         sweep_targets(config.get("sweep"), Path(CONF_DIR)),

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from worldpipe.config.planner import planner_config
 from worldpipe.control.dynamics import LearnedDynamics, PendulumSimulator, true_simulator
 from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_episode
-from worldpipe.control.evaluation import build_planner, normalised_score, planner_config, summarize
+from worldpipe.control.evaluation import build_planner, normalised_score, summarize
 from worldpipe.control.planners import CEM, MPPI
 from worldpipe.core.errors import UserError
 from worldpipe.data.environments import make_env

@@ -25,6 +25,7 @@ from worldpipe.config import paths
 from worldpipe.launch import slurm
 from worldpipe.pipeline.sweep import format_value, sweep_targets
 from worldpipe.pipeline import report_config
+from worldpipe.pipeline.rounds import plan_rounds, rounds_id
 from worldpipe.pipeline.plan import (
     PipelineError,
     comparison_id,
@@ -56,8 +57,15 @@ if RECORDED_CONFIG is not None:
 # Snakefile is parsed: a bad value stops the pipeline before the data stages run.
 try:
     DATASETS, RUNS_PLANNED = plan(config, Path(CONF_DIR))
+    # Collection rounds (config `rounds`): their datasets join DATASETS; round 0 is the experiment's own run.
+    ROUNDS = plan_rounds(config, DATASETS, Path(CONF_DIR))
 except PipelineError as err:
     raise WorkflowError(f"pipeline config: {err}") from None
+# Every run the DAG may train, by experiment and short run hash: the experiments' current runs and the rounds'.
+RUNS_BY_HASH = {
+    (run.experiment, paths.short(run.run_hash)): run
+    for run in [*RUNS_PLANNED.values(), *(r.run for r in ROUNDS)]
+}
 
 HASH_PATTERN = f"[0-9a-f]{{{paths.HASH_CHARS}}}"
 
@@ -68,7 +76,7 @@ wildcard_constraints:
     run_hash=HASH_PATTERN,
     eval_hash=HASH_PATTERN,
     control_hash=HASH_PATTERN,
-    experiment="|".join(re.escape(name) for name in sorted(RUNS_PLANNED)),
+    experiment="|".join(re.escape(name) for name in sorted({experiment for experiment, _ in RUNS_BY_HASH})),
 
 
 def dataset_of(wildcards):
@@ -83,12 +91,13 @@ def dataset_of(wildcards):
 
 
 def run_of(wildcards):
-    """The planned run a {experiment}/{run_hash} target stands for; only the current config's run trains."""
-    run = RUNS_PLANNED[wildcards.experiment]
-    if paths.short(run.run_hash) != wildcards.run_hash:
+    """The planned run a {experiment}/{run_hash} target stands for; only the current config's runs train."""
+    run = RUNS_BY_HASH.get((wildcards.experiment, wildcards.run_hash))
+    if run is None:
+        current = sorted(h for e, h in RUNS_BY_HASH if e == wildcards.experiment)
         raise WorkflowError(
-            f"{RUNS}/{wildcards.experiment}/{wildcards.run_hash} is not the current config's run of "
-            f"{wildcards.experiment} ({paths.short(run.run_hash)}): earlier runs are kept, not retrained"
+            f"{RUNS}/{wildcards.experiment}/{wildcards.run_hash} is not a current config's run of "
+            f"{wildcards.experiment} ({', '.join(current)}): earlier runs are kept, not retrained"
         )
     return run
 
@@ -139,16 +148,32 @@ def spec_json(wildcards):
 
 
 def shard_parts(dataset):
-    """Shard ranges [start, stop) simulated by separate jobs; the bytes do not depend on this split."""
+    """Shard ranges (start, stop, step) written by separate jobs; the bytes do not depend on this split.
+
+    A collection round's parts take every parts-th shard: its first shards are copies of the earlier rounds
+    (cheap), its last ones played by the planner, and interleaving gives each job a share of both.
+    """
     spec = dataset.spec
     shards = math.ceil(spec["episodes"] / spec["episodes_per_shard"])
     parts = min(config["simulate_jobs"], shards)
-    return [(p * shards // parts, (p + 1) * shards // parts) for p in range(parts)]
+    if spec.get("collector"):
+        return [(p, shards, parts) for p in range(parts)]
+    return [(p * shards // parts, (p + 1) * shards // parts, 1) for p in range(parts)]
 
 
 def shard_range(wildcards):
-    start, stop = shard_parts(dataset_of(wildcards))[int(wildcards.part)]
-    return f"{start}:{stop}"
+    start, stop, step = shard_parts(dataset_of(wildcards))[int(wildcards.part)]
+    return f"{start}:{stop}" if step == 1 else f"{start}:{stop}:{step}"
+
+
+def collector_inputs(wildcards):
+    """What a collection round's store needs before it is initialised: the collecting run's completion record
+    and the dataset it trained on (its lineage is read from both). Nothing for a scripted policy's dataset."""
+    collector = dataset_of(wildcards).spec.get("collector")
+    if not collector:
+        return []
+    run = RUNS_BY_HASH[(collector["experiment"], paths.short(collector["run_hash"]))]
+    return [run_file(rules.train_model.output.done, run), dataset_file(rules.seal_dataset.output.manifest, run.dataset)]
 
 
 # Input functions (evaluated when the DAG is built, after every rule is defined).

@@ -3,6 +3,8 @@
 
 
 rule init_store:
+    input:
+        collector_inputs,  # a collection round's collecting run and its data; nothing for a scripted policy's
     output:
         store=directory(f"{DATA}/{{dataset}}/{{spec_hash}}/{paths.STORE_NAME}"),
         record=f"{DATA}/{{dataset}}/{{spec_hash}}/parts/init.json",

@@ -60,7 +60,8 @@ def _evaluate(args) -> int:
     where = locate(args)
     pin_recorded_numerics(where)  # the evaluated run's code paths, before torch computes
     from worldpipe.config.paths import conf_dir
-    from worldpipe.control.evaluation import ControlSettings, evaluate_control, planner_config
+    from worldpipe.config.planner import planner_config
+    from worldpipe.control.evaluation import ControlSettings, evaluate_control
 
     settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
                                args.context, planner_config(args.planner, list(args.planner_overrides), conf_dir()),

@@ -19,7 +19,7 @@ def register(cli: click.Group) -> None:
     for cmd in (
         command("init", _init, "Create the zarr store's arrays (metadata only).", [spec, store]),
         command("write", _write, "Simulate and write a range of shards.", [
-            spec, store, click.Option(["--shards"], required=True, help="START:STOP shard range"),
+            spec, store, click.Option(["--shards"], required=True, help="START:STOP[:STEP] shard range"),
             click.Option(["--no-progress"], is_flag=True, help="no progress bar")]),
         command("seal", _seal, "Hash every store file into manifest.json (written last, atomically).", [
             store, click.Option(["--manifest"], required=True, help="manifest.json to write")]),
@@ -51,17 +51,36 @@ def _locate(path: str, manifest: str | None) -> tuple[str, str | None]:
 
 
 def _init(args) -> int:
+    spec = _spec(args.spec)
+    if spec.collector is not None:  # a collection round: its lineage is fixed now, from the collecting run
+        from worldpipe.control.collection import init_collected_store
+
+        init_collected_store(args.store, spec)
+        return 0
     from worldpipe.data.store import init_store
 
-    init_store(args.store, _spec(args.spec))
+    init_store(args.store, spec)
     return 0
 
 
-def _write(args) -> int:
-    from worldpipe.data.store import write_shards
+def _shard_indices(text: str) -> range:
+    """START:STOP or START:STOP:STEP (a collection round's parts take every STEP-th shard: balanced work)."""
+    try:
+        return range(*(int(x) for x in text.split(":")))
+    except (TypeError, ValueError):
+        raise click.BadParameter(f"--shards {text!r}: expected START:STOP or START:STOP:STEP") from None
 
-    start, stop = (int(x) for x in args.shards.split(":"))
-    records = write_shards(args.store, _spec(args.spec), range(start, stop), progress=not args.no_progress)
+
+def _write(args) -> int:
+    spec, shards = _spec(args.spec), _shard_indices(args.shards)
+    if spec.collector is not None:
+        from worldpipe.control.collection import write_collected_shards
+
+        records = write_collected_shards(args.store, spec, shards, log=lambda line: print(line, file=sys.stderr))
+    else:
+        from worldpipe.data.store import write_shards
+
+        records = write_shards(args.store, spec, shards, progress=not args.no_progress)
     print(json.dumps(records))
     return 0
 
@@ -93,6 +112,11 @@ def _info(args) -> int:
     from worldpipe.data.manifest import describe_dataset
 
     store, manifest = _locate(args.path, args.manifest)
-    for key, value in describe_dataset(store, manifest).items():
+    info = describe_dataset(store, manifest)
+    chain = info.pop("lineage")
+    for key, value in info.items():
         print(f"{key}: {value}")
+    print("lineage:")  # newest round first, back to the scripted policy's data
+    for line in chain:
+        print(f"  {line}")
     return 0

@@ -106,3 +106,8 @@ def eval_dir(run_dir: str | os.PathLike, eval_hash: str | None = None) -> str:
 def sweep_dir(name: str, root: Path | None = None) -> str:
     """Directory of a sweep: ``<sweeps>/<name>`` (one run directory per point below it)."""
     return f"{layout(root)['sweeps']}/{name}"
+
+
+def rounds_dir(rounds_id: str, root: Path | None = None) -> str:
+    """Directory of a collect-train loop's summary: ``<rounds>/<rounds-id>`` (its runs live under runs/)."""
+    return f"{layout(root)['rounds']}/{rounds_id}"

@@ -36,7 +36,8 @@ PARTS = ("capture", "prepare", "transport", "model", "output", "decision", "actu
 @dataclass
 class EpisodeResult:
     """Return, length, the SHA-256 of every action taken (float32 bytes), per-step timings in seconds by part,
-    and, when asked for, the true and imagined frames of a pixel model's episode."""
+    when asked for, the true and imagined frames of a pixel model's episode, and the trajectory itself: what the
+    agent saw, did and got (``rewards[t]``, ``terminated[t]`` after ``actions[t]``), which collection stores."""
 
     episode_return: float
     length: int
@@ -44,6 +45,10 @@ class EpisodeResult:
     timings: dict[str, list[float]] = field(default_factory=dict)
     frames: list[np.ndarray] = field(default_factory=list)
     imagined: list[np.ndarray] = field(default_factory=list)
+    observations: list[np.ndarray] = field(default_factory=list)
+    actions: list[np.ndarray] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    terminated: list[bool] = field(default_factory=list)
 
 
 class PolicyAgent:
@@ -111,6 +116,8 @@ def run_episode(env_id: str, max_steps: int, reset_seed: int, rng: np.random.Gen
     timings: dict[str, list[float]] = {part: [] for part in PARTS}
     observations: list[np.ndarray] = []
     actions: list[np.ndarray] = []
+    rewards: list[float] = []
+    ended: list[bool] = []
     digest = hashlib.sha256()
     total = 0.0
     try:
@@ -132,6 +139,8 @@ def run_episode(env_id: str, max_steps: int, reset_seed: int, rng: np.random.Gen
             obs, reward, terminated, truncated, _ = env.step(env_action(action, dims))
             timing["actuation"] = time.perf_counter() - t1
             total += float(reward)
+            rewards.append(float(reward))
+            ended.append(bool(terminated))
             for part in PARTS:
                 timings[part].append(timing.get(part, 0.0))
             if terminated or truncated:
@@ -140,4 +149,5 @@ def run_episode(env_id: str, max_steps: int, reset_seed: int, rng: np.random.Gen
         env.close()
     imagined = getattr(agent, "imagined", [])
     # frames[t] is what the agent saw at step t; imagined[t] the model's prediction of the frame after action t.
-    return EpisodeResult(total, len(actions), digest.hexdigest(), timings, observations if imagined else [], imagined)
+    return EpisodeResult(total, len(actions), digest.hexdigest(), timings, observations if imagined else [], imagined,
+                         observations, actions, rewards, ended)

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.checkpoint.layout import Location
@@ -269,32 +268,3 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if then["returns"] != now.get("returns"):
             differences.append(f"{name}: returns differ")
     return differences
-
-
-def planner_config(name: str, overrides: list[str], config_dir) -> dict[str, Any]:
-    """``conf/planner/<name>.yaml`` with ``key=value`` overrides: a plain dict with its ``_target_``.
-
-    A missing planner, an unknown key or a value of the wrong type is one line naming it (ControlError).
-    """
-    import dataclasses
-
-    from hydra.utils import get_class  # start-up: Hydra loads only where a planner config is read
-    from omegaconf import OmegaConf
-
-    path = config_dir / "planner" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ControlError(f"no planner {name!r} in {path.parent} (have: {', '.join(known)})")
-    config = OmegaConf.to_container(OmegaConf.load(path))
-    fields = {f.name: f.type for f in dataclasses.fields(get_class(config["_target_"]))}
-    for override in overrides:
-        key, sep, text = override.partition("=")
-        if not sep or key not in fields:
-            raise ControlError(f"planner override {override!r}: {name} has no key {key!r} "
-                               f"(keys: {', '.join(sorted(fields))})")
-        value = yaml.safe_load(text)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or (fields[key] == "int" and not isinstance(value, int)):
-            raise ControlError(f"planner override {override!r}: {key} must be {fields[key]}, got {text!r}")
-        config[key] = float(value) if fields[key] == "float" else value
-    return config

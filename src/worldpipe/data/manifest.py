@@ -8,6 +8,7 @@ from typing import Any
 
 import fsspec
 
+from worldpipe.config.paths import STORE_NAME, dataset_dir
 from worldpipe.core.atomic import fsync_tree, write_atomic
 from worldpipe.core.errors import UserError
 from worldpipe.core.hashing import canonical_hash
@@ -78,6 +79,8 @@ def build_manifest(url: str, storage_options: dict[str, Any] | None = None) -> d
             for rel, size in files.items()
         ],
     }
+    if store.lineage is not None:
+        manifest["lineage"] = store.lineage  # covered by the dataset hash like the files
     manifest["dataset_hash"] = dataset_hash(manifest)
     return manifest
 
@@ -189,4 +192,30 @@ def describe_dataset(
     }
     if manifest_path is not None:
         info["dataset_hash"] = load_manifest(manifest_path, storage_options)["dataset_hash"]
+    info["lineage"] = lineage_chain(store)
     return info
+
+
+def lineage_chain(store: TrajectoryStore) -> list[str]:
+    """Where a dataset's episodes come from, one line per round back to round 0 (the scripted policy's data).
+
+    Each collected round names the run whose model collected it (its checkpoint step and digest, its MLflow run)
+    and the dataset that run trained on, which is followed in turn while it is on disk.
+    """
+    lines, seen = [], store
+    while seen is not None and seen.lineage is not None:
+        record, parent = seen.lineage, seen.lineage["parent"]
+        collector, episodes = record["collector"], record["episodes"]
+        lines.append(f"round {record['round']} ({seen.spec.name}): {episodes['collected']} episodes collected by the "
+                     f"model of {collector['run_dir']} (step {collector['checkpoint_step']}, digest "
+                     f"{collector['checkpoint_digest'][:16]}…, MLflow run {collector['mlflow_run_id']}), "
+                     f"{episodes['copied']} copied; trained on {parent['name']} (dataset {parent['dataset_hash'][:16]}…)")
+        where = f"{dataset_dir(parent['name'], parent['spec_hash'])}/{STORE_NAME}"
+        try:
+            seen = TrajectoryStore.open(where)
+        except (OSError, ValueError):
+            lines.append(f"round {record['round'] - 1} ({parent['name']}): not on disk at {where}")
+            return lines
+    lines.append(f"round 0 ({seen.spec.name}): {seen.num_episodes} episodes of the scripted policy "
+                 f"{seen.spec.policy!r} (seed {seen.spec.seed})")
+    return lines

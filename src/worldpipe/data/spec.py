@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import re
@@ -54,6 +55,10 @@ class DatasetSpec:
     pixels: bool = False
     pixel_size: int = 32
     compressor: str = "zstd"
+    # Episodes collected by a trained model (a data-collection round), None for a scripted policy's episodes:
+    # which run's model, the planner and exploration it acted with, and the dataset whose episodes come first.
+    # See :func:`check_collector`; the keys are part of the spec, so of its hash.
+    collector: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -72,6 +77,8 @@ class DatasetSpec:
         object.__setattr__(self, "pixel_size", size)
         if not isinstance(self.pixels, bool):
             raise ValueError(f"dataset spec key 'pixels' must be a boolean, got {self.pixels!r}")
+        if self.collector is not None:
+            object.__setattr__(self, "collector", check_collector(self.collector, self))
 
     @classmethod
     def from_dict(cls, d: Mapping) -> DatasetSpec:
@@ -93,8 +100,17 @@ class DatasetSpec:
         return cls(**{str(k): d[k] for k in d})
 
     def to_dict(self) -> dict:
-        """Plain JSON-serialisable dict; from_dict(to_dict()) round-trips."""
-        return dataclasses.asdict(self)
+        """Plain JSON-serialisable dict; from_dict(to_dict()) round-trips. A scripted policy's spec has no
+        ``collector`` key (so its hash is what it was before collection rounds existed)."""
+        out = dataclasses.asdict(self)
+        if out["collector"] is None:
+            del out["collector"]
+        return out
+
+    @property
+    def copied_episodes(self) -> int:
+        """Episodes [0, n) copied from the collector's ``parent`` dataset; the rest are collected (0: none)."""
+        return int(self.collector["copied_episodes"]) if self.collector else 0
 
     @property
     def num_shards(self) -> int:
@@ -107,6 +123,41 @@ class DatasetSpec:
             raise ValueError(f"shard index {shard_index} out of range [0, {self.num_shards})")
         start = shard_index * self.episodes_per_shard
         return start, min(start + self.episodes_per_shard, self.episodes)
+
+
+# What a collected dataset's spec says about its collection (worldpipe.control.collection reads it).
+COLLECTOR_KEYS: dict[str, type | tuple[type, ...]] = {
+    "round": int,             # this dataset is round k >= 1 of a collect-train loop
+    "base": str,              # the round-0 dataset (the scripted policy's), whose held-out sibling evaluates every round
+    "experiment": str,        # the collecting run: runs/<experiment>/<run_hash>/, its final checkpoint
+    "run_hash": str,
+    "parent": dict,           # {name, spec_hash}: the dataset the collecting run trained on
+    "copied_episodes": int,   # episodes [0, n) copied from the parent (n = its episodes: the union of rounds)
+    "planner": dict,          # the planner's full config, with its _target_
+    "context": int,           # observed steps the model filters before each decision
+    "exploration_std": (int, float),  # Gaussian noise on each action, as a fraction of the action box's half-width
+}
+
+
+def check_collector(collector: Any, spec: DatasetSpec) -> dict:
+    """A collected dataset's ``collector`` block, checked (ValueError names the key): plain JSON values only."""
+    if not isinstance(collector, Mapping):
+        raise ValueError(f"dataset spec key 'collector' must be a mapping, got {collector!r}")
+    keys = sorted(str(k) for k in collector)
+    if keys != sorted(COLLECTOR_KEYS):
+        raise ValueError(f"dataset spec key 'collector' must have the keys {sorted(COLLECTOR_KEYS)}, got {keys}")
+    for key, kind in COLLECTOR_KEYS.items():
+        value = collector[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"dataset spec key 'collector.{key}' has the wrong type: {value!r}")
+    if collector["round"] < 1 or collector["context"] < 1 or collector["exploration_std"] < 0:
+        raise ValueError("dataset spec key 'collector': round and context must be >= 1, exploration_std >= 0")
+    if not 0 <= collector["copied_episodes"] < spec.episodes:
+        raise ValueError(f"dataset spec key 'collector.copied_episodes' must be in [0, episodes={spec.episodes}), "
+                         f"got {collector['copied_episodes']}")
+    if spec.pixels:
+        raise ValueError("dataset spec key 'collector': collection rounds act on state observations (pixels: false)")
+    return json.loads(json.dumps(dict(collector), sort_keys=True))
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:

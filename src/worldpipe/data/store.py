@@ -29,7 +29,7 @@ import worldpipe
 from worldpipe.core.errors import UserError
 from worldpipe.core.locations import local_path
 from worldpipe.data.environments import env_dims
-from worldpipe.data.episodes import simulate_episode
+from worldpipe.data.episodes import Episode, simulate_episode
 from worldpipe.data.integrity import CorruptShardError, VerifyingStore
 from worldpipe.data.shard_codec import ShardFormat
 from worldpipe.data.spec import DatasetSpec
@@ -132,11 +132,14 @@ def _refuse_foreign_directory(url: str) -> None:
         raise ValueError(f"refusing to initialise a store in non-empty non-zarr directory {path!r}")
 
 
-def init_store(url: str, spec: DatasetSpec, storage_options: dict[str, Any] | None = None) -> None:
+def init_store(url: str, spec: DatasetSpec, storage_options: dict[str, Any] | None = None,
+               lineage: dict | None = None) -> None:
     """Create the dataset group and its (empty) arrays at ``url``; metadata only, deterministic.
 
     Anything already stored at ``url`` is removed: a store always belongs to exactly one spec. A
-    non-empty local directory that is not a zarr store is refused.
+    non-empty local directory that is not a zarr store is refused. ``lineage``: where a collected dataset's
+    episodes come from (the collecting checkpoint's digest, its MLflow run, the parent dataset's hash), kept in
+    the store's attributes and copied into its manifest when it is sealed.
     """
     _refuse_foreign_directory(url)
     store = open_zarr_store(url, read_only=False, storage_options=storage_options)
@@ -150,6 +153,8 @@ def init_store(url: str, spec: DatasetSpec, storage_options: dict[str, Any] | No
             "versions": generator_versions(spec),
         }
     }
+    if lineage is not None:
+        attrs["worldpipe"]["lineage"] = lineage
     group = zarr.create_group(store, overwrite=True, attributes=attrs, zarr_format=3)
     compressors = [ZstdCodec(level=_ZSTD_LEVEL, checksum=False)] if spec.compressor == "zstd" else None
     for arr in array_layout(spec):
@@ -183,6 +188,53 @@ def _remove_stale_shard(store: Any, url: str, key: str) -> None:
             os.remove(leftover)
 
 
+class ShardWriter:
+    """Writes whole shards of an initialised store, each from its episodes in index order.
+
+    Touches only the shards it is given, so disjoint writers may run in parallel processes; a shard's bytes
+    depend only on its episodes, not on which writer wrote it.
+    """
+
+    def __init__(self, url: str, spec: DatasetSpec, storage_options: dict[str, Any] | None = None) -> None:
+        self.url, self.spec = url, spec
+        self.store = open_zarr_store(url, read_only=False, storage_options=storage_options)
+        group = zarr.open_group(self.store, mode="r+", zarr_format=3)
+        stored = _stored_spec(group, url)
+        if stored != spec:
+            raise ValueError(f"store {url!r} was initialised for a different spec: {stored} != {spec}")
+        self.layout = array_layout(spec)
+        # Runtime option, not metadata: keep all-zero chunks (e.g. Pendulum's never-terminated flags) so every
+        # shard file exists and the manifest can tell "missing" from "empty".
+        self.arrays = {a.name: group[a.name].with_config({"write_empty_chunks": True}) for a in self.layout}
+
+    def shard_files(self, shard_index: int) -> list[str]:
+        """The store-relative keys of one shard's files, one per array."""
+        return [a.shard_key(shard_index) for a in self.layout]
+
+    def write(self, shard_index: int, episodes: Iterable[Episode]) -> dict:
+        """Write shard ``shard_index`` from its episodes (``spec.shard_range`` of them, in order); its record."""
+        start, stop = self.spec.shard_range(shard_index)
+        buffers = {a.name: np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in self.layout}
+        count = 0
+        for i, ep in enumerate(episodes):
+            n = len(ep)
+            buffers["obs"][i, :n] = ep.obs
+            buffers["action"][i, :n] = ep.action
+            buffers["reward"][i, :n] = ep.reward
+            buffers["terminated"][i, :n] = ep.terminated
+            buffers["length"][i] = n
+            if ep.pixels is not None:
+                buffers["pixels"][i, :n] = ep.pixels
+            count += 1
+        if count != stop - start:
+            raise ValueError(f"shard {shard_index} holds episodes [{start}, {stop}), got {count}")
+        for a in self.layout:
+            _remove_stale_shard(self.store, self.url, a.shard_key(shard_index))
+            self.arrays[a.name][start:stop] = buffers[a.name]
+        return {"index": shard_index, "episodes": stop - start, "steps": int(buffers["length"].sum()),
+                "first_episode": start}
+
+
 def write_shards(
     url: str,
     spec: DatasetSpec,
@@ -190,21 +242,8 @@ def write_shards(
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
 ) -> list[dict]:
-    """Simulate and write the episodes of ``shard_indices``; returns one record per shard.
-
-    Touches only those shards' files, so disjoint calls may run in parallel processes; a shard's
-    bytes do not depend on which call wrote it.
-    """
-    store = open_zarr_store(url, read_only=False, storage_options=storage_options)
-    group = zarr.open_group(store, mode="r+", zarr_format=3)
-    stored = _stored_spec(group, url)
-    if stored != spec:
-        raise ValueError(f"store {url!r} was initialised for a different spec: {stored} != {spec}")
-    layout = array_layout(spec)
-    # Runtime option, not metadata: keep all-zero chunks (e.g. Pendulum's never-terminated flags) so every
-    # shard file exists and the manifest can tell "missing" from "empty".
-    arrays = {a.name: group[a.name].with_config({"write_empty_chunks": True}) for a in layout}
-
+    """Simulate and write the episodes of ``shard_indices`` with the spec's policy; one record per shard."""
+    writer = ShardWriter(url, spec, storage_options)
     indices = list(dict.fromkeys(int(i) for i in shard_indices))
     for s in indices:
         spec.shard_range(s)  # validates before any work is done
@@ -212,30 +251,11 @@ def write_shards(
     records = []
     with tqdm(total=total, desc=f"simulate {spec.name}", unit="ep", disable=not progress) as bar:
         for s in indices:
-            start, stop = spec.shard_range(s)
-            buffers = {a.name: np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in layout}
-            for i, episode_index in enumerate(range(start, stop)):
-                ep = simulate_episode(spec, episode_index)
-                n = len(ep)
-                buffers["obs"][i, :n] = ep.obs
-                buffers["action"][i, :n] = ep.action
-                buffers["reward"][i, :n] = ep.reward
-                buffers["terminated"][i, :n] = ep.terminated
-                buffers["length"][i] = n
-                if ep.pixels is not None:
-                    buffers["pixels"][i, :n] = ep.pixels
-                bar.update(1)
-            for a in layout:
-                _remove_stale_shard(store, url, a.shard_key(s))
-                arrays[a.name][start:stop] = buffers[a.name]
-            records.append(
-                {
-                    "index": s,
-                    "episodes": stop - start,
-                    "steps": int(buffers["length"].sum()),
-                    "first_episode": start,
-                }
-            )
+            def simulated(s=s):
+                for episode_index in range(*spec.shard_range(s)):
+                    yield simulate_episode(spec, episode_index)
+                    bar.update(1)
+            records.append(writer.write(s, simulated()))
     return records
 
 
@@ -265,6 +285,8 @@ class TrajectoryStore:
         self.url = url
         self.manifest = manifest
         self.spec = _stored_spec(group, url)
+        # Where a collected dataset's episodes come from (init_store's ``lineage``); None for a scripted policy's.
+        self.lineage: dict | None = group.attrs["worldpipe"].get("lineage")
         self._layout = {a.name: a for a in array_layout(self.spec)}
         # Open the arrays the spec implies by name: no directory listing (slow on object stores, and it
         # would trip over unrelated files).

@@ -35,8 +35,9 @@ def _holder(text: str) -> str:
 class RunLock:
     """Exclusive lock on a run directory: ``acquire()`` refuses at once; released by ``release()`` or death."""
 
-    def __init__(self, run_dir: str | os.PathLike) -> None:
+    def __init__(self, run_dir: str | os.PathLike, what: str = "run directory") -> None:
         self.path = Path(run_dir) / LOCK_NAME
+        self.what = what  # how a refusal names the locked directory
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
@@ -48,7 +49,7 @@ class RunLock:
         except BlockingIOError:
             holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
             os.close(fd)
-            raise RunLocked(f"run directory {self.path.parent} is in use by {holder}; wait for it to end or "
+            raise RunLocked(f"{self.what} {self.path.parent} is in use by {holder}; wait for it to end or "
                             f"stop it (lock file {self.path})") from None
         except BaseException:
             os.close(fd)
@@ -69,7 +70,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # compatible only with other probes, never a holder
         except BlockingIOError:
             holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-            raise RunLocked(f"run directory {self.path.parent} is in use by {holder}; wait for it to end or "
+            raise RunLocked(f"{self.what} {self.path.parent} is in use by {holder}; wait for it to end or "
                             f"stop it (lock file {self.path})") from None
         finally:
             os.close(fd)

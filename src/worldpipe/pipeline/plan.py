@@ -115,9 +115,12 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
-             conf: Path | None = None) -> Run:
-    """Compose one experiment's config and address its run; PipelineError names what does not fit."""
-    overrides = identity_overrides(config, experiment)
+             conf: Path | None = None, extra: Sequence[str] = ()) -> Run:
+    """Compose one experiment's config and address its run; PipelineError names what does not fit.
+
+    ``extra``: further identity overrides (a collection round's ``data.name``).
+    """
+    overrides = [*identity_overrides(config, experiment), *extra]
     try:
         # Validated (types, ranges, layout against world size) with the settings too, so a bad value stops the
         # pipeline while the Snakefile is parsed, before any data stage runs; the settings cannot change the hash.
@@ -132,7 +135,9 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     if name not in known or name.endswith(HELDOUT_SUFFIX):
         raise PipelineError(f"experiments: {experiment!r} trains on data.name={name!r}, which is not under "
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
-    dataset, heldout = known[name], known[name + HELDOUT_SUFFIX]
+    dataset = known[name]
+    # A collection round is evaluated on its round 0's held-out episodes: every round on the same ones.
+    heldout = known[(dataset.spec.get("collector") or {}).get("base", name) + HELDOUT_SUFFIX]
     try:
         check_window(cfg, dataset.spec.get("max_steps"), f"dataset {name!r} (datasets: {name}: max_steps)")
     except UsageError as err:

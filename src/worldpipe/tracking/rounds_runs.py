@@ -1,0 +1,53 @@
+"""Collection rounds as grouped MLflow runs: one parent per loop, each round's training run nested under it.
+
+The parent is found again by its tag (never created twice for one loop); a round's run is linked by tags only
+(``mlflow.parentRunId``), so linking is idempotent. The parent carries the loop's outcome with the round on the
+"Step" axis: ``rounds/return_mean`` (and its 95% CI), ``rounds/score`` and ``rounds/heldout_ratio``, plus the
+scripted policy's and random's returns on the same seeds; each value is logged once per round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from worldpipe.tracking.delivery import _experiment_id
+from worldpipe.tracking.evaluation import PARENT_RUN_TAG, show_in_model_training_view
+
+ROUNDS_TAG = "worldpipe.rounds.id"
+ROLE_TAG = "worldpipe.rounds.role"  # "parent" on the parent run, "round" on each round's training run
+ROUND_TAG = "worldpipe.round"
+PREFIX = "rounds/"
+
+
+def record_rounds(client, experiment: str, rounds_id: str, name: str, summary: Mapping[str, Any]) -> str:
+    """Open (or find) the loop's parent run, nest every round's training run under it, log the outcome; its id."""
+    from mlflow.entities import Metric, RunStatus, RunTag
+
+    experiment_id = _experiment_id(client, experiment)
+    show_in_model_training_view(client, experiment_id)
+    found = client.search_runs([experiment_id], max_results=1, filter_string=(
+        f"tags.`{ROUNDS_TAG}` = '{rounds_id}' AND tags.`{ROLE_TAG}` = 'parent'"))
+    if found:
+        parent = found[0].info.run_id
+    else:
+        parent = client.create_run(experiment_id, run_name=name, tags={ROUNDS_TAG: rounds_id, ROLE_TAG: "parent"}
+                                   ).info.run_id
+        client.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))  # it groups, it does not run
+    metrics = []
+    for row in summary["rounds"]:
+        if row.get("mlflow_run_id"):
+            client.log_batch(row["mlflow_run_id"], tags=[RunTag(PARENT_RUN_TAG, parent), RunTag(ROUNDS_TAG, rounds_id),
+                                                         RunTag(ROLE_TAG, "round"), RunTag(ROUND_TAG, str(row["round"]))])
+        values = {"return_mean": row["return_mean"], "return_ci95_low": row["return_ci95"][0],
+                  "return_ci95_high": row["return_ci95"][1], "score": row["score"],
+                  "heldout_ratio": row["heldout_ratio"], "heldout_one_step_ratio": row["heldout_one_step_ratio"],
+                  "behaviour_return_mean": summary["behaviour"]["mean"], "random_return_mean": summary["random"]["mean"]}
+        metrics += [Metric(PREFIX + key, float(value), 0, row["round"]) for key, value in values.items()
+                    if value is not None]
+    held = {(m.key, m.step) for key in {m.key for m in metrics} for m in client.get_metric_history(parent, key)}
+    metrics = [m for m in metrics if (m.key, m.step) not in held]  # logged once per round: a rerun adds nothing
+    if metrics:
+        client.log_batch(parent, metrics=metrics)
+    return parent
+
