@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"core", "config", "data", "models", "measure", "checkpoint", "evaluate"},
     "control": {"core", "config", "data", "models", "measure", "checkpoint", "tracking", "evaluate", "launch",
                 "rollout"},
-    "reproduce": {"core", "config", "data", "checkpoint", "tracking", "trainer", "evaluate", "launch"},
+    "reproduce": {"core", "config", "data", "checkpoint", "tracking", "trainer", "evaluate", "launch", "control"},
     "commands": {"core", "config", "data", "parallel", "models", "measure", "checkpoint", "tracking", "trainer",
                  "evaluate", "launch", "pipeline", "rollout", "control", "reproduce"},
 }

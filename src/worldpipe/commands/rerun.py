@@ -28,7 +28,10 @@ def register(cli: click.Group) -> None:
                      help="on another numerics environment: largest relative difference of any metric value"),
         click.Option(["--ratio-tol"], type=float, default=numerics.DEFAULT_RATIO_TOL, show_default=True,
                      help="on another numerics environment: relative difference of the final models' open-loop "
-                          "error ratios")]))
+                          "error ratios"),
+        click.Option(["--regenerate-data"], is_flag=True,
+                     help="build the dataset again from its records even where it is on disk (a collection round's "
+                          "data: played again by its recorded collecting model) and require the recorded hash")]))
     cli.add_command(command("resume", _resume, "Continue a recorded run from one of its checkpoints into a new run "
                             "dir (resume-safe Hydra overrides may follow, e.g. trainer.steps=200).", [
         *_common(), click.Option(["--step"], type=int, required=True, help="recorded checkpoint step to continue from"),
@@ -39,7 +42,7 @@ def _rerun(args) -> int:
     from worldpipe.reproduce.rerun import Tolerance, rerun
 
     return rerun(args.run_id, args.tracking_uri, args.allow_code_drift, args.run_dir, args.data_dir,
-                 Tolerance(args.rtol, args.ratio_tol))
+                 Tolerance(args.rtol, args.ratio_tol), args.regenerate_data)
 
 
 def _resume(args) -> int:

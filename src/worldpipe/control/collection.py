@@ -40,7 +40,7 @@ from worldpipe.control.evaluation import action_box, build_planner
 from worldpipe.core.atomic import fsync_and_close, fsync_dir, write_atomic
 from worldpipe.core.hashing import canonical_json
 from worldpipe.data.episodes import Episode, episode_seeds
-from worldpipe.data.manifest import load_manifest
+from worldpipe.data.manifest import load_manifest, seal_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.data.store import ShardWriter, TrajectoryStore, init_store
 from worldpipe.evaluate.open_loop import load_model
@@ -215,3 +215,12 @@ def write_collected_shards(url: str, spec: DatasetSpec, shard_indices: Iterable[
         for lock in locks:
             lock.release()
     return records
+
+
+def build_collected_dataset(url: str, spec: DatasetSpec, manifest_path: str) -> dict:
+    """Collect a whole round in this process from its spec alone (the records a rerun has) and seal it; the
+    manifest. The collecting run's checkpoint and parent dataset must be on disk: CollectionError names the first
+    that is not."""
+    init_collected_store(url, spec)
+    write_collected_shards(url, spec, range(spec.num_shards), log=lambda _line: None)
+    return seal_dataset(url, manifest_path)

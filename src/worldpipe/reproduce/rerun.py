@@ -127,15 +127,19 @@ def _original_checkpoints(recorded) -> str | None:
 
 
 def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, run_dir: str | None = None,
-          data_dir: str | None = None, tolerance: Tolerance | None = None) -> int:
-    """Rebuild and retrain run `run_id`, compare, print the verdict; returns the exit code."""
+          data_dir: str | None = None, tolerance: Tolerance | None = None, regenerate_data: bool = False) -> int:
+    """Rebuild and retrain run `run_id`, compare, print the verdict; returns the exit code.
+
+    ``regenerate_data``: build the training data again from its records even where it is on disk (for a collection
+    round: played again by the recorded collecting model), and require the recorded dataset hash.
+    """
     tolerance = tolerance or Tolerance()
     uri = resolve_tracking_uri(uri)
     client = client_for(uri)
     try:
         recorded = load_recorded_run(client, run_id)
         drift = check_code(recorded, allow_code_drift)
-        store, manifest, how = locate_dataset(recorded, data_dir)
+        store, manifest, how = locate_dataset(recorded, data_dir, regenerate_data)
         print(f"dataset {recorded.identity.get('dataset_hash', '')[:16]}… ({how}): {store}", flush=True)
         expected = environment_differences(client, recorded)
         if expected:
