@@ -129,6 +129,24 @@ def test_a_missing_collecting_model_is_named_in_one_line(rounds, env_with_venv, 
            "finished training" in proc.stderr, proc.stderr
 
 
+def test_a_second_collection_of_the_same_shards_is_refused_naming_the_first(rounds, env_with_venv):
+    from worldpipe.launch.run_lock import RunLock
+
+    project, dataset = rounds
+    spec = json.loads((project.work / dataset.dir / "manifest.json").read_text())["spec"]
+    before = (project.work / dataset.dir / "manifest.json").read_bytes()
+    with RunLock(project.work / dataset.dir / "parts/collected/shard-00007"):  # as a collecting job holds it
+        proc = subprocess.run(["worldpipe", "data", "write", "--spec", json.dumps(spec), "--store",
+                               f"{dataset.dir}/store.zarr", "--shards", "6:9"], cwd=project.work, env=env_with_venv,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "collection shard" in proc.stderr and f"shard-00007 is in use by pid {os.getpid()}" in proc.stderr
+    verified = subprocess.run(["worldpipe", "data", "verify", dataset.dir], cwd=project.work, env=env_with_venv,
+                              capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout[-2000:]  # nothing was written
+    assert (project.work / dataset.dir / "manifest.json").read_bytes() == before
+
+
 def test_a_raised_round_count_adds_a_round_and_retrains_nothing_else(rounds):
     project, _ = rounds
     config = project.config()

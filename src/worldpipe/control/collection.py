@@ -22,6 +22,7 @@ shards is refused naming the first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -194,10 +195,10 @@ def write_collected_shards(url: str, spec: DatasetSpec, shard_indices: Iterable[
     recorded = TrajectoryStore.open(url).lineage
     if recorded is None:
         raise CollectionError(f"{url} holds no lineage: initialise it with `worldpipe data init` for this spec")
-    locks = [RunLock(progress_root(url) / f"shard-{s:05d}", what="collection shard").acquire() for s in indices]
-    collector = None
-    records = []
-    try:
+    records, collector = [], None
+    with contextlib.ExitStack() as held:
+        for s in indices:  # every shard's lock first: a second job on any of them is refused before any work
+            held.enter_context(RunLock(progress_root(url) / f"shard-{s:05d}", what="collection shard"))
         for s in indices:
             record_dir = progress_root(url) / f"shard-{s:05d}"
             done = _shard_done(writer, record_dir)
@@ -211,9 +212,6 @@ def write_collected_shards(url: str, spec: DatasetSpec, shard_indices: Iterable[
             write_atomic(record_dir / "record.json", canonical_json(record))
             log(f"shard {s}: {record['episodes']} episodes, {record['steps']} steps")
             records.append(record)
-    finally:
-        for lock in locks:
-            lock.release()
     return records
 
 
