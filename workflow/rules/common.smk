@@ -230,3 +230,17 @@ def training_resources():
     return slurm.training_job_resources(rule_resources("train_model"), config["train"]["nnodes"]) | {
         "resume_safe_overrides": shlex.join(training_settings(config, tracking_uri()))
     }
+
+
+def rounds_records():
+    """Per round, the records its summary reads (in round order)."""
+    return [
+        {
+            "round": r.index,
+            "run_dir": r.run.dir,
+            "metrics": run_file(rules.evaluate_model.output.metrics, r.run),
+            "control": run_file(rules.evaluate_control.output.record, r.run),
+            "manifest": dataset_file(rules.seal_dataset.output.manifest, r.dataset),
+        }
+        for r in ROUNDS
+    ]

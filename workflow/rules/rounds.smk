@@ -6,20 +6,6 @@ ROUNDS_ID = rounds_id(ROUNDS) if ROUNDS else "none"
 ROUNDS_DIR = paths.rounds_dir(ROUNDS_ID, Path(CONF_DIR))
 
 
-def rounds_records():
-    """Per round, the records its summary reads (in round order)."""
-    return [
-        {
-            "round": r.index,
-            "run_dir": r.run.dir,
-            "metrics": run_file(rules.evaluate_model.output.metrics, r.run),
-            "control": run_file(rules.evaluate_control.output.record, r.run),
-            "manifest": dataset_file(rules.seal_dataset.output.manifest, r.dataset),
-        }
-        for r in ROUNDS
-    ]
-
-
 rule summarize_rounds:
     input:
         metrics=[record["metrics"] for record in rounds_records()],
@@ -36,6 +22,7 @@ rule summarize_rounds:
     params:
         records=json.dumps(rounds_records()),
         name=f"rounds-{config['rounds']['experiment']}-{ROUNDS_ID}" if ROUNDS else "",
+        rounds_id=ROUNDS_ID,
         tracking=tracking_uri(),
     conda:
         "../envs/worldpipe.yaml"
@@ -46,5 +33,5 @@ rule summarize_rounds:
     benchmark:
         f"{RULE_BENCHMARKS}/summarize_rounds/{ROUNDS_ID}.tsv"
     shell:
-        "worldpipe rounds summarize --rounds-json {params.records:q} --name {params.name:q} --id {ROUNDS_ID}"
+        "worldpipe rounds summarize --rounds-json {params.records:q} --name {params.name:q} --id {params.rounds_id}"
         " --out {output.summary} --plot {output.plot} --tracking-uri {params.tracking:q} > {log} 2>&1"
