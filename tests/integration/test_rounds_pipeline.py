@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -104,17 +105,40 @@ def test_the_lineage_shows_in_data_info_and_in_mlflow(rounds, env_with_venv):
         (row["round"], pytest.approx(row["return_mean"])) for row in summary["rounds"]]
 
 
-def test_a_round_reruns_from_its_records_bit_for_bit(rounds, env_with_venv, tmp_path):
-    """The round-1 run again from MLflow: its data played again by the recorded collecting model (uninterrupted,
-    so equal to the killed-and-resumed collection) and its model retrained."""
+def test_a_round_reruns_from_its_records_bit_for_bit_rebuilding_a_missing_ancestor(rounds, env_with_venv, tmp_path):
+    """Round 1's run again from MLflow, with round 0's run gone from disk: without --chain one line names it; with
+    --chain round 0 is rebuilt from its own record at its address (bit-identical), then round 1's data is played
+    again by it (uninterrupted, so equal to the killed-and-resumed collection) and round 1 retrained."""
     project, dataset = rounds
     (summary_file,) = (project.work / "results/rounds").glob("*/rounds.json")
-    run_id = json.loads(summary_file.read_text())["rounds"][1]["mlflow_run_id"]
-    proc = subprocess.run(["worldpipe", "rerun", run_id, "--tracking-uri", _uri(project), "--regenerate-data",
-                           "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],
-                          cwd=project.work, env=env_with_venv, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "(regenerated)" in proc.stdout and "bit-identical" in proc.stdout, proc.stdout
+    summary = json.loads(summary_file.read_text())
+    round0, round1 = summary["rounds"][0], summary["rounds"][1]
+    original = project.work / round0["run_dir"]
+    aside = original.with_name(original.name + ".aside")
+    original.rename(aside)
+    command = ["worldpipe", "rerun", round1["mlflow_run_id"], "--tracking-uri", _uri(project), "--regenerate-data",
+               "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")]
+    try:
+        refused = subprocess.run(command, cwd=project.work, env=env_with_venv, capture_output=True, text=True,
+                                 timeout=600)
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]  # beside the INFO progress
+        assert "Traceback" not in refused.stderr
+        assert f"was collected by the model of {round0['run_dir']}, which is not here" in refused.stderr
+        assert f"worldpipe rerun {round0['mlflow_run_id']}), or pass --chain" in refused.stderr
+
+        chained = subprocess.run([*command[:-4], "--data-dir", str(tmp_path / "data2"), "--run-dir",
+                                  str(tmp_path / "run2"), "--chain"], cwd=project.work, env=env_with_venv,
+                                 capture_output=True, text=True, timeout=900)
+        assert chained.returncode == 0, chained.stdout[-2000:] + chained.stderr[-3000:]
+        assert f"rebuilding it from MLflow run {round0['mlflow_run_id']}" in chained.stdout, chained.stdout
+        assert chained.stdout.count("bit-identical") == 2 and "(regenerated)" in chained.stdout, chained.stdout
+        rebuilt = json.loads((original / "train_done.json").read_text())
+        assert rebuilt["digest"] == round0["checkpoint_digest"]
+    finally:  # the pipeline's own round 0 back in place (its files' times included)
+        if original.exists():
+            shutil.rmtree(original)
+        aside.rename(original)
 
 
 def test_a_missing_collecting_model_is_named_in_one_line(rounds, env_with_venv, tmp_path):

@@ -31,7 +31,10 @@ def register(cli: click.Group) -> None:
                           "error ratios"),
         click.Option(["--regenerate-data"], is_flag=True,
                      help="build the dataset again from its records even where it is on disk (a collection round's "
-                          "data: played again by its recorded collecting model) and require the recorded hash")]))
+                          "data: played again by its recorded collecting model) and require the recorded hash"),
+        click.Option(["--chain"], is_flag=True,
+                     help="a collection round whose collecting run (or its data) is gone: rebuild those first from "
+                          "their own MLflow records, back to round 0, each bit for bit")]))
     cli.add_command(command("resume", _resume, "Continue a recorded run from one of its checkpoints into a new run "
                             "dir (resume-safe Hydra overrides may follow, e.g. trainer.steps=200).", [
         *_common(), click.Option(["--step"], type=int, required=True, help="recorded checkpoint step to continue from"),
@@ -42,7 +45,7 @@ def _rerun(args) -> int:
     from worldpipe.reproduce.rerun import Tolerance, rerun
 
     return rerun(args.run_id, args.tracking_uri, args.allow_code_drift, args.run_dir, args.data_dir,
-                 Tolerance(args.rtol, args.ratio_tol), args.regenerate_data)
+                 Tolerance(args.rtol, args.ratio_tol), args.regenerate_data, args.chain)
 
 
 def _resume(args) -> int:

@@ -94,14 +94,31 @@ def lineage(spec: DatasetSpec) -> dict[str, Any]:
     }
 
 
+def _recorded_lineage(spec: DatasetSpec, recorded: dict[str, Any]) -> dict[str, Any]:
+    parent_manifest = Path(parent_dir(spec)) / paths.MANIFEST_NAME
+    expected = recorded["parent"]["dataset_hash"]
+    if not parent_manifest.is_file() or load_manifest(str(parent_manifest))["dataset_hash"] != expected:
+        raise CollectionError(f"round {spec.collector['round']} of {spec.collector['base']} copies dataset "
+                              f"{expected[:16]}…, which is not at {parent_dir(spec)}")
+    return recorded
+
+
 def progress_root(url: str) -> Path:
     """Where finished shards are recorded: ``<dataset>/parts/collected`` beside ``<dataset>/store.zarr``."""
     return Path(url).parent / "parts" / PROGRESS_DIR
 
 
-def init_collected_store(url: str, spec: DatasetSpec) -> dict[str, Any]:
-    """Initialise the store of a collected dataset with its lineage, forgetting any earlier progress."""
-    found = lineage(spec)
+def init_collected_store(url: str, spec: DatasetSpec, recorded: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Initialise the store of a collected dataset with its lineage, forgetting any earlier progress.
+
+    ``recorded``: the lineage a regeneration reproduces (from the round's recorded manifest), taken as it is once the
+    parent dataset is found with its hash (the collecting checkpoint's digest is checked before any episode is
+    played): the collecting run may have been rebuilt since, under another MLflow run, to the same bits.
+    """
+    found = lineage(spec) if recorded is None else _recorded_lineage(spec, recorded)
+    # Keys in canonical order: the store's metadata bytes must not depend on whether the lineage was read from the
+    # collecting run or from a record (MLflow's copy of the manifest has its keys sorted).
+    found = json.loads(canonical_json(found))
     shutil.rmtree(progress_root(url), ignore_errors=True)  # shards recorded for the wiped store are gone with it
     init_store(url, spec, lineage=found)
     return found
@@ -115,6 +132,10 @@ class Collector:
         self.spec, self.collector = spec, spec.collector
         checkpoints = paths.checkpoints_dir(recorded["collector"]["run_dir"])
         step = recorded["collector"]["checkpoint_step"]
+        if not Path(checkpoints).is_dir():
+            raise CollectionError(f"round {self.collector['round']} of {self.collector['base']} was collected by the "
+                                  f"model of {recorded['collector']['run_dir']}, which is not here ({checkpoints} "
+                                  "is missing)")
         digest = state_digest(CheckpointManager(checkpoints).load(step))
         if digest != recorded["collector"]["checkpoint_digest"]:
             raise CollectionError(f"{checkpoints} step {step} has digest {digest[:16]}…, the store was initialised "
@@ -215,10 +236,11 @@ def write_collected_shards(url: str, spec: DatasetSpec, shard_indices: Iterable[
     return records
 
 
-def build_collected_dataset(url: str, spec: DatasetSpec, manifest_path: str) -> dict:
-    """Collect a whole round in this process from its spec alone (the records a rerun has) and seal it; the
-    manifest. The collecting run's checkpoint and parent dataset must be on disk: CollectionError names the first
-    that is not."""
-    init_collected_store(url, spec)
+def build_collected_dataset(url: str, spec: DatasetSpec, manifest_path: str,
+                            recorded: dict[str, Any] | None = None) -> dict:
+    """Collect a whole round in this process from its spec (and ``recorded`` lineage: the records a rerun has) and
+    seal it; the manifest. The collecting run's checkpoint and parent dataset must be on disk: CollectionError names
+    the first that is not."""
+    init_collected_store(url, spec, recorded)
     write_collected_shards(url, spec, range(spec.num_shards), log=lambda _line: None)
     return seal_dataset(url, manifest_path)

@@ -216,6 +216,6 @@ def lineage_chain(store: TrajectoryStore) -> list[str]:
         except (OSError, ValueError):
             lines.append(f"round {record['round'] - 1} ({parent['name']}): not on disk at {where}")
             return lines
-    lines.append(f"round 0 ({seen.spec.name}): {seen.num_episodes} episodes of the scripted policy "
-                 f"{seen.spec.policy!r} (seed {seen.spec.seed})")
+    origin = f"{seen.num_episodes} episodes of the scripted policy {seen.spec.policy!r} (seed {seen.spec.seed})"
+    lines.append(f"round 0 ({seen.spec.name}): {origin}" if lines else origin)
     return lines

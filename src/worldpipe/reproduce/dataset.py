@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from worldpipe.config import paths
@@ -33,10 +34,13 @@ def _dataset_ok(store: str, manifest_path: str, expected: str) -> bool:
         return False
 
 
-def regenerate_dataset(spec: dict, target: Path, lineage: dict | None = None) -> tuple[str, str]:
+def regenerate_dataset(spec: dict, target: Path, lineage: dict | None = None,
+                       ancestors: Callable[[DatasetSpec, dict], None] | None = None) -> tuple[str, str]:
     """Build and seal the dataset of a recorded generation spec in this process (the same code the rules run).
 
-    ``lineage``: the recorded origin of a collection round's data, named when its collecting model is missing.
+    ``lineage``: the recorded origin of a collection round's data (its collecting run, checkpoint digest and parent
+    dataset), reproduced as recorded. ``ancestors``: called first with (spec, lineage) to put the collecting run and
+    the parent dataset back where the round expects them; without it, a missing one is named in one line.
     """
     store, manifest = target / paths.STORE_NAME, target / paths.MANIFEST_NAME
     if store.exists():
@@ -49,20 +53,22 @@ def regenerate_dataset(spec: dict, target: Path, lineage: dict | None = None) ->
     try:
         parsed = DatasetSpec.from_dict(spec)
         if parsed.collector is not None:  # a collection round: played again by its recorded collecting model
-            build_collected_dataset(str(store), parsed, str(manifest))
+            if ancestors is not None and lineage is not None:
+                ancestors(parsed, lineage)
+            build_collected_dataset(str(store), parsed, str(manifest), lineage)
         else:
             build_dataset(str(store), parsed, manifest_path=str(manifest))
     except CollectionError as err:
         origin = (lineage or {}).get("collector", {}).get("mlflow_run_id")
-        hint = f"; rebuild that run first: worldpipe rerun {origin}" if origin else ""
+        hint = f"; rebuild that run first (worldpipe rerun {origin}), or pass --chain" if origin else ""
         raise RerunError(f"cannot regenerate round {parsed.collector['round']}'s data: {err}{hint}") from None
     except (ValueError, OSError) as err:
         raise RerunError(f"cannot regenerate the dataset into {target}: {err}") from err
     return str(store), str(manifest)
 
 
-def locate_dataset(recorded: RecordedRun, data_dir: str | None = None,
-                   regenerate: bool = False) -> tuple[str, str, str]:
+def locate_dataset(recorded: RecordedRun, data_dir: str | None = None, regenerate: bool = False,
+                   ancestors: Callable[[DatasetSpec, dict], None] | None = None) -> tuple[str, str, str]:
     """(store, manifest, how): the recorded location if it still holds the recorded hash, else a regeneration.
 
     ``regenerate``: build the data again from the recorded spec even where it is on disk (a collection round's
@@ -83,7 +89,7 @@ def locate_dataset(recorded: RecordedRun, data_dir: str | None = None,
         raise RerunError(f"dataset {expected[:16]}… is not at {store} and the run's dataset/manifest.json artifact "
                          "holds no generation spec; pass --data-dir with the original dataset")
     log.info("regenerating dataset %s… from its recorded spec into %s", expected[:16], target)
-    store, manifest = regenerate_dataset(spec, target, (recorded.manifest or {}).get("lineage"))
+    store, manifest = regenerate_dataset(spec, target, (recorded.manifest or {}).get("lineage"), ancestors)
 
     got = load_manifest(manifest)["dataset_hash"]
     if got != expected:

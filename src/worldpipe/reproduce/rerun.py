@@ -20,6 +20,7 @@ on disk, the open-loop prediction error of both final models over repeat-last on
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,11 +128,14 @@ def _original_checkpoints(recorded) -> str | None:
 
 
 def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, run_dir: str | None = None,
-          data_dir: str | None = None, tolerance: Tolerance | None = None, regenerate_data: bool = False) -> int:
+          data_dir: str | None = None, tolerance: Tolerance | None = None, regenerate_data: bool = False,
+          chain: bool = False) -> int:
     """Rebuild and retrain run `run_id`, compare, print the verdict; returns the exit code.
 
     ``regenerate_data``: build the training data again from its records even where it is on disk (for a collection
-    round: played again by the recorded collecting model), and require the recorded dataset hash.
+    round: played again by the recorded collecting model), and require the recorded dataset hash. ``chain``: where
+    a round's collecting run (or the data it trained on) is gone, rebuild it first from its own MLflow records, at
+    the address the round names, bit for bit, and so on back to round 0.
     """
     tolerance = tolerance or Tolerance()
     uri = resolve_tracking_uri(uri)
@@ -139,7 +143,8 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
     try:
         recorded = load_recorded_run(client, run_id)
         drift = check_code(recorded, allow_code_drift)
-        store, manifest, how = locate_dataset(recorded, data_dir, regenerate_data)
+        ancestors = (lambda spec, lineage: rebuild_collector(spec, lineage, uri, allow_code_drift)) if chain else None
+        store, manifest, how = locate_dataset(recorded, data_dir, regenerate_data, ancestors)
         print(f"dataset {recorded.identity.get('dataset_hash', '')[:16]}… ({how}): {store}", flush=True)
         expected = environment_differences(client, recorded)
         if expected:
@@ -166,6 +171,31 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
     print(f"rerun of {run_id}: new run {result.new_run_id} in {target}")
     print(message)
     return code
+
+
+def rebuild_collector(spec, lineage: dict, uri: str, allow_code_drift: bool) -> None:
+    """Put a collection round's collecting run back at its address (``lineage["collector"]["run_dir"]``) when it is
+    not there with the recorded digest: rerun from its MLflow record, its own data located (or rebuilt) at the
+    address of the round's parent dataset. RerunError unless the rebuilt run is bit-identical."""
+    collector = lineage["collector"]
+    run_dir = Path(collector["run_dir"])
+    done = run_dir / paths.COMPLETION_RECORD
+    if done.is_file() and json.loads(done.read_text()).get("digest") == collector["checkpoint_digest"]:
+        return
+    round_ = lineage["round"]
+    if run_dir.exists():
+        raise RerunError(f"round {round_}'s collecting run {run_dir} holds another model than the recorded one "
+                         f"(digest {collector['checkpoint_digest'][:16]}…); move it aside to rebuild it")
+    if not collector.get("mlflow_run_id"):
+        raise RerunError(f"round {round_}'s collecting run {run_dir} is gone and was not recorded in MLflow")
+    parent = paths.dataset_dir(spec.collector["parent"]["name"], spec.collector["parent"]["spec_hash"])
+    print(f"round {round_} was collected by {run_dir}, which is not here: rebuilding it from MLflow run "
+          f"{collector['mlflow_run_id']}", flush=True)
+    code = rerun(collector["mlflow_run_id"], uri, allow_code_drift, str(run_dir), parent, chain=True)
+    if code != EXIT_IDENTICAL:
+        raise RerunError(f"the rebuilt collecting run of round {round_} ({run_dir}) is not bit-identical to MLflow "
+                         f"run {collector['mlflow_run_id']} (exit {code}): round {round_}'s data cannot be played "
+                         "again")
 
 
 def _verdict(client, recorded, result: RerunResult, target: Path, data: tuple[str, str],
