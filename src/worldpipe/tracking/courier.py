@@ -64,7 +64,7 @@ class Courier:
     def __init__(self, proc: subprocess.Popen, replies: int, record: os.PathLike,
                  on_tried: Callable[[], None], on_opened: Callable[[], None]):
         self._proc = proc
-        self._control = proc.stdin.fileno()
+        self._control: int | None = proc.stdin.fileno()
         os.set_blocking(self._control, False)
         self._record = record
         self._on_tried, self._on_opened = on_tried, on_opened
@@ -128,11 +128,14 @@ class Courier:
 
     def abandon(self) -> None:
         """Close the control pipe, as the parent's death would: the courier exits without a final delivery."""
+        self._control = None
         with contextlib.suppress(OSError):
             self._proc.stdin.close()
         self._reap(wait_s=EXIT_WAIT_S)
 
     def _send(self, byte: bytes) -> None:
+        if self._control is None:
+            return  # reaped: its descriptor number may belong to another file by now
         try:
             os.write(self._control, byte)
         except BlockingIOError:
@@ -150,10 +153,13 @@ class Courier:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._control = None
         with contextlib.suppress(OSError):
             self._proc.stdin.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._record)
+        # Its replies end with its exit: read to the end here, so none of them reaches a later segment.
+        self._reader.join(EXIT_WAIT_S)
         self._done.set()
 
     def _read_replies(self, fd: int) -> None:
