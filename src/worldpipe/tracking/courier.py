@@ -22,10 +22,10 @@ Between the two processes (the parent's side is :class:`Courier`):
   ``opened`` (the run exists), ``log`` (a log record, re-emitted by the parent under the same logger, so warnings
   read as before), ``done`` (the final delivery's report).
 
-The courier runs in the parent's process group (``kill -9`` of the group ends it too) at the parent's priority
-(the first checkpoint waits for the run start it makes), ignores SIGINT and SIGTERM (the parent, which answers
-them with a checkpoint, says when the courier ends), and is started with ``subprocess`` (no fork of a
-torch-loaded process). Its PID is recorded in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops
+The courier runs in the parent's process group (``kill -9`` of the group ends it too), at the parent's CPU
+priority until the run start has been tried (the first checkpoint waits for it) and at nice +10 after that,
+ignores SIGINT and SIGTERM (the parent, which answers them with a checkpoint, says when the courier ends), and is
+started with ``subprocess`` (no fork of a torch-loaded process). Its PID is recorded in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops
 and reaps it by that PID.
 """
 
@@ -54,6 +54,10 @@ log = logging.getLogger("worldpipe.tracking")
 MODULE = "worldpipe.tracking.courier"
 RECORD_NAME = "courier.json"  # in the spool directory: {"pid", "parent_pid"} of the running courier
 WAKE, STOP_SAMPLING, FINISH = b"w", b"s", b"x"
+# Once the run start has been tried, the courier steps below the training process (nice +10): what is left
+# (deliveries, system samples) is never waited for before the end. The start itself keeps the parent's priority:
+# the first checkpoint waits for it, and at nice +10 on a busy 2-core machine it came 10-15 s later.
+NICE = 10
 PARENT_POLL_S = 1.0  # how often an idle courier checks that its parent is alive (besides the pipe's end of file)
 EXIT_WAIT_S = 10.0  # how long a courier that has reported may take to exit before it is killed
 
@@ -287,8 +291,14 @@ def serve(argv: list[str] | None = None) -> int:
     # process group (a preemption the trainer answers with a checkpoint) must not cut the run's last records.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+
+    def tried() -> None:
+        replies.send(tried=True)
+        with contextlib.suppress(OSError):  # a sandbox refusing it costs the training step some speed, nothing else
+            os.nice(NICE)
+
     loop = DeliveryLoop(Spool(args.run_dir), args.uri, args.retry_s,
-                        on_tried=lambda: replies.send(tried=True), on_opened=lambda: replies.send(opened=True))
+                        on_tried=tried, on_opened=lambda: replies.send(opened=True))
     loop.begin(args.open_seq, args.resume, args.system_metrics_s, args.system_metrics_samples)
     control = _Control(args.parent, loop.stop_sampling)
     loop.run(control.wait, control.stopping)
