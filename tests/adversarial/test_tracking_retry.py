@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from worldpipe.tracking.recorder import RETRY_FIRST_S, RunRecorder, retry_delay
+from worldpipe.tracking.delivery_loop import RETRY_FIRST_S, retry_delay
+from worldpipe.tracking.recorder import RunRecorder
 
 
 def test_retry_delay_backs_off_exponentially_up_to_the_cap():

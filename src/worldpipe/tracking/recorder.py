@@ -4,14 +4,18 @@ Every record is appended to ``RUN_DIR/tracking/journal.jsonl`` (fsync) before it
 that is down at start or mid-run costs nothing: training goes on, a warning says where the records wait, and
 the next successful contact (or ``worldpipe tracking sync RUN_DIR``) replays them idempotently.
 
-Delivery runs in a background thread (records are durable before it sees them), so a slow or hanging server
-never stalls the training loop; only the end delivers synchronously. The start delivers synchronously too unless
-``background_start`` is set: then the run is created (or reopened) by the delivery thread while the first steps
-run, and whoever needs the run id asks for it when it does (``run_id`` for a checkpoint,
-:meth:`RunRecorder.await_run_id` at the end). Records are journaled in order either way, so nothing a background
-start delays is lost or reordered; system metrics are sampled from the start and logged once the run exists. After a
-failure the thread retries by itself with exponential backoff (1 s, 2 s, ... up to ``retry_s``), so a server
-that comes back mid-run receives everything waiting without a manual sync.
+Delivery runs outside the training loop (records are durable before it sees them), so a slow or hanging server
+never stalls it: in the courier, a child process that also samples the host's system metrics
+(:mod:`worldpipe.tracking.courier`; the trainer's choice, so the training process never imports MLflow), or on a
+thread of this process (``courier=False``, the default for direct use; ``WORLDPIPE_TRACKING_DELIVERY=thread``
+makes the trainer use it too). Each append batch wakes the deliverer; only the end waits for delivery (``end``:
+everything journaled is delivered before it returns). The start waits for the run too unless
+``background_start`` is set: then the run is created (or reopened) by the deliverer while the first steps run,
+and whoever needs the run id asks for it when it does (``run_id`` for a checkpoint, :meth:`RunRecorder.await_run_id`
+at the end). Records are journaled in order either way, so nothing a background start delays is lost or
+reordered; system metrics are sampled from the start and logged once the run exists. After a failure the
+deliverer retries by itself with exponential backoff (1 s, 2 s, ... up to ``retry_s``), so a server that comes
+back mid-run receives everything waiting without a manual sync.
 
 Metrics are buffered in memory and *staged* into the journal just before the checkpoint of a step is published
 (``stage(step)``), then *committed* once it is durable (``commit(step)``). Staged metrics of a checkpoint that
@@ -25,15 +29,14 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from worldpipe.config.paths import default_tracking_uri
-from worldpipe.tracking.delivery import DeliveryReport, deliver
+from worldpipe.tracking.courier import Courier
+from worldpipe.tracking.delivery_loop import DeliveryLoop
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
-from worldpipe.tracking.system_metrics import SystemMetricsSampler
 
 log = logging.getLogger("worldpipe.tracking")
 
@@ -41,18 +44,20 @@ log = logging.getLogger("worldpipe.tracking")
 # with exponential backoff and wait 120 s per request); records are spooled, so fail fast and retry later.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
-# After a failed delivery the background thread retries on its own, first after this many seconds, doubling
-# up to `retry_s`: a server that comes back mid-run gets the waiting records without a manual sync.
-RETRY_FIRST_S = 1.0
 # `WORLDPIPE_TRACKING_START=sync` makes the trainer start the MLflow run before its first step, as it used to
 # (for comparison: `worldpipe bench startup` measures both); anything else starts it in the background.
 START_ENV = "WORLDPIPE_TRACKING_START"
 SYNC_START = "sync"
+# `WORLDPIPE_TRACKING_DELIVERY=thread` makes the trainer deliver on a thread of the training process, as it used
+# to (MLflow imported there); anything else delivers from the courier process.
+DELIVERY_ENV = "WORLDPIPE_TRACKING_DELIVERY"
+THREAD_DELIVERY = "thread"
 
 
 def fail_fast_over_http() -> None:
     """Make this process's MLflow HTTP calls give up in seconds on an unreachable server (unless the user set
-    the MLflow variables): every caller either spools what it could not deliver or reports it in one line."""
+    the MLflow variables): every caller either spools what it could not deliver or reports it in one line.
+    A courier started afterwards inherits them."""
     for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
@@ -62,9 +67,9 @@ def background_start_wanted() -> bool:
     return os.environ.get(START_ENV, "background") != SYNC_START
 
 
-def retry_delay(failures: int, first_s: float, cap_s: float) -> float:
-    """Seconds before retry number ``failures`` (1-based): exponential backoff from ``first_s``, capped."""
-    return min(cap_s, first_s * 2.0 ** max(0, failures - 1))
+def courier_wanted() -> bool:
+    """True unless the environment asks for delivery on a thread of the training process."""
+    return os.environ.get(DELIVERY_ENV, "courier") != THREAD_DELIVERY
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
@@ -96,36 +101,40 @@ class RunRecorder:
     def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
                  retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
                  background_start: bool = False, on_opened: Callable[[], None] | None = None,
-                 system_metrics_samples: int = 1):
+                 system_metrics_samples: int = 1, courier: bool = False):
         self.enabled = enabled
         self.background_start = background_start
-        self.on_opened = on_opened  # called (on the delivery thread, if started there) once the run exists
+        self.courier = courier  # deliver from a child process (else on a thread of this one)
+        self.on_opened = on_opened  # called (on a delivery or reply thread) once the run exists
         self.system_metrics_s = system_metrics_s
         self.system_metrics_samples = system_metrics_samples  # averaged into each logged point
-        self._system_metrics: SystemMetricsSampler | None = None  # this segment's, from its start to its end
-        self._system_metrics_attached = False
-        self.uri = resolve_tracking_uri(uri) if enabled else None
         self.experiment = experiment
         self.retry_s = retry_s
+        self.join_s = join_s
         self._pending: list[tuple[int, str, float, int]] = []  # (step, key, value, timestamp_ms)
         self._spool: Spool | None = None
+        self._uri = resolve_tracking_uri(uri) if enabled else None
         if enabled:
             self._spool = Spool(run_dir if run_dir is not None else tempfile.mkdtemp(prefix="worldpipe-spool-"))
-        self.join_s = join_s
-        self._failures = 0  # consecutive failed deliveries
-        self._retry_at: float | None = None  # monotonic time of the next retry while records wait
-        self._offline = False
-        self._client = None
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         # Set once a delivery has tried this segment's "open" record (run created/reopened, or server unreachable).
         self._open_tried = threading.Event()
         self._open_seq: int | None = None
-        self._open_acked = False
-        self._resume = False
-        self._ending = False
-        self._monitor_lock = threading.Lock()  # the delivery thread attaches system metrics, end() stops them
+        self._courier: Courier | None = None  # this segment's courier process
+        self._loop: DeliveryLoop | None = None  # delivery in this process (thread mode, or a courier's fallback)
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def uri(self) -> str | None:
+        return self._uri
+
+    @uri.setter
+    def uri(self, value: str) -> None:
+        """Deliver to ``value`` from now on (in this process; a running courier keeps its own)."""
+        self._uri = value
+        if self._loop is not None:
+            self._loop.uri = value
 
     @property
     def spool(self) -> Spool | None:
@@ -141,6 +150,11 @@ class RunRecorder:
         """The id of the run's MLflow experiment once the run has been created (or reopened); never waits."""
         return self._spool.state().get("experiment_id") if self._spool else None
 
+    @property
+    def courier_pid(self) -> int | None:
+        """The PID of this segment's courier while it runs (also in ``RUN_DIR/tracking/courier.json``)."""
+        return self._courier.pid if self._courier is not None else None
+
     # ---- lifecycle ----
     def start(self, run_id: str | None, run_name: str, tags: dict[str, str], resume_step: int = 0,
               checkpoint_dir: str | None = None) -> str | None:
@@ -154,23 +168,23 @@ class RunRecorder:
         os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         fail_fast_over_http()
         self._spool.hold_active()
-        self._resume, self._ending = resume_step > 0, False
         self._open_tried.clear()
-        self._open_acked = False
-        if self.system_metrics_s and self.system_metrics_s > 0:
-            with self._monitor_lock:
-                self._system_metrics = SystemMetricsSampler(self.system_metrics_s, self.uri,
-                                                            self.system_metrics_samples).start()
-                self._system_metrics_attached = False
         self._open_seq = self._spool.append(
             "open", experiment=self.experiment, run_name=run_name, tags=dict(tags), reopen_run_id=run_id,
             record_key=self._spool.record_key(), resume_step=int(resume_step), checkpoint_dir=checkpoint_dir,
             uri=self.uri)
+        if self.courier and self._start_courier(resume_step > 0):
+            if not self.background_start:
+                self._open_tried.wait()  # set by the courier's report, or by its exit
+            return self.run_id
+        self._local_loop().begin(self._open_seq, resume_step > 0, self.system_metrics_s,
+                                 self.system_metrics_samples)
         if not self.background_start:
-            self.deliver(force=True)
+            self._loop.deliver_now()
         if self._thread is None:
             self._stopping = False
-            self._thread = threading.Thread(target=self._deliver_loop, name="worldpipe-tracking", daemon=True)
+            self._thread = threading.Thread(target=self._loop.run, args=(self._wait, lambda: self._stopping),
+                                            name="worldpipe-tracking", daemon=True)
             self._thread.start()
         self._wake.set()  # a background start: the thread opens the run now; otherwise a no-op wake-up
         return self.run_id
@@ -185,23 +199,36 @@ class RunRecorder:
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
-        """Mark the run terminated (FINISHED, FAILED or KILLED) and replay what is still spooled."""
+        """Mark the run terminated (FINISHED, FAILED or KILLED) and deliver everything still spooled."""
         if not self.enabled:
             return
         self.await_run_id()
-        with self._monitor_lock:
-            self._attach_system_metrics()  # a segment shorter than the run start still logs its samples
-            sampler, self._system_metrics, self._ending = self._system_metrics, None, True
-        if sampler is not None:
-            sampler.stop()
+        courier, self._courier = self._courier, None
+        if courier is not None:
+            courier.stop_sampling()
+        elif self._loop is not None:
+            self._loop.stop_sampling()
         self._spool.append("end", status=status)
-        self._stop_thread()
-        report = self.deliver(force=True) if self._thread is None else None
-        if report is None or report.pending:
+        pending = self._finish(courier)
+        if pending is None or pending:
             log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
-                        "worldpipe tracking sync %s", report.pending if report else len(self._spool.pending()),
+                        "worldpipe tracking sync %s", len(self._spool.pending()) if pending is None else pending,
                         self._spool.journal, self._spool.run_dir)
         self._spool.release_active()
+
+    def _finish(self, courier: Courier | None) -> int | None:
+        """The final delivery, by the courier or in this process; the records left pending (None: unknown)."""
+        if courier is not None:
+            outcome, report = courier.finish(self.join_s)
+            if outcome == "done":
+                return int(report["pending"])
+            if outcome == "busy":
+                log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
+                return None
+            log.warning("the tracking courier (pid %d) is gone; delivering in this process", courier.pid)
+            return self._local_loop().deliver_now().pending
+        self._stop_thread()
+        return self._local_loop().deliver_now().pending if self._thread is None else None
 
     # ---- params, tags, artifacts ----
     def log_params(self, flat: dict[str, Any]) -> None:
@@ -258,37 +285,52 @@ class RunRecorder:
         self.deliver()
 
     # ---- delivery ----
-    def deliver(self, force: bool = False) -> DeliveryReport | None:
-        """Replay spooled records: `force` now in this thread, else wake the background thread (no waiting)."""
+    def deliver(self) -> None:
+        """Wake the deliverer: records were appended (returns at once; without a segment open, a recorder
+        without a courier delivers now, in this thread)."""
         if not self.enabled:
-            return None
-        if force or self._thread is None:
-            return self._deliver_now()
-        self._wake.set()
-        return None
+            return
+        if self._courier is not None:
+            self._courier.wake()
+        elif self._thread is not None:
+            self._wake.set()
+        elif not self.courier:
+            self._local_loop().deliver_now()
 
-    def _deliver_loop(self) -> None:
-        """Background delivery: on every wake-up, and after a failure on its own with exponential backoff."""
-        while not self._stopping:
-            retry_at = self._retry_at
-            self._wake.wait(None if retry_at is None else max(0.0, retry_at - time.monotonic()))
-            self._wake.clear()
-            if self._stopping:
-                break
-            if self._retry_at is not None and time.monotonic() < self._retry_at:
-                continue  # woken early by a new record: it waits with the others until the retry is due
-            try:
-                self._deliver_now()
-            except Exception as err:  # noqa: BLE001 - the thread must survive anything; records stay spooled
-                self._note_failure()
-                log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
+    def _wait(self, timeout: float | None) -> None:
+        """The delivery thread's wait: a wake-up or the timeout."""
+        self._wake.wait(timeout)
+        self._wake.clear()
 
-    def _note_failure(self) -> None:
-        self._failures += 1
-        self._retry_at = time.monotonic() + retry_delay(self._failures, min(RETRY_FIRST_S, self.retry_s),
-                                                        self.retry_s)
+    def _local_loop(self) -> DeliveryLoop:
+        if self._loop is None:
+            self._loop = DeliveryLoop(self._spool, self.uri, self.retry_s, on_tried=self._open_tried.set,
+                                      on_opened=self._opened)
+        return self._loop
+
+    def _opened(self) -> None:
+        if self.on_opened is not None:
+            self.on_opened()
+
+    def _start_courier(self, resume: bool) -> bool:
+        """Start this segment's courier; False (and a warning) if no process could be started."""
+        if self._courier is not None:
+            self._courier.abandon()  # a segment that was never ended
+        try:
+            self._courier = Courier.start(self._spool, self.uri, self._open_seq, resume, self.retry_s,
+                                          self.system_metrics_s, self.system_metrics_samples,
+                                          on_tried=self._open_tried.set, on_opened=self._opened)
+        except OSError as err:
+            log.warning("the tracking courier could not be started (%s); delivering from this process", err)
+            self._courier = None
+            return False
+        return True
 
     def _stop_thread(self) -> None:
+        """Stop delivering without a final delivery (a courier exits as if this process had died)."""
+        courier, self._courier = self._courier, None
+        if courier is not None:
+            courier.abandon()
         if self._thread is None:
             return
         self._stopping = True
@@ -298,47 +340,3 @@ class RunRecorder:
             self._thread = None
         else:
             log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
-
-    def _attach_system_metrics(self) -> None:
-        """Log system metrics to the run once it exists (call with the monitor lock held)."""
-        if (self._system_metrics is not None and not self._system_metrics_attached and not self._ending
-                and self.run_id):
-            self._system_metrics.attach(self.run_id, resume=self._resume)
-            self._system_metrics_attached = True
-
-    def _opened(self) -> None:
-        """After a delivery attempt: this segment's start has been tried; start the monitor once the run exists."""
-        if self._open_seq is None or self._open_acked:
-            return
-        self._open_tried.set()
-        if self._spool.state()["acked"] >= self._open_seq:
-            self._open_acked = True
-            if self.on_opened is not None:
-                self.on_opened()
-            with self._monitor_lock:
-                self._attach_system_metrics()
-
-    def _deliver_now(self) -> DeliveryReport:
-        try:
-            return self._deliver_and_report()
-        finally:  # after the warning, if any: whoever waits for the run start sees it said first
-            self._opened()
-
-    def _deliver_and_report(self) -> DeliveryReport:
-        report = deliver(self._spool, self.uri)
-        if report.error:
-            self._note_failure()
-            if not self._offline:
-                log.warning(
-                    "MLflow tracking at %s is unreachable (%s). Training continues; %d record(s) are spooled "
-                    "durably in %s and will be replayed when the server answers again, or run: "
-                    "worldpipe tracking sync %s", self.uri, report.error, report.pending, self._spool.journal,
-                    self._spool.run_dir)
-            self._offline = True
-        else:
-            self._failures, self._retry_at = 0, None
-            if self._offline:
-                log.warning("MLflow tracking at %s is reachable again: replayed %d spooled record(s)", self.uri,
-                            report.delivered)
-            self._offline = False
-        return report

@@ -1,0 +1,319 @@
+"""The courier: a child process that delivers a training run's records to MLflow and samples the host's system
+metrics, so that the training process never imports MLflow nor runs a delivery or sampling thread.
+
+Importing MLflow, creating its store and the run, and sampling the host took seconds of the training process's
+GIL at its start (a py-spy ``--gil`` profile of a smoke run: the sampler and delivery threads held it for ~1800
+samples; the first half of the run paid 11.6 ms/step against 6.2 ms steady). The records were already durable in
+the spool journal before any delivery saw them (:mod:`worldpipe.tracking.spool`), and ``worldpipe tracking sync``
+already delivers a journal from another process; the courier does the same, continuously, for one segment of a
+run (:class:`~worldpipe.tracking.delivery_loop.DeliveryLoop`: wake-ups, retries with backoff, one warning per
+outage).
+
+Between the two processes (the parent's side is :class:`Courier`):
+
+- control, parent -> courier, on the courier's stdin: one byte each — ``w`` records were appended (one write per
+  append batch, never blocking: a wake-up already waiting is enough), ``s`` the segment ends (take the last system
+  sample, log it, stop sampling), ``x`` deliver everything (the ``end`` record is journaled by then), report,
+  exit. End of file is the parent's death (``kill -9`` included): the courier exits after the delivery in
+  flight, if any; it also checks ``os.getppid()`` every second, in case a child forked by the parent holds the
+  pipe's write end.
+- replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on stdout): ``tried`` (a
+  delivery has tried the segment's ``open`` record: the run id, if any, is in the spool's ``state.json``),
+  ``opened`` (the run exists), ``log`` (a log record, re-emitted by the parent under the same logger, so warnings
+  read as before), ``done`` (the final delivery's report).
+
+The courier runs in the parent's process group (``kill -9`` of the group ends it too), at the parent's CPU
+priority until the run start has been tried (the first checkpoint waits for it) and at nice +10 after that,
+ignores SIGINT and SIGTERM (the parent, which answers them with a checkpoint, says when the courier ends), and is
+started with ``subprocess`` (no fork of a torch-loaded process). Its PID is recorded in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops
+and reaps it by that PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from worldpipe.core.atomic import write_text_atomic
+from worldpipe.tracking.delivery_loop import DeliveryLoop
+from worldpipe.tracking.spool import Spool
+
+log = logging.getLogger("worldpipe.tracking")
+
+MODULE = "worldpipe.tracking.courier"
+RECORD_NAME = "courier.json"  # in the spool directory: {"pid", "parent_pid"} of the running courier
+WAKE, STOP_SAMPLING, FINISH = b"w", b"s", b"x"
+# Once the run start has been tried, the courier steps below the training process (nice +10): what is left
+# (deliveries, system samples) is never waited for before the end. The start itself keeps the parent's priority:
+# the first checkpoint waits for it, and at nice +10 on a busy 2-core machine it came 10-15 s later.
+NICE = 10
+PARENT_POLL_S = 1.0  # how often an idle courier checks that its parent is alive (besides the pipe's end of file)
+EXIT_WAIT_S = 10.0  # how long a courier that has reported may take to exit before it is killed
+
+
+class Courier:
+    """The training process's handle on its courier: wake it, end its segment, stop and reap it by PID."""
+
+    def __init__(self, proc: subprocess.Popen, replies: int, record: os.PathLike,
+                 on_tried: Callable[[], None], on_opened: Callable[[], None]):
+        self._proc = proc
+        self._control: int | None = proc.stdin.fileno()
+        os.set_blocking(self._control, False)
+        self._record = record
+        self._on_tried, self._on_opened = on_tried, on_opened
+        self._report: dict[str, Any] | None = None
+        self._done = threading.Event()  # the final report arrived, or the courier is gone
+        # Blocks in os.read (no GIL held) until the courier writes; a handful of lines per segment.
+        self._reader = threading.Thread(target=self._read_replies, args=(replies,), name="worldpipe-courier-replies",
+                                        daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, spool: Spool, uri: str, open_seq: int, resume: bool, retry_s: float, system_metrics_s: float,
+              system_metrics_samples: int, on_tried: Callable[[], None], on_opened: Callable[[], None]) -> Courier:
+        """Start the courier of the segment opened by journal record ``open_seq`` (raises OSError if it cannot)."""
+        replies, reply_end = os.pipe()
+        argv = [sys.executable, "-m", MODULE, "--run-dir", str(spool.run_dir), "--uri", uri,
+                "--parent", str(os.getpid()), "--reply-fd", str(reply_end), "--open-seq", str(open_seq),
+                "--retry-s", str(retry_s), "--system-metrics-s", str(system_metrics_s or 0.0),
+                "--system-metrics-samples", str(system_metrics_samples),
+                "--log-level", str(logging.getLogger().getEffectiveLevel())] + (["--resume"] if resume else [])
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(reply_end,))
+        except BaseException:
+            os.close(replies)
+            raise
+        finally:
+            os.close(reply_end)
+        record = spool.dir / RECORD_NAME
+        write_text_atomic(record, json.dumps({"pid": proc.pid, "parent_pid": os.getpid()}))
+        courier = cls(proc, replies, record, on_tried, on_opened)
+        courier.wake()  # the open record is waiting
+        return courier
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def wake(self) -> None:
+        """Records were appended: deliver them (returns at once)."""
+        self._send(WAKE)
+
+    def stop_sampling(self) -> None:
+        """The segment ends: the courier logs its last system sample before any delivery of the end record."""
+        self._send(STOP_SAMPLING)
+
+    def finish(self, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
+        """Deliver everything journaled, then exit: ("done", report), ("busy", None) after ``timeout_s`` (the
+        courier is killed), or ("gone", None) if it had died before."""
+        if not self.alive():
+            self._reap()
+            return "gone", None
+        self._send(FINISH)
+        if not self._done.wait(timeout_s):
+            self._reap(kill=True)
+            return "busy", None
+        self._reap(wait_s=EXIT_WAIT_S)
+        return ("done", self._report) if self._report is not None else ("gone", None)
+
+    def abandon(self) -> None:
+        """Close the control pipe, as the parent's death would: the courier exits without a final delivery."""
+        self._control = None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()
+        self._reap(wait_s=EXIT_WAIT_S)
+
+    def _send(self, byte: bytes) -> None:
+        if self._control is None:
+            return  # reaped: its descriptor number may belong to another file by now
+        try:
+            os.write(self._control, byte)
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups the courier has not read yet: it will deliver anyway
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # the courier is gone: finish() notices; the records wait in the journal
+
+    def _reap(self, kill: bool = False, wait_s: float = 0.0) -> None:
+        """Wait for the courier's exit (killing it by PID if asked, or if it outstays ``wait_s``), then forget it."""
+        if kill and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+        try:
+            self._proc.wait(wait_s if wait_s else None)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._control = None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._record)
+        # Its replies end with its exit: read to the end here, so none of them reaches a later segment.
+        self._reader.join(EXIT_WAIT_S)
+        self._done.set()
+
+    def _read_replies(self, fd: int) -> None:
+        buffer = b""
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._handle(json.loads(line))
+        except Exception as err:  # noqa: BLE001 - a garbled reply must not kill the training process
+            log.warning("tracking courier: unreadable reply (%s)", err)
+        finally:
+            os.close(fd)
+            self._on_tried()  # nobody waits for a run start the courier can no longer report
+            self._done.set()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        if "log" in message:
+            name, level, text = message["log"]
+            logging.getLogger(name).log(level, "%s", text)
+        elif "tried" in message:
+            self._on_tried()
+        elif "opened" in message:
+            self._on_opened()
+        elif "done" in message:
+            self._report = message["done"]
+            self._done.set()
+
+
+# ---- the courier process ----
+class _Replies:
+    """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread."""
+
+    def __init__(self, fd: int):
+        self._fd, self._lock = fd, threading.Lock()
+
+    def send(self, **message: Any) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with self._lock, contextlib.suppress(OSError):  # a dead parent reads nothing
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+
+
+class _ForwardLogs(logging.Handler):
+    def __init__(self, replies: _Replies):
+        super().__init__()
+        self._replies = replies
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._replies.send(log=[record.name, record.levelno, record.getMessage()])
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+class _Control:
+    """The parent's bytes on stdin, read between deliveries."""
+
+    def __init__(self, parent: int, on_stop_sampling: Callable[[], None]):
+        self._fd = sys.stdin.fileno()
+        self._parent = parent
+        self._on_stop_sampling = on_stop_sampling
+        self.finishing = False  # ``x``: deliver everything and exit
+        self.orphaned = False  # the parent is gone: exit now
+
+    def stopping(self) -> bool:
+        return self.finishing or self.orphaned
+
+    def wait(self, timeout: float | None) -> None:
+        """Until a byte arrives, the parent dies, or ``timeout`` (None: no limit) passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = PARENT_POLL_S if deadline is None else min(PARENT_POLL_S, max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if ready:
+                self._read()
+                return
+            if os.getppid() != self._parent:
+                self.orphaned = True
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+
+    def _read(self) -> None:
+        data = os.read(self._fd, 65536)
+        if not data:
+            self.orphaned = True
+            return
+        if STOP_SAMPLING in data:
+            self._on_stop_sampling()
+        if FINISH in data:
+            self.finishing = True
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--reply-fd", type=int, required=True)
+    parser.add_argument("--open-seq", type=int, required=True)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--retry-s", type=float, default=30.0)
+    parser.add_argument("--system-metrics-s", type=float, default=0.0)
+    parser.add_argument("--system-metrics-samples", type=int, default=1)
+    parser.add_argument("--log-level", type=int, default=logging.INFO)
+    return parser.parse_args(argv)
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """The courier's life: deliver on wake-ups until told to finish (report, exit) or orphaned (exit)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    replies = _Replies(args.reply_fd)
+    root = logging.getLogger()
+    root.addHandler(_ForwardLogs(replies))
+    root.setLevel(args.log_level)
+    if os.getppid() != args.parent:
+        return 0  # the parent died before we started
+    # The parent decides when the courier ends (``x``, or its own end): a Ctrl-C or a SIGTERM sent to the whole
+    # process group (a preemption the trainer answers with a checkpoint) must not cut the run's last records.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+    def tried() -> None:
+        replies.send(tried=True)
+        with contextlib.suppress(OSError):  # a sandbox refusing it costs the training step some speed, nothing else
+            os.nice(NICE)
+
+    loop = DeliveryLoop(Spool(args.run_dir), args.uri, args.retry_s,
+                        on_tried=tried, on_opened=lambda: replies.send(opened=True))
+    loop.begin(args.open_seq, args.resume, args.system_metrics_s, args.system_metrics_samples)
+    control = _Control(args.parent, loop.stop_sampling)
+    loop.run(control.wait, control.stopping)
+    if control.orphaned:
+        return 0  # the records wait in the journal: the next start or `worldpipe tracking sync` delivers them
+    loop.stop_sampling()  # a no-op if ``s`` came first
+    try:
+        report = loop.deliver_now()
+    except Exception as err:  # noqa: BLE001 - reported as undelivered; the records stay spooled
+        log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
+        replies.send(done={"pending": len(loop.spool.pending()), "error": str(err)})
+    else:
+        replies.send(done={"pending": report.pending, "error": report.error})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
