@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "tracking": {"core", "config"},
     "trainer": {"core", "config", "data", "parallel", "models", "measure", "checkpoint", "tracking"},
     "evaluate": {"core", "config", "data", "models", "measure", "checkpoint", "tracking"},
-    "launch": {"core", "config", "data", "measure", "trainer"},
+    "launch": {"core", "config", "data", "measure", "tracking", "trainer"},
     "pipeline": {"core", "config", "data", "checkpoint", "tracking", "trainer", "launch"},
     "rollout": {"core", "config", "data", "models", "measure", "checkpoint", "evaluate"},
     "control": {"core", "config", "data", "models", "measure", "checkpoint", "tracking", "evaluate", "launch",

@@ -19,6 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.tracking.courier import start_early
+from worldpipe.tracking.recorder import courier_wanted, resolve_tracking_uri
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 LAUNCHER_ENV = "WORLDPIPE_LAUNCHER"
@@ -45,6 +47,11 @@ def run_in_process(cfg: DictConfig) -> int:
     """Train in this process; returns the exit status torchrun would have returned (0, or EXIT_PREEMPTED)."""
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
+    if cfg.tracking.enabled and courier_wanted():
+        # The run's courier starts before torch loads: MLflow's import overlaps the trainer's start-up, and the run
+        # exists by the first checkpoint (which names it) instead of holding that checkpoint up.
+        start_early(cfg.run_dir, resolve_tracking_uri(cfg.tracking.uri), cfg.tracking.system_metrics_interval_s,
+                    cfg.tracking.system_metrics_samples_before_logging)
     # Imported only now: training brings torch (seconds); a refused launch never pays for it.
     from worldpipe.trainer.main import train
 

@@ -43,10 +43,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from worldpipe.core.atomic import write_text_atomic
 from worldpipe.tracking.delivery_loop import DeliveryLoop
+from worldpipe.tracking.mlflow_import import import_mlflow
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
@@ -80,15 +82,22 @@ class Courier:
         self._reader.start()
 
     @classmethod
-    def start(cls, spool: Spool, uri: str, open_seq: int, resume: bool, retry_s: float, system_metrics_s: float,
-              system_metrics_samples: int, on_tried: Callable[[], None], on_opened: Callable[[], None]) -> Courier:
-        """Start the courier of the segment opened by journal record ``open_seq`` (raises OSError if it cannot)."""
+    def start(cls, spool: Spool, uri: str, open_seq: int | None, resume: bool, retry_s: float,
+              system_metrics_s: float, system_metrics_samples: int, on_tried: Callable[[], None],
+              on_opened: Callable[[], None]) -> Courier:
+        """Start the courier of the segment opened by journal record ``open_seq`` (raises OSError if it cannot).
+
+        ``open_seq`` None: started ahead of its segment, while the trainer sets up: it imports MLflow, then waits for
+        its first wake-up (sent once the segment's ``open`` record is journaled) and delivers that segment.
+        """
         replies, reply_end = os.pipe()
         argv = [sys.executable, "-m", MODULE, "--run-dir", str(spool.run_dir), "--uri", uri,
-                "--parent", str(os.getpid()), "--reply-fd", str(reply_end), "--open-seq", str(open_seq),
+                "--parent", str(os.getpid()), "--reply-fd", str(reply_end),
                 "--retry-s", str(retry_s), "--system-metrics-s", str(system_metrics_s or 0.0),
                 "--system-metrics-samples", str(system_metrics_samples),
                 "--log-level", str(logging.getLogger().getEffectiveLevel())] + (["--resume"] if resume else [])
+        if open_seq is not None:
+            argv += ["--open-seq", str(open_seq)]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(reply_end,))
         except BaseException:
@@ -99,8 +108,13 @@ class Courier:
         record = spool.dir / RECORD_NAME
         write_text_atomic(record, json.dumps({"pid": proc.pid, "parent_pid": os.getpid()}))
         courier = cls(proc, replies, record, on_tried, on_opened)
-        courier.wake()  # the open record is waiting
+        if open_seq is not None:
+            courier.wake()  # the open record is waiting
         return courier
+
+    def report_to(self, on_tried: Callable[[], None], on_opened: Callable[[], None]) -> None:
+        """Whom its replies tell (a courier started early replies only once woken, after its recorder adopted it)."""
+        self._on_tried, self._on_opened = on_tried, on_opened
 
     @property
     def pid(self) -> int:
@@ -197,6 +211,34 @@ class Courier:
             self._done.set()
 
 
+# Couriers started by the launcher before the trainer exists (one per run directory and URI): the recorder of that
+# run adopts its own (:func:`adopt_early`), any other is abandoned then.
+_EARLY: dict[tuple[str, str], Courier] = {}
+
+
+def start_early(run_dir: str | os.PathLike, uri: str, system_metrics_s: float, system_metrics_samples: int,
+                retry_s: float = 30.0) -> None:
+    """Start a run's courier now, ahead of its trainer (a one-process run's launcher, before torch loads): MLflow's
+    import and store then overlap the trainer's own start-up. A courier that cannot start is left to the recorder."""
+    with contextlib.suppress(OSError):
+        _EARLY[(str(Path(run_dir).resolve()), uri)] = Courier.start(
+            Spool(run_dir), uri, None, False, retry_s, system_metrics_s, system_metrics_samples,
+            on_tried=lambda: None, on_opened=lambda: None)
+
+
+def adopt_early(run_dir: str | os.PathLike, uri: str, on_tried: Callable[[], None],
+                on_opened: Callable[[], None]) -> Courier | None:
+    """The courier :func:`start_early` started for this run (its replies now go to the recorder), if any."""
+    courier = _EARLY.pop((str(Path(run_dir).resolve()), uri), None)
+    for other in _EARLY.values():  # started for another run or URI: never used
+        other.abandon()
+    _EARLY.clear()
+    if courier is None or not courier.alive():
+        return None
+    courier.report_to(on_tried, on_opened)
+    return courier
+
+
 # ---- the courier process ----
 class _Replies:
     """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread."""
@@ -233,6 +275,7 @@ class _Control:
         self._on_stop_sampling = on_stop_sampling
         self.finishing = False  # ``x``: deliver everything and exit
         self.orphaned = False  # the parent is gone: exit now
+        self.woken = False  # any byte has arrived
 
     def stopping(self) -> bool:
         return self.finishing or self.orphaned
@@ -257,6 +300,7 @@ class _Control:
         if not data:
             self.orphaned = True
             return
+        self.woken = True
         if STOP_SAMPLING in data:
             self._on_stop_sampling()
         if FINISH in data:
@@ -269,7 +313,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--uri", required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--reply-fd", type=int, required=True)
-    parser.add_argument("--open-seq", type=int, required=True)
+    parser.add_argument("--open-seq", type=int, help="the segment's open record (default: the journal's newest, "
+                        "read at the first wake-up: a courier started ahead of its segment)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--retry-s", type=float, default=30.0)
     parser.add_argument("--system-metrics-s", type=float, default=0.0)
@@ -297,11 +342,27 @@ def serve(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):  # a sandbox refusing it costs the training step some speed, nothing else
             os.nice(NICE)
 
-    loop = DeliveryLoop(Spool(args.run_dir), args.uri, args.retry_s,
-                        on_tried=tried, on_opened=lambda: replies.send(opened=True))
-    loop.begin(args.open_seq, args.resume, args.system_metrics_s, args.system_metrics_samples)
+    spool = Spool(args.run_dir)
+    loop = DeliveryLoop(spool, args.uri, args.retry_s, on_tried=tried, on_opened=lambda: replies.send(opened=True))
     control = _Control(args.parent, loop.stop_sampling)
-    loop.run(control.wait, control.stopping)
+    if args.open_seq is None:
+        # Started ahead of its segment: MLflow's import (seconds of CPU) overlaps the trainer's set-up instead of
+        # its first steps; the segment is the newest open record once the parent wakes us.
+        import_mlflow()
+        while not (control.woken or control.stopping()):
+            control.wait(None)
+        opened = [record for record in spool.records() if record.get("op") == "open"]
+        if control.stopping() or not opened:
+            return 0  # never used (the parent ended before its segment began): nothing to deliver
+        args.open_seq, args.resume = opened[-1]["seq"], int(opened[-1].get("resume_step") or 0) > 0
+    loop.begin(args.open_seq, args.resume, args.system_metrics_s, args.system_metrics_samples)
+    first = {"due": control.woken}  # the wake-up that named the segment asks for its first delivery
+
+    def wait(timeout: float | None) -> None:
+        if not first.pop("due", False):
+            control.wait(timeout)
+
+    loop.run(wait, control.stopping)
     if control.orphaned:
         return 0  # the records wait in the journal: the next start or `worldpipe tracking sync` delivers them
     loop.stop_sampling()  # a no-op if ``s`` came first

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worldpipe.config.paths import default_tracking_uri
-from worldpipe.tracking.courier import Courier
+from worldpipe.tracking.courier import Courier, adopt_early
 from worldpipe.tracking.delivery_loop import DeliveryLoop
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
@@ -124,6 +124,12 @@ class RunRecorder:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # A courier started now, ahead of the first segment: it imports MLflow while the trainer sets up, so the run
+        # start (which the first checkpoint waits for) is not left to the first steps.
+        self._ready: Courier | None = None
+        if enabled and courier:
+            self._ready = (adopt_early(self._spool.run_dir, self._uri, self._open_tried.set, self._opened)
+                           or self._spawn_courier(None, False))
 
     @property
     def uri(self) -> str | None:
@@ -135,6 +141,9 @@ class RunRecorder:
         self._uri = value
         if self._loop is not None:
             self._loop.uri = value
+        if self._ready is not None:  # started for the old URI: the segment gets a courier of its own
+            self._ready.abandon()
+            self._ready = None
 
     @property
     def spool(self) -> Spool | None:
@@ -202,6 +211,9 @@ class RunRecorder:
         """Mark the run terminated (FINISHED, FAILED or KILLED) and deliver everything still spooled."""
         if not self.enabled:
             return
+        if self._ready is not None:  # never given a segment
+            self._ready.abandon()
+            self._ready = None
         self.await_run_id()
         courier, self._courier = self._courier, None
         if courier is not None:
@@ -316,15 +328,21 @@ class RunRecorder:
         """Start this segment's courier; False (and a warning) if no process could be started."""
         if self._courier is not None:
             self._courier.abandon()  # a segment that was never ended
+        ready, self._ready = self._ready, None
+        if ready is not None and ready.alive():
+            self._courier = ready
+            ready.wake()  # the open record is journaled: the waiting courier takes this segment
+            return True
+        self._courier = self._spawn_courier(self._open_seq, resume)
+        return self._courier is not None
+
+    def _spawn_courier(self, open_seq: int | None, resume: bool) -> Courier | None:
         try:
-            self._courier = Courier.start(self._spool, self.uri, self._open_seq, resume, self.retry_s,
-                                          self.system_metrics_s, self.system_metrics_samples,
-                                          on_tried=self._open_tried.set, on_opened=self._opened)
+            return Courier.start(self._spool, self.uri, open_seq, resume, self.retry_s, self.system_metrics_s,
+                                 self.system_metrics_samples, on_tried=self._open_tried.set, on_opened=self._opened)
         except OSError as err:
             log.warning("the tracking courier could not be started (%s); delivering from this process", err)
-            self._courier = None
-            return False
-        return True
+            return None
 
     def _stop_thread(self) -> None:
         """Stop delivering without a final delivery (a courier exits as if this process had died)."""
