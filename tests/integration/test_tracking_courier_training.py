@@ -20,6 +20,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from processes import wait_gone
 from worldpipe.tracking.courier import RECORD_NAME
 from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.spool import Spool
@@ -43,20 +44,6 @@ def train_args(run_dir: Path, dataset, db: Path, *extra: str) -> list[str]:
     store, manifest = dataset
     return ["train", "experiment=smoke", "parallel=single", f"run_dir={run_dir}", f"data.store={store}",
             f"data.manifest={manifest}", f"tracking.uri=sqlite:///{db}", "trainer.progress_bar=false", *extra]
-
-
-def gone(pid: int, within_s: float) -> bool:
-    """True once ``pid`` has exited (a zombie nobody reaped counts as exited)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
 
 
 def test_the_training_process_never_imports_mlflow_and_every_record_arrives(tmp_path, smoke_dataset,
@@ -101,7 +88,7 @@ def test_kill9_of_the_training_process_leaves_no_courier(tmp_path, smoke_dataset
         assert child.ppid() == train.pid and os.getpgid(child.pid) == os.getpgid(train.pid)
         train.send_signal(signal.SIGKILL)  # the training process alone
         assert train.wait(60) == -signal.SIGKILL
-        assert gone(courier["pid"], within_s=30), "the courier outlived the training process"
+        assert not wait_gone({courier["pid"]}, timeout=30), "the courier outlived the training process"
     finally:
         if train.poll() is None:
             train.kill()

@@ -9,12 +9,13 @@ import json
 import logging
 import os
 import signal
-import time
 
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
+from test_tracking_background_start import train  # the training loop's recorder calls, as there
 
+from processes import wait_gone
 from worldpipe.cli import main as cli_main
 from worldpipe.tracking.courier import RECORD_NAME
 from worldpipe.tracking.history import duplicate_steps, histories
@@ -28,30 +29,6 @@ pytestmark = pytest.mark.slow
 
 def courier(uri: str, experiment: str, run_dir, **kwargs) -> RunRecorder:
     return RunRecorder(True, uri, experiment, run_dir=run_dir, background_start=True, courier=True, **kwargs)
-
-
-def train(recorder: RunRecorder, steps, every: int = 10) -> None:
-    """The training loop's calls: metrics every step, stage/commit (with artifacts and tags) every `every`."""
-    for step in steps:
-        recorder.add_metrics(step, {"loss/total": 1.0 / step, "lr": 1e-3 * step}, step)
-        if step % every == 0:
-            recorder.stage(step)
-            recorder.commit(step, {f"checkpoints/step-{step:06d}/digest.json": b'{"step": %d}' % step},
-                            tags={"worldpipe.checkpoint.step": str(step)})
-
-
-def gone(pid: int, within_s: float = 30.0) -> bool:
-    """True once ``pid`` has exited (a zombie nobody reaped counts as exited)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
 
 
 def test_a_courier_delivers_the_segment_and_is_reaped(tmp_path, sqlite_uri):
@@ -70,7 +47,7 @@ def test_a_courier_delivers_the_segment_and_is_reaped(tmp_path, sqlite_uri):
     assert run_id is not None
     recorder.end()
     assert opened == [True]  # reported once, after the start was tried (await_run_id may return first)
-    assert gone(pid, within_s=0) and not (tmp_path / "tracking" / RECORD_NAME).exists()
+    assert not wait_gone({pid}, timeout=0) and not (tmp_path / "tracking" / RECORD_NAME).exists()
 
     client = MlflowClient(sqlite_uri)
     run = client.get_run(run_id)
@@ -117,7 +94,7 @@ def test_an_abandoned_courier_exits_and_the_next_segment_delivers_everything(tmp
     pid = first.courier_pid
     train(first, range(1, 24))  # checkpoints 10 and 20 journaled; 21..23 only in memory
     first._stop_thread()  # this process "died": the control pipe is closed, the courier must go
-    assert gone(pid)
+    assert not wait_gone({pid})
     first.spool.release_active()
 
     resumed = courier(sqlite_uri, "courier-abandoned", tmp_path)

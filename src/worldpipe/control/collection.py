@@ -198,10 +198,10 @@ def _make_durable(files: list[str]) -> None:
         fsync_dir(directory)
 
 
-def _shard_done(writer: ShardWriter, record_dir: Path) -> dict | None:
+def _shard_done(writer: ShardWriter, record_dir: Path, shard_index: int) -> dict | None:
     record = record_dir / "record.json"
     root = Path(writer.url)
-    if record.is_file() and all((root / key).is_file() for key in writer.shard_files(int(record_dir.name[6:]))):
+    if record.is_file() and all((root / key).is_file() for key in writer.shard_files(shard_index)):
         return json.loads(record.read_text())
     return None
 
@@ -222,7 +222,7 @@ def write_collected_shards(url: str, spec: DatasetSpec, shard_indices: Iterable[
             held.enter_context(RunLock(progress_root(url) / f"shard-{s:05d}", what="collection shard"))
         for s in indices:
             record_dir = progress_root(url) / f"shard-{s:05d}"
-            done = _shard_done(writer, record_dir)
+            done = _shard_done(writer, record_dir, s)
             if done is not None:
                 log(f"shard {s}: collected by an earlier attempt, kept")
                 records.append(done)
