@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -17,7 +18,7 @@ from test_tracking_background_start import train  # the training loop's recorder
 
 from processes import wait_gone
 from worldpipe.cli import main as cli_main
-from worldpipe.tracking.courier import RECORD_NAME
+from worldpipe.tracking.courier import HTTP_DEFAULTS, RECORD_NAME, start_early
 from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.spool import Spool
@@ -78,6 +79,24 @@ def test_the_couriers_warning_is_logged_here_once_and_sync_replays(tmp_path, dea
     [run] = MlflowClient(sqlite_uri).search_runs(
         [MlflowClient(sqlite_uri).get_experiment_by_name("courier-offline").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params == {"seed": "0"}
+
+
+def test_a_courier_started_early_gives_up_on_a_dead_server_in_seconds(tmp_path, dead_uri, caplog, monkeypatch):
+    # A one-process launcher starts the courier before any recorder exists: MLflow's own retry policy (minutes
+    # against a dead server) must not be what the courier inherits.
+    for key in HTTP_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    start_early(tmp_path, dead_uri, 0.0, 1)
+    with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
+        recorder = courier(dead_uri, "courier-early-offline", tmp_path)
+        recorder.start(None, "early", {})
+        began = time.monotonic()
+        assert recorder.await_run_id() is None
+        waited = time.monotonic() - began
+        recorder.end()
+    messages = [r.getMessage() for r in caplog.records]
+    assert waited < 30 and not any("still in progress" in m for m in messages), (waited, messages)
+    assert sum("is unreachable" in m for m in messages) == 1, messages
 
 
 def test_a_synchronous_start_returns_the_run_id(tmp_path, sqlite_uri):

@@ -239,6 +239,20 @@ def adopt_early(run_dir: str | os.PathLike, uri: str, on_tried: Callable[[], Non
     return courier
 
 
+# A delivery must not stall for minutes on an unreachable server (MLflow's defaults retry 7 times with
+# exponential backoff and wait 120 s per request): records are spooled, so fail fast and retry later.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+def fail_fast_over_http() -> None:
+    """Make this process's MLflow HTTP calls give up in seconds on an unreachable server (unless the user set
+    the MLflow variables): every caller either spools what it could not deliver or reports it in one line.
+    Every courier applies it to itself, however early it was started."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
 # ---- the courier process ----
 class _Replies:
     """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread."""
@@ -326,6 +340,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def serve(argv: list[str] | None = None) -> int:
     """The courier's life: deliver on wake-ups until told to finish (report, exit) or orphaned (exit)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    fail_fast_over_http()  # the launcher may have started us before the recorder set them in its own process
     replies = _Replies(args.reply_fd)
     root = logging.getLogger()
     root.addHandler(_ForwardLogs(replies))

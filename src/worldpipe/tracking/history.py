@@ -15,10 +15,11 @@ import yaml
 
 from worldpipe.config.identity import flatten
 from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
+from worldpipe.tracking.courier import fail_fast_over_http
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
-from worldpipe.tracking.recorder import fail_fast_over_http, resolve_tracking_uri
+from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 

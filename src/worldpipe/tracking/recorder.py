@@ -33,17 +33,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worldpipe.config.paths import default_tracking_uri
-from worldpipe.tracking.courier import Courier, adopt_early
+from worldpipe.tracking.courier import Courier, adopt_early, fail_fast_over_http
 from worldpipe.tracking.delivery_loop import DeliveryLoop
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
 
-# The training process must not stall for minutes on an unreachable server (MLflow's defaults retry 7 times
-# with exponential backoff and wait 120 s per request); records are spooled, so fail fast and retry later.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 # `WORLDPIPE_TRACKING_START=sync` makes the trainer start the MLflow run before its first step, as it used to
 # (for comparison: `worldpipe bench startup` measures both); anything else starts it in the background.
 START_ENV = "WORLDPIPE_TRACKING_START"
@@ -52,14 +48,6 @@ SYNC_START = "sync"
 # to (MLflow imported there); anything else delivers from the courier process.
 DELIVERY_ENV = "WORLDPIPE_TRACKING_DELIVERY"
 THREAD_DELIVERY = "thread"
-
-
-def fail_fast_over_http() -> None:
-    """Make this process's MLflow HTTP calls give up in seconds on an unreachable server (unless the user set
-    the MLflow variables): every caller either spools what it could not deliver or reports it in one line.
-    A courier started afterwards inherits them."""
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
 
 
 def background_start_wanted() -> bool:
