@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.tracking.delivery import tracking_client
 from worldpipe.tracking.delivery_loop import DeliveryLoop
-from worldpipe.tracking.mlflow_import import import_mlflow
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
@@ -361,9 +361,10 @@ def serve(argv: list[str] | None = None) -> int:
     loop = DeliveryLoop(spool, args.uri, args.retry_s, on_tried=tried, on_opened=lambda: replies.send(opened=True))
     control = _Control(args.parent, loop.stop_sampling)
     if args.open_seq is None:
-        # Started ahead of its segment: MLflow's import (seconds of CPU) overlaps the trainer's set-up instead of
-        # its first steps; the segment is the newest open record once the parent wakes us.
-        import_mlflow()
+        # Started ahead of its segment: MLflow's import and store (seconds of CPU) overlap the trainer's set-up
+        # instead of its first steps; the segment is the newest open record once the parent wakes us.
+        with contextlib.suppress(Exception):  # a store that cannot be opened is the delivery's to report
+            tracking_client(args.uri)
         while not (control.woken or control.stopping()):
             control.wait(None)
         opened = [record for record in spool.records() if record.get("op") == "open"]

@@ -75,7 +75,9 @@ def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | N
     return None
 
 
-def _client(uri: str):
+def tracking_client(uri: str):
+    """An MLflow client of ``uri``. MLflow caches the store behind it per URI (for SQLite: the engine and the
+    schema check, seconds on a cold start), so a first call ahead of the deliveries takes that off their path."""
     import_mlflow()  # the early system-metrics sampler may be importing MLflow in its thread right now
     from mlflow.tracking import MlflowClient
 
@@ -250,7 +252,7 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
         if not entries:
             return report
         try:
-            applier = _Applier(spool, _client(uri), state)
+            applier = _Applier(spool, tracking_client(uri), state)
         except Exception as err:  # noqa: BLE001 - e.g. an unknown URI scheme: spool and report
             report.error = f"{type(err).__name__}: {err}"
             report.pending = len(entries)
