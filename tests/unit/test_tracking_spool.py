@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from worldpipe.cli import main as cli_main
 from worldpipe.tracking import spool as spool_module
 from worldpipe.tracking.delivery import RECORD_KEY_TAG, deliver, metric_fate
+from worldpipe.tracking.delivery_loop import DeliveryLoop
 from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.recorder import RunRecorder
@@ -225,3 +226,26 @@ def test_next_successful_start_replays_what_an_offline_segment_spooled(tmp_path,
     history = histories(client, run_id)
     assert [s for s, _, _ in history["lr"]] == list(range(1, 41)) and not duplicate_steps(history)
     assert client.get_run(run_id).data.params == {"seed": "0"}
+
+
+def test_the_run_start_is_reported_once_its_open_record_is_acknowledged_not_after_the_batch(tmp_path, sqlite_uri):
+    # The trainer's first checkpoint waits for this report; the first batch also holds every config param.
+    spool = Spool(tmp_path / "run")
+    open_seq = spool.append("open", experiment="spool-early-start", run_name="early", tags={}, reopen_run_id=None,
+                            record_key=spool.record_key(), resume_step=0, checkpoint_dir=None, uri=sqlite_uri)
+    for batch in range(3):
+        spool.append("params", params={f"key{batch}.{i}": i for i in range(10)})
+        spool.append("tags", tags={f"tag{batch}": "x"})
+    acked_when = {}
+
+    def tried() -> None:
+        acked_when["tried"] = spool.state()["acked"]
+
+    def opened() -> None:
+        acked_when["opened"] = (spool.state()["acked"], spool.state()["run_id"])
+
+    loop = DeliveryLoop(spool, sqlite_uri, on_tried=tried, on_opened=opened)
+    loop.begin(open_seq, resume=False)
+    report = loop.deliver_now()
+    assert report.delivered == 7 and not report.pending
+    assert acked_when == {"tried": open_seq, "opened": (open_seq, report.run_id)}

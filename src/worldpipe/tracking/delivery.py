@@ -237,11 +237,13 @@ def _permanent(err: Exception) -> bool:
     return getattr(err, "error_code", None) == "INVALID_PARAMETER_VALUE"
 
 
-def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None = None) -> DeliveryReport:
+def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None = None,
+            on_acked: Callable[[dict], None] | None = None) -> DeliveryReport:
     """Replay pending records of ``spool`` to ``uri``; stops at the first failure or undecided metrics.
 
     ``probe`` decides staged metrics whose checkpoint outcome the journal does not say (only for a dead
-    writer: the caller, which may read checkpoints, passes it).
+    writer: the caller, which may read checkpoints, passes it). ``on_acked`` is called with each record once its
+    acknowledgement is durable (the run id of an ``open`` record is in the state by then).
     """
     report = DeliveryReport()
     with spool.locked():
@@ -281,6 +283,8 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
                 report.voided += 1
             state["acked"], state["offset"], state["uri"] = record["seq"], end, uri
             spool.save_state(state)
+            if on_acked is not None:
+                on_acked(record)
             if record["op"] == "artifacts" and fate == "deliver" and not (
                     state["rejected"] and state["rejected"][-1]["seq"] == record["seq"]):
                 spool.drop_blobs(record["seq"])  # only after the acknowledgement is durable

@@ -99,7 +99,7 @@ class DeliveryLoop:
             self._opened()
 
     def _deliver_and_report(self) -> DeliveryReport:
-        report = deliver(self.spool, self.uri)
+        report = deliver(self.spool, self.uri, on_acked=self._acked)
         if report.error:
             self._note_failure()
             if not self._offline:
@@ -121,6 +121,12 @@ class DeliveryLoop:
         self._failures += 1
         self.retry_at = time.monotonic() + retry_delay(self._failures, min(RETRY_FIRST_S, self.retry_s),
                                                        self.retry_s)
+
+    def _acked(self, record: dict) -> None:
+        """The segment's start is acknowledged: say so now, not after the rest of the batch (the first one holds
+        every config param and the start's artifacts, while the trainer's first checkpoint waits for the run id)."""
+        if record["seq"] == self._open_seq:
+            self._opened()
 
     def _opened(self) -> None:
         """After a delivery attempt: the segment's start has been tried; start the monitor once the run exists."""
