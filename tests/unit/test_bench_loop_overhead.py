@@ -21,8 +21,10 @@ def bench_loop():
     sys.modules.pop(spec.name, None)
 
 
-def _contender(round_means, checkpoint_s=None, wall_s=10.0):
-    entry = {"mean_ms": sorted(round_means)[len(round_means) // 2], "round_means_ms": round_means}
+def _contender(round_means, checkpoint_s=None, wall_s=10.0, steady_ms=None, first_save_extra_s=0.0):
+    mean = sorted(round_means)[len(round_means) // 2]
+    entry = {"mean_ms": mean, "round_means_ms": round_means, "steady_ms": mean if steady_ms is None else steady_ms,
+             "first_save_extra_s": first_save_extra_s}
     if checkpoint_s is not None:
         entry["wall_split"] = {"parts_s": {"compute": wall_s - checkpoint_s, "checkpoint": checkpoint_s},
                                "wall_s": wall_s}
@@ -66,3 +68,28 @@ def test_start_up_is_reported_apart_from_the_steady_state(bench_loop, tmp_path):
     assert len(sample.times) == 30  # the final checkpoint's gap is left out
     assert sample.steady.mean() == pytest.approx(0.004)
     assert sample.times.mean() == pytest.approx((10 * 0.010 + 20 * 0.004) / 30)
+
+
+def test_the_first_saves_fixed_extra_is_reported_apart_from_the_steady_overhead(bench_loop, tmp_path, capsys):
+    """A first checkpoint that waits 0.6 s for the MLflow run start weighs on a short run's mean, not on the steady
+    state, and is reported as what it is."""
+    cadence, step, save = 5, 0.004, 0.002
+    gaps = [step + (save if (i + 2) % cadence == 0 else 0.0) for i in range(40)]
+    gaps[cadence - 2] += 0.6  # ends step 5: the first cadence save
+    ends = np.cumsum([1.0, *gaps, 0.5])  # the first step's end, then steps 2..41, then the final save
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"event": "step_end", "t": float(t)}) + "\n" for t in ends))
+    sample = bench_loop.read_trace(trace, 0.0)
+    assert sample.first_save_extra_s(cadence) == pytest.approx(0.6)
+    assert np.isnan(sample.first_save_extra_s(len(gaps)))  # a single save: nothing to compare it with
+
+    report = {"contenders": {
+        bench_loop.WITHOUT_CHECKPOINTS: _contender([10.0], steady_ms=4.0),
+        bench_loop.WITH_CHECKPOINTS: _contender([12.0], steady_ms=4.1, first_save_extra_s=0.6),
+        bench_loop.WITH_ASYNC_CHECKPOINTS: _contender([11.0], steady_ms=4.04, first_save_extra_s=0.5),
+    }}
+    bench_loop.run_level_overheads(report, cadence)
+    assert report["run_level_checkpoint_overhead"] == pytest.approx(0.2)
+    assert report["run_level_checkpoint_overhead_steady"] == pytest.approx(0.025)
+    assert report["run_level_async_checkpoint_overhead_steady"] == pytest.approx(0.01)
+    assert "steady state +2.50%, the first save's fixed extra 0.60 s" in capsys.readouterr().out
