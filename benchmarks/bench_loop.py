@@ -152,6 +152,12 @@ def read_trace(trace: Path, launched: float = float("nan")) -> Sample:
     return Sample(np.diff(ends)[:-1], parts, float(ends[0] - launched))
 
 
+def first_save_extra(per_round: list[float]) -> float | None:
+    """The median over rounds; None where no round had two cadence saves (the JSON stays strict)."""
+    finite = [x for x in per_round if np.isfinite(x)]
+    return float(np.median(finite)) if finite else None
+
+
 def run(cmd: list[str], env: dict, trace: Path) -> Sample:
     trace.unlink(missing_ok=True)
     launched = time.time()
@@ -200,7 +206,8 @@ def run_level_overheads(report: dict, cadence: int) -> None:
               f"(paired by round {100 * report[f'{key}_paired']:+.2f}%"
               + (f", in saves by the trainer's clock {100 * share:.2f}%" if share is not None else "")
               + f"; target <= {100 * TARGET_RUN_LEVEL_OVERHEAD:.1f}%); steady state {100 * report[f'{key}_steady']:+.2f}%"
-              + f", the first save's fixed extra {contenders[name]['first_save_extra_s']:.2f} s")
+              + (f", the first save's fixed extra {extra:.2f} s" if (extra := contenders[name]["first_save_extra_s"])
+                 is not None else ""))
 
 
 def has_compile_option() -> bool:
@@ -270,8 +277,8 @@ def main(args: Namespace) -> int:
                                           "steady_ms": median_of_means(steady), "round_steady_ms": steady,
                                           "startup_s": float(np.median([s.startup_s for s in rounds])),
                                           "steps_timed": int(sum(len(s.times) for s in rounds)),
-                                          "first_save_extra_s": float(np.median(
-                                              [s.first_save_extra_s(args.cadence) for s in rounds]))}
+                                          "first_save_extra_s": first_save_extra([s.first_save_extra_s(args.cadence)
+                                                                                  for s in rounds])}
             if all(s.parts for s in rounds):
                 report["contenders"][name]["wall_split"] = wall_split([s.parts for s in rounds])
     base = report["contenders"]["bare loop"]

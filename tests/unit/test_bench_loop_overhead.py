@@ -82,6 +82,7 @@ def test_the_first_saves_fixed_extra_is_reported_apart_from_the_steady_overhead(
     sample = bench_loop.read_trace(trace, 0.0)
     assert sample.first_save_extra_s(cadence) == pytest.approx(0.6)
     assert np.isnan(sample.first_save_extra_s(len(gaps)))  # a single save: nothing to compare it with
+    assert bench_loop.first_save_extra([float("nan")]) is None  # and none in the JSON
 
     report = {"contenders": {
         bench_loop.WITHOUT_CHECKPOINTS: _contender([10.0], steady_ms=4.0),
