@@ -163,8 +163,8 @@ def test_short_run_has_several_system_metric_samples_and_progress_records(pipeli
     record = json.loads((pipeline_dir / RUN / "train_done.json").read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")
     cpu = client.get_metric_history(record["mlflow_run_id"], "system/cpu_utilization_percentage")
-    # Sampled from the segment's start (twice a second, experiment=smoke), not from when the background start
-    # created the run seconds later: a run of a few seconds has a curve, not a single bar.
+    # Sampled from the segment's start (ten times a second, experiment=smoke), not from when the background start
+    # created the run: a run of about a second has a curve, not a single bar.
     assert len(cpu) >= 3 and max(m.value for m in cpu) > 0, [m.value for m in cpu]
     assert sorted(m.step for m in cpu) == list(range(len(cpu)))
     lines = [json.loads(line) for line in (pipeline_dir / RUN / paths.PROGRESS_RECORD).read_text().splitlines()]

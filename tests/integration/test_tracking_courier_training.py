@@ -2,12 +2,14 @@
 imports MLflow (the courier, its child process, does), every record still arrives, and a `kill -9` of the
 training process leaves no courier behind.
 
-Real single-process trainings (in the `worldpipe train` process itself), a real MLflow SQLite store, a real
-SIGKILL of the training process alone (not its process group: the courier must notice by itself).
+Real single-process trainings (in the `worldpipe train` process itself) and one on two ranks under torchrun, a
+real MLflow SQLite store, a real SIGKILL of the training process alone (not its process group: the courier must
+notice by itself).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,6 +69,39 @@ def test_the_training_process_never_imports_mlflow_and_every_record_arrives(tmp_
     assert any(key.startswith(SYSTEM_PREFIX) for key in run.data.metrics), sorted(run.data.metrics)
     assert run.data.params and not Spool(run_dir).pending()
     assert not (run_dir / "tracking" / RECORD_NAME).exists()  # the courier was stopped and reaped
+
+
+def test_under_torchrun_rank_0_starts_the_courier_ahead_and_every_record_arrives(tmp_path, smoke_dataset,
+                                                                                env_with_venv):
+    run_dir, db = tmp_path / "run", tmp_path / "mlflow" / "mlflow.db"
+    args = train_args(run_dir, smoke_dataset, db, "parallel.nproc_per_node=2")
+    args.remove("parallel=single")
+    train = subprocess.Popen([sys.executable, "-m", "worldpipe.cli", *args], env=env_with_venv, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    record, seen = run_dir / "tracking" / RECORD_NAME, None
+    try:
+        deadline = time.monotonic() + 300
+        while seen is None and train.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                seen = json.loads(record.read_text())
+            time.sleep(0.02)
+        assert seen is not None, "no courier record was seen while the training ran"
+        with contextlib.suppress(psutil.NoSuchProcess):  # rank 0's worker, unless it has already finished
+            assert psutil.Process(seen["parent_pid"]).environ().get("RANK") == "0"
+        # Started by rank 0's worker before it imported torch, not when its recorder was built (seconds later).
+        assert seen["before_torch"] is True, seen
+        _, stderr = train.communicate(timeout=600)
+    finally:
+        if train.poll() is None:
+            os.killpg(train.pid, signal.SIGKILL)
+            train.wait()
+    assert train.returncode == 0, stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{db}")
+    [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert run.info.status == "FINISHED"
+    assert json.loads((run_dir / "train_done.json").read_text())["mlflow_run_id"] == run.info.run_id
+    assert [s for s, _, _ in histories(client, run.info.run_id)["loss/total"]] == list(range(5, 41, 5))
+    assert not record.exists()  # stopped and reaped
 
 
 def test_kill9_of_the_training_process_leaves_no_courier(tmp_path, smoke_dataset, env_with_venv):

@@ -43,15 +43,20 @@ def record_config(cfg: DictConfig, overrides: list[str]) -> Path:
     return path.resolve()
 
 
+def start_courier_early(cfg: DictConfig) -> None:
+    """Start the run's tracking courier now, before torch loads, in the process that will hold its recorder (the
+    one-process launcher, or rank 0's torchrun worker): MLflow's import and store then overlap the trainer's
+    start-up, and the run exists by the first checkpoint (which names it) instead of holding that checkpoint up."""
+    if cfg.tracking.enabled and courier_wanted():
+        start_early(cfg.run_dir, resolve_tracking_uri(cfg.tracking.uri), cfg.tracking.system_metrics_interval_s,
+                    cfg.tracking.system_metrics_samples_before_logging)
+
+
 def run_in_process(cfg: DictConfig) -> int:
     """Train in this process; returns the exit status torchrun would have returned (0, or EXIT_PREEMPTED)."""
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
-    if cfg.tracking.enabled and courier_wanted():
-        # The run's courier starts before torch loads: MLflow's import overlaps the trainer's start-up, and the run
-        # exists by the first checkpoint (which names it) instead of holding that checkpoint up.
-        start_early(cfg.run_dir, resolve_tracking_uri(cfg.tracking.uri), cfg.tracking.system_metrics_interval_s,
-                    cfg.tracking.system_metrics_samples_before_logging)
+    start_courier_early(cfg)
     # Imported only now: training brings torch (seconds); a refused launch never pays for it.
     from worldpipe.trainer.main import train
 

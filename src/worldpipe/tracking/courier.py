@@ -54,7 +54,9 @@ from worldpipe.tracking.spool import Spool
 log = logging.getLogger("worldpipe.tracking")
 
 MODULE = "worldpipe.tracking.courier"
-RECORD_NAME = "courier.json"  # in the spool directory: {"pid", "parent_pid"} of the running courier
+# In the spool directory while a courier runs: {"pid", "parent_pid", "before_torch"}; the last says whether it was
+# started before its parent imported torch (early enough for MLflow's import to overlap torch's).
+RECORD_NAME = "courier.json"
 WAKE, STOP_SAMPLING, FINISH = b"w", b"s", b"x"
 # Once the run start has been tried, the courier steps below the training process (nice +10): what is left
 # (deliveries, system samples) is never waited for before the end. The start itself keeps the parent's priority:
@@ -106,7 +108,8 @@ class Courier:
         finally:
             os.close(reply_end)
         record = spool.dir / RECORD_NAME
-        write_text_atomic(record, json.dumps({"pid": proc.pid, "parent_pid": os.getpid()}))
+        write_text_atomic(record, json.dumps({"pid": proc.pid, "parent_pid": os.getpid(),
+                                              "before_torch": "torch" not in sys.modules}))
         courier = cls(proc, replies, record, on_tried, on_opened)
         if open_seq is not None:
             courier.wake()  # the open record is waiting
