@@ -10,6 +10,7 @@ notice by itself).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -104,6 +105,26 @@ def test_under_torchrun_rank_0_starts_the_courier_ahead_and_every_record_arrives
     assert json.loads((run_dir / "train_done.json").read_text())["mlflow_run_id"] == run.info.run_id
     assert [s for s, _, _ in histories(client, run.info.run_id)["loss/total"]] == list(range(5, 41, 5))
     assert not record.exists()  # stopped and reaped
+
+
+def test_async_checkpoints_are_recorded_with_their_manifests(tmp_path, smoke_dataset, env_with_venv):
+    """Every checkpoint's records name its manifest, async ones too: they are recorded once durable, not when
+    the save call returns (the manifest is written by the background publication)."""
+    run_dir, db = tmp_path / "run", tmp_path / "mlflow" / "mlflow.db"
+    args = train_args(run_dir, smoke_dataset, db, "trainer.steps=30", "checkpoint.every=10",
+                      "checkpoint.async_save=true", "checkpoint.keep_last=5")
+    proc = subprocess.run([sys.executable, "-m", "worldpipe.cli", *args], env=env_with_venv, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{db}")
+    run_id = json.loads((run_dir / "train_done.json").read_text())["mlflow_run_id"]
+    for step in (10, 20, 30):
+        base = f"checkpoints/step-{step:06d}"
+        names = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, base)}
+        assert {"MANIFEST.json", "digest.json", "train_state.json", "rng"} <= names, (step, names)
+        on_disk = (run_dir / base / "MANIFEST.json").read_bytes()
+        record = json.loads(Path(client.download_artifacts(run_id, f"{base}/digest.json", str(tmp_path))).read_text())
+        assert record["manifest_sha256"] == hashlib.sha256(on_disk).hexdigest(), step
 
 
 def test_kill9_of_the_training_process_leaves_no_courier(tmp_path, smoke_dataset, env_with_venv):

@@ -74,17 +74,19 @@ class TrainingComponents:
     stages: bool = False
 
 
+# What a listener is given of each durable checkpoint: small, and copied by capture() (never the live tensors).
+RECORDED_KEYS = (layout.PROGRESS, layout.SAMPLER, layout.RNG)
+
+
 class CheckpointListener(Protocol):
     """Hooks around a publication (rank 0 only)."""
 
     def before_publish(self, step: int) -> None:
         """Called just before step ``step`` is handed to the store."""
 
-    def published(self, step: int, state: Mapping[str, Any], digest: str) -> Any:
-        """Called once the save call returned (async: snapshot taken); returns a token for :meth:`durable`."""
-
-    def durable(self, token: Any) -> None:
-        """Called once the checkpoint the token belongs to is durable."""
+    def durable(self, step: int, records: Mapping[str, Any], digest: str | None) -> None:
+        """Called once step ``step`` is durable (async: when a later save, or the final one, finds it published),
+        with its progress, sampler and RNG state (``RECORDED_KEYS``) and its digest."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ class Checkpointer:
         self.listener = listener
         self.manager = CheckpointManager(cfg["dir"], keep_last=cfg["keep_last"], keep_every=cfg["keep_every"],
                                          async_save=cfg["async_save"], verify=cfg["verify"])
-        self._undurable: list[Any] = []  # listener tokens of saves whose async publication may be in flight
+        self._undurable: list[tuple] = []  # (step, records, digest) of saves whose publication may be in flight
         # A DTensor-sharded model (FSDP2, TP) or one cut into pipeline stages is saved sharded: every rank writes
         # its own pieces, none gathers.
         self.saver = (ShardedSaver(self.manager, async_save=cfg["async_save"], digest=runtime.is_main)
@@ -218,13 +220,13 @@ class Checkpointer:
         self.manager.save(step, state, optimizer=self.components.optimizer, wait=final)
         digest = state_digest(state)  # now, before the next step changes the live tensors
         if self.listener is not None:
-            self._undurable.append(self.listener.published(step, state, digest))
+            self._undurable.append((step, {k: state[k] for k in RECORDED_KEYS}, digest))
         wait = final or not self.cfg["async_save"]
         if wait:
             self.manager.wait()
         durable = len(self._undurable) if wait else len(self._undurable) - 1
-        for token in self._undurable[:durable]:
-            self.listener.durable(token)
+        for done in self._undurable[:durable]:
+            self.listener.durable(*done)
         del self._undurable[:durable]
         return digest
 
@@ -235,7 +237,7 @@ class Checkpointer:
         if self.runtime.is_main:
             if self.listener is not None:
                 self.listener.before_publish(step)
-            self._records[step] = {k: state[k] for k in (layout.PROGRESS, layout.SAMPLER, layout.RNG)}
+            self._records[step] = {k: state[k] for k in RECORDED_KEYS}
         self.saver.save(step, state, self.components.optimizer, wait=final)
         if final or not self.cfg["async_save"]:
             self.saver.wait()
@@ -244,7 +246,7 @@ class Checkpointer:
             done, digests[done] = self.saver.durable.pop(0)
             record = self._records.pop(done, None)
             if self.listener is not None and record is not None:
-                self.listener.durable(self.listener.published(done, record, digests[done]))
+                self.listener.durable(done, record, digests[done])
         return digests.get(step)
 
     def digest(self, step: int) -> str:

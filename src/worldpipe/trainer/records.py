@@ -175,13 +175,13 @@ class TrainingRecords:
         self._name_run(None)
         self.recorder.stage(step)
 
-    def published(self, step: int, state: Mapping[str, Any], digest: str) -> tuple:
-        """Artifacts and tags of a checkpoint, computed while its state is at hand."""
-        return step, published_artifacts(step, state, digest, self.location), checkpoint_tags(step, digest)
-
-    def durable(self, token: tuple) -> None:
-        """The checkpoint is durable: release its metrics, record its artifacts and tags."""
-        self.recorder.commit(*token)
+    def durable(self, step: int, records: Mapping[str, Any], digest: str | None) -> None:
+        """Checkpoint ``step`` is durable: release its metrics, record its artifacts (its manifest, now on disk,
+        included) and tags."""
+        if not self.recorder.enabled:
+            return
+        self.recorder.commit(step, published_artifacts(step, records, digest, self.location),
+                             checkpoint_tags(step, digest))
 
     def _name_run(self, record: dict[str, Any] | None) -> None:
         """Once the run start has been tried, put the MLflow run id in the identity and ``record`` (if any).
