@@ -215,20 +215,28 @@ class Checkpointer:
             return None
         if self.listener is not None:
             self.listener.before_publish(step)
+        # Before the next step changes the live tensors, and before a background writer starts: its Python work
+        # would hold the GIL while this thread hashes.
+        digest = state_digest(state)
+        # The previous async publication is waited for by save() anyway: report it durable first, for the same
+        # reason.
+        self.manager.wait()
+        self._report_durable()
         # Async: the copy of what optimizer.step() writes overlaps the next forward/backward (a step pre-hook waits).
         # The final save is waited for: it publishes on this thread, not on the background-priority writer.
         self.manager.save(step, state, optimizer=self.components.optimizer, wait=final)
-        digest = state_digest(state)  # now, before the next step changes the live tensors
         if self.listener is not None:
             self._undurable.append((step, {k: state[k] for k in RECORDED_KEYS}, digest))
-        wait = final or not self.cfg["async_save"]
-        if wait:
+        if final or not self.cfg["async_save"]:
             self.manager.wait()
-        durable = len(self._undurable) if wait else len(self._undurable) - 1
-        for done in self._undurable[:durable]:
-            self.listener.durable(*done)
-        del self._undurable[:durable]
+            self._report_durable()
         return digest
+
+    def _report_durable(self) -> None:
+        """Tell the listener of every save whose publication has completed (call after ``manager.wait()``)."""
+        done, self._undurable = self._undurable, []
+        for step, records, digest in done:
+            self.listener.durable(step, records, digest)
 
     def _save_sharded(self, step: int, final: bool) -> str | None:
         """Every rank publishes its own shards; rank 0 reports each save to the listener once it is durable,
