@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 
 import psutil
@@ -36,10 +37,11 @@ def test_a_courier_delivers_the_segment_and_is_reaped(tmp_path, sqlite_uri):
     opened = []
     recorder = courier(sqlite_uri, "courier-one-run", tmp_path, system_metrics_s=0.2,
                        on_opened=lambda: opened.append(True))
+    torch_loaded = "torch" in sys.modules  # depends on what else this worker ran
     recorder.start(None, "courier", {"worldpipe.seed": "0"})
     pid = recorder.courier_pid
     record = json.loads((tmp_path / "tracking" / RECORD_NAME).read_text())
-    assert record == {"pid": pid, "parent_pid": os.getpid()}
+    assert record == {"pid": pid, "parent_pid": os.getpid(), "before_torch": not torch_loaded}
     child = psutil.Process(pid)
     assert child.ppid() == os.getpid() and os.getpgid(pid) == os.getpgid(0)  # our child, in our process group
     recorder.log_params({"trainer.steps": 40, "seed": 0})
