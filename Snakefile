@@ -12,6 +12,10 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "conf", "pipeline", "default.yaml")
 
 
+# `control: null` in a config file turns the closed loop off (config files merge key by key: leaving the section
+# out keeps the defaults').
+if "control" in config and config["control"] is None:
+    del config["control"]
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from datasets import build_dataset
+from pipeline_project import planned_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -94,9 +95,10 @@ def test_tampered_manifest_verify_is_one_line_and_debug_shows_the_traceback(tmp_
 
 # ---- the pipeline: validated while the Snakefile is parsed, overrides quoted ----
 
-def snakemake(repo: Path, workdir: Path, env: dict, overrides: list[str], *args: str):
+def snakemake(repo: Path, workdir: Path, env: dict, overrides: list[str], *args: str, **sections):
     config = yaml.safe_load((repo / "conf" / "pipeline" / "smoke.yaml").read_text())
     config["train"]["overrides"] = overrides
+    config.update(sections)
     configfile = workdir / "pipeline.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     configfile.write_text(yaml.safe_dump(config))
@@ -119,6 +121,17 @@ def test_pipeline_schema_rejects_an_override_that_is_not_key_value(repo, tmp_pat
     proc = snakemake(repo, tmp_path / "wd", env_with_venv, ["touch pwned"], "-n")
     assert proc.returncode != 0
     assert "touch pwned" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_control_null_plans_no_closed_loop(repo, tmp_path, env_with_venv):
+    # smoke.yaml has a control section, and so do the defaults it is merged over: null is how to turn it off.
+    with_loop = snakemake(repo, tmp_path / "with", env_with_venv, [], "-n")
+    without = snakemake(repo, tmp_path / "without", env_with_venv, [], "-n", control=None)
+    assert with_loop.returncode == 0 and without.returncode == 0, with_loop.stderr[-3000:] + without.stderr[-3000:]
+    rules = lambda proc: {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}  # noqa: E731
+    assert "evaluate_control" in rules(with_loop)
+    assert rules(without) == rules(with_loop) - {"evaluate_control"}
 
 
 @pytest.mark.slow

@@ -33,6 +33,10 @@ def _config(repo: Path, overrides: list[str]) -> dict:
     config = yaml.safe_load((repo / "conf/pipeline/smoke.yaml").read_text())
     config["experiments"] = ["smoke"]
     config["train"]["overrides"] = overrides
+    # No closed loop (its rule reruns with every evaluation; null, or the defaults' would apply): what is tested
+    # here is the run lock and the completion record; tests/integration/test_run_identity.py covers
+    # evaluate_control's reruns.
+    config["control"] = None
     return config
 
 

@@ -25,6 +25,9 @@ def smoke_config(repo: Path, experiments: list[str], overrides: list[str] | None
     config = yaml.safe_load((repo / "conf/pipeline/smoke.yaml").read_text())
     config["experiments"] = experiments
     config["train"]["overrides"] = overrides or []
+    # The closed loop is planned and rerun as a run's rule, in its shortest form (no `worldpipe serve`: the
+    # smoke pipeline's tests cover that path).
+    config["control"] |= {"episodes": 1, "http_episodes": 0}
     return config
 
 
