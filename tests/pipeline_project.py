@@ -136,6 +136,13 @@ def planned_jobs(dry_run_output: str) -> set[tuple[str, str]]:
     return jobs
 
 
+def seed_datasets(source: Path, workdir: Path) -> None:
+    """Copy the datasets a finished pipeline in ``source`` made into ``workdir`` (mtimes kept), so that Snakemake
+    there runs only the stages after them (e.g. the SLURM tests need not build the data again as SLURM jobs).
+    Same spec, same directory, same bytes."""
+    shutil.copytree(source / "results/data", workdir / "results/data")
+
+
 def files_of(directory: Path) -> dict[str, tuple[int, int]]:
     """Every file below a directory with its size and modification time in ns (to see it untouched)."""
     return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)

@@ -9,7 +9,6 @@ checkpoint, dataset inputs, the logged model and the artifact tree.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from mlflow_support import MlflowServer, run_group
 from postgres_support import PostgresCluster, unavailable_reason
 
+from pipeline_project import seed_datasets
 from worldpipe.tracking.control import CLOCK_METRICS as CONTROL_CLOCK_METRICS
 from worldpipe.tracking.history import histories
 from worldpipe.tracking.records import TIMING_METRICS
@@ -52,9 +52,7 @@ def both(repo, env_with_venv, tmp_path_factory):
         pg_dir = tmp_path_factory.mktemp("pg_pipeline")
         pg_done = _pipeline(repo, pg_dir, env_with_venv, server.url)
         sqlite_dir = tmp_path_factory.mktemp("sqlite_pipeline")
-        # The same datasets (same spec, directory and bytes, mtimes kept): only the stages from training on
-        # run again.
-        shutil.copytree(pg_dir / "results/data", sqlite_dir / "results/data")
+        seed_datasets(pg_dir, sqlite_dir)  # only the stages from training on run again
         sqlite_uri = f"sqlite:///{sqlite_dir / 'results/mlflow.db'}"
         sqlite_done = _pipeline(repo, sqlite_dir, env_with_venv, None)
         pg = MlflowClient(server.url)

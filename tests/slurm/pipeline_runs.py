@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -63,13 +62,6 @@ def train_log(workdir: Path) -> Path:
 def smoke_dataset(workdir: Path) -> Path:
     """The smoke pipeline's training dataset directory (results/data/pendulum/<spec-hash>)."""
     return next((workdir / "results/data/pendulum").glob("*/manifest.json")).parent
-
-
-def seed_datasets(source: Path, workdir: Path) -> None:
-    """Copy the datasets a finished pipeline in ``source`` made into ``workdir`` (mtimes kept), so that Snakemake
-    there runs only the stages after them: the tests of training on SLURM need not build the data again as SLURM
-    jobs (tests/slurm/test_pipeline_slurm.py runs every rule as one). Same spec, same directory, same bytes."""
-    shutil.copytree(source / "results/data", workdir / "results/data")
 
 
 def overlay_config(path: Path, **sections) -> Path:

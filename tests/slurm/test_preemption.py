@@ -26,13 +26,14 @@ from pipeline_runs import (
     failure_report,
     latest_step,
     overlay_config,
-    seed_datasets,
     slurm_jobs,
     smoke_dataset,
     smoke_target,
     start_snakemake,
     train_log,
 )
+
+from pipeline_project import seed_datasets
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -19,11 +19,12 @@ from pipeline_runs import (
     failure_report,
     overlay_config,
     run_snakemake,
-    seed_datasets,
     slurm_jobs,
     smoke_target,
     train_log,
 )
+
+from pipeline_project import seed_datasets
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
