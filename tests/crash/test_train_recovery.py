@@ -115,6 +115,11 @@ def test_kill9_at_random_points_resumes_bit_exact(seed, mode, tmp_path, smoke_da
 # phase -> (step 20 published, step `latest` names) when a kill at that phase of step 20's save lands
 KILLED_AT = {"mid_files": (False, 10), "after_files": (False, 10), "after_manifest": (False, 10),
              "after_rename": (True, 10), "after_latest": (True, 20), "before_retention": (True, 20)}
+# One phase of each state a kill can leave for the resume (a hidden partial step 20 with some of its files;
+# step 20 published but `latest` naming step 10; `latest` naming step 20) is resumed here; the others are checked
+# as the store shows them. crash/test_publish_crash.py kills a publication at every phase and checks that the
+# newest intact step loads and the next save publishes over what the kill left.
+RESUMED_AT = {"mid_files", "after_rename", "after_latest"}
 
 
 @pytest.mark.parametrize("phase", sorted(KILLED_AT))
@@ -130,18 +135,19 @@ def test_kill9_inside_publication_resumes_bit_exact(phase, tmp_path, smoke_runs,
     assert any(".step-000020.partial-" in n for n in published_steps(run_dir)) == (not published)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{named:06d}"
     assert CheckpointManager(run_dir / "checkpoints").latest_intact() == (20 if published else 10)
-    assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
+    if phase in RESUMED_AT:
+        assert resume_and_digest(run_dir, smoke_dataset, env_with_venv) == reference[2]["digest"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_preemption_signal_checkpoints_and_exits_75(sig, tmp_path, smoke_dataset, env_with_venv, reference):
+# SIGUSR1 on one process is crash/test_preemption_quick.py's (default tier), on two ranks slurm/test_preemption.py's.
+def test_preemption_signal_checkpoints_and_exits_75(tmp_path, smoke_dataset, env_with_venv, reference):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(train_cmd(run_dir, smoke_dataset), env=env_with_venv, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(sig)
+    proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-3000:]
     record = json.loads((run_dir / "PREEMPTED").read_text())
@@ -226,19 +232,13 @@ def test_changed_dataset_is_refused(tmp_path, smoke_runs, env_with_venv):
     assert "dataset" in refused.stderr and "step 20" in refused.stderr
 
 
-def test_uninterrupted_runs_are_bitwise_reproducible(tmp_path, smoke_dataset, env_with_venv, reference):
-    run_dir = tmp_path / "again"
-    proc = run_train(run_dir, smoke_dataset, env_with_venv)
-    assert proc.returncode == 0
-    assert checkpoint_digest(run_dir / "checkpoints") == reference[2]["digest"]
-    a = np.concatenate([t.flatten().numpy() for t in _final_model(run_dir).values()])
-    b = np.concatenate([t.flatten().numpy() for t in _final_model(reference[2]["dir"]).values()])
-    assert a.tobytes() == b.tobytes()
-
-
 def test_async_saves_give_the_same_state(tmp_path, smoke_dataset, env_with_venv, reference):
     run_dir = tmp_path / "async"
     proc = run_train(run_dir, smoke_dataset, env_with_venv, "checkpoint.async_save=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert checkpoint_digest(run_dir / "checkpoints") == reference[2]["digest"]
     assert json.loads((run_dir / "train_done.json").read_text())["digest"] == reference[2]["digest"]
+    # An uninterrupted `worldpipe train` (torchrun) from scratch ends with the forked reference's exact tensors.
+    a = np.concatenate([t.flatten().numpy() for t in _final_model(run_dir).values()])
+    b = np.concatenate([t.flatten().numpy() for t in _final_model(reference[2]["dir"]).values()])
+    assert a.tobytes() == b.tobytes()

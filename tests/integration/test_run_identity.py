@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pipeline_project import Project, files_of, kill_tree, planned_jobs
+from worldpipe.tracking.spool import Spool
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -133,7 +134,8 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
     listing = subprocess.run(["worldpipe", "runs", "list", "--runs-dir", str(project.work / "results/runs"), killed],
                              env=project.env, capture_output=True, text=True, timeout=120)
     assert "interrupted at step 10" in listing.stdout, listing.stdout + listing.stderr
-    spooled_id = json.loads((killed_dir / "checkpoints/step-000010/identity.json").read_text())["mlflow_run_id"]
+    spooled_id = Spool(killed_dir).state()["run_id"]  # the run the resume reopens
+    assert spooled_id
     experiment_dir = project.work / "results/runs" / killed
     dirs_at_kill = sorted(p.name for p in experiment_dir.iterdir())
 

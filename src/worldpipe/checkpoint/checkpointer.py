@@ -81,8 +81,8 @@ RECORDED_KEYS = (layout.PROGRESS, layout.SAMPLER, layout.RNG)
 class CheckpointListener(Protocol):
     """Hooks around a publication (rank 0 only)."""
 
-    def before_publish(self, step: int) -> None:
-        """Called just before step ``step`` is handed to the store."""
+    def before_publish(self, step: int, final: bool) -> None:
+        """Called just before step ``step`` is handed to the store (``final``: the run's last save)."""
 
     def durable(self, step: int, records: Mapping[str, Any], digest: str | None) -> None:
         """Called once step ``step`` is durable (async: when a later save, or the final one, finds it published),
@@ -214,7 +214,7 @@ class Checkpointer:
         if state is None:
             return None
         if self.listener is not None:
-            self.listener.before_publish(step)
+            self.listener.before_publish(step, final)
         # Before the next step changes the live tensors, and before a background writer starts: its Python work
         # would hold the GIL while this thread hashes.
         digest = state_digest(state)
@@ -244,7 +244,7 @@ class Checkpointer:
         state = self.capture(sharded=True)
         if self.runtime.is_main:
             if self.listener is not None:
-                self.listener.before_publish(step)
+                self.listener.before_publish(step, final)
             self._records[step] = {k: state[k] for k in RECORDED_KEYS}
         self.saver.save(step, state, self.components.optimizer, wait=final)
         if final or not self.cfg["async_save"]:

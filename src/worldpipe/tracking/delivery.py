@@ -22,8 +22,10 @@ Record kinds and why replaying each is idempotent:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import re
 import tempfile
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worldpipe.core.atomic import fsync_dir
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 from worldpipe.tracking.mlflow_import import import_mlflow
 from worldpipe.tracking.spool import Spool
@@ -82,8 +85,42 @@ def tracking_client(uri: str):
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        create_sqlite_store(Path(uri.removeprefix("sqlite:///")))
     return MlflowClient(tracking_uri=uri)
+
+
+SCRATCH_STORE = ".{name}.creating-{pid}"  # a SQLite store being created, beside where it will appear
+
+
+def create_sqlite_store(path: Path) -> None:
+    """Make the SQLite store at ``path`` if there is none, so that it appears whole.
+
+    MLflow creates a store's tables one by one, and a process killed half-way leaves a file it can no longer
+    open ("table ... already exists"). Here the tables are made in a scratch file beside ``path``, which is then
+    linked into place: a kill leaves only the scratch file (removed by the next creator), and of two processes
+    creating the same store at once (two training jobs of a pipeline) the second uses the first's.
+    """
+    if path.exists():
+        return
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A dead creator's scratch file, and SQLite's rollback journal of it
+    scratch_name = re.compile(re.escape(SCRATCH_STORE.format(name=path.name, pid="")) + r"(\d+)(-journal)?")
+    for stale in path.parent.iterdir():
+        found = scratch_name.fullmatch(stale.name)
+        if found and not psutil.pid_exists(int(found[1])):
+            stale.unlink(missing_ok=True)
+    scratch = path.with_name(SCRATCH_STORE.format(name=path.name, pid=os.getpid()))
+    scratch.unlink(missing_ok=True)
+    try:
+        MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments(max_results=1)  # creates the tables
+        with contextlib.suppress(FileExistsError):  # created meanwhile by another process: that one is used
+            os.link(scratch, path)
+        fsync_dir(path.parent)
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def _local_artifact_location(client, name: str) -> str | None:

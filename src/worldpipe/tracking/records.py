@@ -122,13 +122,16 @@ def json_artifact(obj: Any) -> bytes:
     return (json.dumps(to_jsonable(obj), indent=1, sort_keys=True) + "\n").encode()
 
 
+IDENTITY_ARTIFACT = "identity.json"  # the run's identity as of a start (config, data, code, layout, run id)
+
+
 def start_artifacts(identity: Mapping[str, Any], manifest: Mapping[str, Any] | None, run_dir: str | os.PathLike,
                     start_step: int = 0) -> dict[str, bytes]:
     """Artifacts logged at every start (relative artifact path -> content)."""
     run_dir = Path(run_dir)
     files = {
         "config.yaml": yaml.safe_dump(identity["config"], sort_keys=False).encode(),
-        "identity.json": json_artifact(identity),
+        IDENTITY_ARTIFACT: json_artifact(identity),
         "environment/packages.txt": installed_packages().encode(),
     }
     if manifest is not None:

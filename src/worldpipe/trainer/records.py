@@ -4,12 +4,14 @@ Glue between the checkpoint package and the tracking package, which know nothing
 the Checkpointer's listener with the run recorder.
 
 The MLflow run starts in the background (store creation and ``start_run`` cost seconds before the first step
-otherwise): the first checkpoint and the completion record wait for that start to have been tried, so every
-checkpoint's identity and ``train_done.json`` name the run exactly as when it was started before the first step
-(None only while the server is unreachable, as then). The start's artifacts (config, identity, environment
-listing: the listing alone takes about half a second) are assembled and journaled on a helper thread too; the
-first checkpoint waits for them, so a kill before it costs nothing (the rerun from step 0 records them again)
-and one after it finds them journaled.
+otherwise), and no save waits for it: a checkpoint's identity names the run once its start has been acknowledged
+(the spool's state), and one written earlier (the first of a short run) names none; a resume from that one
+reopens the run the run directory's spool names. The final checkpoint and the completion record do wait for the
+start to have been tried, so both name the run (None only while the server is unreachable). The start's
+artifacts (config, identity, environment listing: the listing alone takes about half a second) are assembled and
+journaled on a helper thread, without the run id; the first checkpoint waits for them, so a kill before it
+costs nothing (the rerun from step 0 records them again) and one after it finds them journaled. The segment's
+end journals its ``identity.json`` again, naming the run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.links import MLFLOW_EXPERIMENT_KEY
 from worldpipe.tracking.recorder import RunRecorder, background_start_wanted, courier_wanted
 from worldpipe.tracking.records import (
+    IDENTITY_ARTIFACT,
     checkpoint_artifacts,
     checkpoint_tags,
     json_artifact,
@@ -101,6 +104,7 @@ class TrainingRecords:
                                     on_opened=lambda: mark("mlflow_run_opened"))
         self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
         self._start_files: _Helper | None = None  # the start's artifacts, journaled off the critical path
+        self._start_identity: dict[str, Any] | None = None  # the identity this start journaled
         self.store = str(cfg.data.store)
         self.run_name = cfg.tracking.run_name
         self._progress_off = False  # set when the progress record could not be written (never retried)
@@ -121,10 +125,10 @@ class TrainingRecords:
         self.recorder.log_params(flatten(identity["config"]))
         self.recorder.log_datasets([DatasetRecord.from_manifest(manifest, self.store, TRAINING)])
         frozen = copy.deepcopy(identity)  # as of this start (the trainer's copy changes under the helper)
+        self._start_identity = frozen
 
         def journal() -> None:
-            # identity.json names the run, as after a synchronous start (unless the server was not reached).
-            frozen["mlflow_run_id"] = self.recorder.await_run_id() or frozen.get("mlflow_run_id")
+            # Not waiting for the run start: the end of the segment names the run in identity.json.
             self.recorder.log_files(start_artifacts(frozen, manifest, self.run_dir, start_step))
 
         if self.recorder.background_start:
@@ -165,14 +169,14 @@ class TrainingRecords:
                         self.run_dir / PROGRESS_RECORD, err)
 
     # ---- CheckpointListener ----
-    def before_publish(self, step: int) -> None:
+    def before_publish(self, step: int, final: bool) -> None:
         """Journal the metrics of steps <= step; they count once this checkpoint is durable.
 
-        The checkpoint about to be written holds the identity dict itself: the run id goes in (the first
-        checkpoint waits for the background run start to have been tried, usually long done).
+        The checkpoint about to be written holds the identity dict itself: the run id goes in if the run start
+        has been acknowledged by now; only the ``final`` checkpoint waits for that (see the module docstring).
         """
         self._settle_start()
-        self._name_run(None)
+        self._name_run(None, wait=final)
         self.recorder.stage(step)
 
     def durable(self, step: int, records: Mapping[str, Any], digest: str | None) -> None:
@@ -183,12 +187,13 @@ class TrainingRecords:
         self.recorder.commit(step, published_artifacts(step, records, digest, self.location),
                              checkpoint_tags(step, digest))
 
-    def _name_run(self, record: dict[str, Any] | None) -> None:
-        """Once the run start has been tried, put the MLflow run id in the identity and ``record`` (if any).
+    def _name_run(self, record: dict[str, Any] | None, wait: bool = True) -> None:
+        """Put the MLflow run id in the identity and ``record`` (if any): once the run start has been tried, or
+        (``wait=False``) if it has been acknowledged by now.
 
         Unknown (server not reached yet): both keep what they hold (the resumed checkpoint's id, or None).
         """
-        run_id = self.recorder.await_run_id()
+        run_id = self.recorder.await_run_id() if wait else self.recorder.run_id
         for target in (self._identity, record):
             if run_id and target is not None:
                 target["mlflow_run_id"] = run_id
@@ -197,12 +202,21 @@ class TrainingRecords:
             # checkpoints hold.
             record[MLFLOW_EXPERIMENT_KEY] = self.recorder.experiment_id
 
+    def _name_run_in_start_identity(self) -> None:
+        """Journal this start's ``identity.json`` again, naming the run, if it was journaled before the run id
+        was known (call once the start has been tried)."""
+        frozen, run_id = self._start_identity, self.recorder.run_id
+        if frozen is not None and run_id and frozen.get("mlflow_run_id") != run_id:
+            frozen["mlflow_run_id"] = run_id
+            self.recorder.log_files({IDENTITY_ARTIFACT: json_artifact(frozen)})
+
     # ---- endings ----
     def finished(self, record: dict[str, Any]) -> None:
         """Completion record on disk, MLflow run FINISHED."""
         if self.is_main:
             self._settle_start()
             self._name_run(record)
+            self._name_run_in_start_identity()
             (self.run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
             write_text_atomic(self.run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
             self.recorder.end("FINISHED")
@@ -212,6 +226,7 @@ class TrainingRecords:
         if self.is_main:
             self._settle_start()
             self._name_run(record)
+            self._name_run_in_start_identity()
             write_text_atomic(self.run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
             self.recorder.end("KILLED")
 
