@@ -55,7 +55,7 @@ MUTANTS = (
            "return False",
            ("tests/unit/test_checkpoint_verify_modes.py",)),
     Mutant("restore_skips_numpy", "restore_rng restores NumPy's global generator",
-           'np.random.set_state(tuple(from_portable(rng["numpy_global"])))', "pass",
+           "np.random.set_state(tuple(from_portable(rng[NUMPY_GLOBAL_STREAM])))", "pass",
            ("tests/unit/test_checkpoint_state.py",)),
     Mutant("manifest_checksum_ignored", "a damaged MANIFEST.json is never trusted",
            "if claimed != actual:", "if False:",
