@@ -127,6 +127,11 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
     while not any(p.exists() for p in pointers) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     killed = next((name for name, p in zip(after, pointers, strict=True) if p.exists()), None)
+    if killed is not None:
+        # Training is held before step 20's files; the run start (which no save waits for) may still be in
+        # flight: the kill waits for it, so that the run to be continued is known.
+        while not Spool(project.work / after[killed].dir).state()["run_id"] and time.monotonic() < deadline:
+            time.sleep(0.2)
     kill_tree(proc)
     assert killed is not None, "no checkpoint appeared before the pipeline ended"
     killed_dir = project.work / after[killed].dir
@@ -135,7 +140,7 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
                              env=project.env, capture_output=True, text=True, timeout=120)
     assert "interrupted at step 10" in listing.stdout, listing.stdout + listing.stderr
     spooled_id = Spool(killed_dir).state()["run_id"]  # the run the resume reopens
-    assert spooled_id
+    assert spooled_id, "the run start was not acknowledged while training was held"
     experiment_dir = project.work / "results/runs" / killed
     dirs_at_kill = sorted(p.name for p in experiment_dir.iterdir())
 
