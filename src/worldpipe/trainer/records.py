@@ -187,9 +187,9 @@ class TrainingRecords:
         self.recorder.commit(step, published_artifacts(step, records, digest, self.location),
                              checkpoint_tags(step, digest))
 
-    def _name_run(self, record: dict[str, Any] | None, wait: bool = True) -> None:
+    def _name_run(self, record: dict[str, Any] | None, wait: bool = True) -> str | None:
         """Put the MLflow run id in the identity and ``record`` (if any): once the run start has been tried, or
-        (``wait=False``) if it has been acknowledged by now.
+        (``wait=False``) if it has been acknowledged by now; returns it.
 
         Unknown (server not reached yet): both keep what they hold (the resumed checkpoint's id, or None).
         """
@@ -201,11 +201,12 @@ class TrainingRecords:
             # For the run's link (`worldpipe train`'s last line) without asking MLflow; not in the identity, which
             # checkpoints hold.
             record[MLFLOW_EXPERIMENT_KEY] = self.recorder.experiment_id
+        return run_id
 
-    def _name_run_in_start_identity(self) -> None:
-        """Journal this start's ``identity.json`` again, naming the run, if it was journaled before the run id
-        was known (call once the start has been tried)."""
-        frozen, run_id = self._start_identity, self.recorder.run_id
+    def _name_run_in_start_identity(self, run_id: str | None) -> None:
+        """Journal this start's ``identity.json`` again, naming the run ``run_id``, if it was journaled before
+        the run id was known."""
+        frozen = self._start_identity
         if frozen is not None and run_id and frozen.get("mlflow_run_id") != run_id:
             frozen["mlflow_run_id"] = run_id
             self.recorder.log_files({IDENTITY_ARTIFACT: json_artifact(frozen)})
@@ -215,8 +216,7 @@ class TrainingRecords:
         """Completion record on disk, MLflow run FINISHED."""
         if self.is_main:
             self._settle_start()
-            self._name_run(record)
-            self._name_run_in_start_identity()
+            self._name_run_in_start_identity(self._name_run(record))
             (self.run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
             write_text_atomic(self.run_dir / COMPLETION_RECORD, json.dumps(record, indent=2))
             self.recorder.end("FINISHED")
@@ -225,8 +225,7 @@ class TrainingRecords:
         """Preemption record on disk (the launcher maps it to the requeue exit code), MLflow run KILLED."""
         if self.is_main:
             self._settle_start()
-            self._name_run(record)
-            self._name_run_in_start_identity()
+            self._name_run_in_start_identity(self._name_run(record))
             write_text_atomic(self.run_dir / PREEMPTED_RECORD, json.dumps(record, indent=2))
             self.recorder.end("KILLED")
 
