@@ -13,6 +13,7 @@ and ``sampler`` are first normalized through JSON because they are stored as JSO
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -53,9 +54,24 @@ def _scalar_json(value) -> bytes:
 
 
 def _key_bytes(key) -> bytes:
+    if type(key) in (str, int):  # a state's keys repeat from save to save: computed once per process
+        return _plain_key_bytes(type(key), key)
     sub = hashlib.sha256()
     _feed(sub, key)
     return sub.digest()
+
+
+@functools.lru_cache(maxsize=8192)
+def _plain_key_bytes(kind: type, key: str | int) -> bytes:
+    """The hashed framing of a str or int key (``kind`` keeps ``1`` and ``True`` apart in the cache)."""
+    sub = hashlib.sha256()
+    _feed(sub, key)
+    return sub.digest()
+
+
+@functools.lru_cache(maxsize=8192)
+def _tensor_header(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
+    return json.dumps({"dtype": str(dtype), "shape": list(shape)}, sort_keys=True).encode()
 
 
 def _feed(h, obj) -> None:
@@ -65,8 +81,7 @@ def _feed(h, obj) -> None:
         _feed(h, obj.materialize())
     elif isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
-        header = json.dumps({"dtype": str(t.dtype), "shape": list(t.shape)}, sort_keys=True).encode()
-        _frame(h, b"T", header)
+        _frame(h, b"T", _tensor_header(t.dtype, tuple(t.shape)))
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
         h.update(raw.nbytes.to_bytes(8, "little"))
         view = memoryview(raw).cast("B")

@@ -14,13 +14,19 @@ import time
 TRACE_ENV = "WORLDPIPE_STARTUP_TRACE"
 
 
-def _process_start() -> float | None:
-    try:
-        import psutil
+_started: dict[int, float | None] = {}  # pid -> its start time: read once per process (a fork gets its own)
 
-        return psutil.Process().create_time()
-    except Exception:  # psutil missing or /proc unreadable: the event times are still valid
-        return None
+
+def _process_start() -> float | None:
+    pid = os.getpid()
+    if pid not in _started:
+        try:
+            import psutil
+
+            _started[pid] = psutil.Process(pid).create_time()
+        except Exception:  # psutil missing or /proc unreadable: the event times are still valid
+            _started[pid] = None
+    return _started[pid]
 
 
 def mark(event: str, **fields) -> None:

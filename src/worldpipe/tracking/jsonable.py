@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 TENSOR, NDARRAY, TUPLE, BYTES = "__tensor__", "__ndarray__", "__tuple__", "__bytes__"
+_PLAIN = (bool, int, float, str, type(None))  # exact types: a subclass (an IntEnum) takes the general path
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -33,10 +34,10 @@ def to_jsonable(obj: Any) -> Any:
         return {BYTES: bytes(obj).hex()}
     if isinstance(obj, Mapping):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, tuple):
-        return {TUPLE: [to_jsonable(v) for v in obj]}
-    if isinstance(obj, list):
-        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, tuple | list):
+        # Python's RNG state is a tuple of 625 ints: nothing in it to convert, so no call per item.
+        items = list(obj) if all(type(v) in _PLAIN for v in obj) else [to_jsonable(v) for v in obj]
+        return {TUPLE: items} if isinstance(obj, tuple) else items
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     return str(obj)
