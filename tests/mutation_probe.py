@@ -68,6 +68,10 @@ MUTANTS = (
            "            self.writer.discard()\n            if isinstance(exc, OSError):",
            "            if isinstance(exc, OSError):",
            ("tests/unit/test_checkpoint_publication.py",)),
+    Mutant("async_durable_at_next_save", "an async save's records go once it is published, not one cadence later",
+           "if self._undurable and not self.manager.publishing():", "if False:",
+           ("tests/unit/test_checkpoint_async.py::"
+            "test_poll_reports_an_async_save_durable_once_published_not_at_the_next_save",)),
     Mutant("fsdp2_filter_layers_sharded", "under FSDP2 the RSSM trains the one fused filter, on whole weights",
            'whole_in_forward = ("cell_input", "cell", "posterior_head")', "whole_in_forward = ()",
            ("tests/unit/test_rssm.py",)),

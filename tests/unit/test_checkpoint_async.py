@@ -114,3 +114,53 @@ def test_snapshot_buffers_are_recycled_safely(tmp_path):
     cm = CheckpointManager(tmp_path / "ck")
     for step in range(1, 4):
         assert torch.all(cm.load(step)["model"]["0.weight"] == step)
+
+
+class _Loader:
+    """The sampler's state holder (the Checkpointer saves it); the test is about when a save counts as durable."""
+
+    def state_dict(self) -> dict:
+        return {"cursor": 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class _Listener:
+    def __init__(self):
+        self.published, self.durable_steps = [], []
+
+    def before_publish(self, step: int, final: bool) -> None:
+        self.published.append(step)
+
+    def durable(self, step: int, records, digest) -> None:
+        self.durable_steps.append(step)
+
+
+def test_poll_reports_an_async_save_durable_once_published_not_at_the_next_save(tmp_path):
+    """The trainer polls every step: the listener (metrics released, records journaled) hears of a published
+    async save then, while no later save runs; never before its publication is complete."""
+    from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
+    from worldpipe.parallel.runtime import Runtime
+
+    model = torch.nn.Linear(4, 2)
+    components = TrainingComponents(model, torch.optim.AdamW(model.parameters(), lr=1e-3), None, _Loader(),
+                                    Progress(step=10), {"run": "poll"})
+    cfg = {"dir": str(tmp_path / "ck"), "every": 10, "keep_last": 2, "keep_every": None, "async_save": True,
+           "verify": "first"}
+    listener = _Listener()
+    checkpointer = Checkpointer(cfg, Runtime(0, 1, 0, torch.device("cpu")), components, listener=listener)
+    gate = Gate()
+    with hooked("after_latest", gate):
+        checkpointer.save(10, final=False)
+        assert gate.reached.wait(HANG_GUARD_S)
+        checkpointer.poll()  # publication held: not durable yet, and poll does not wait for it
+        assert listener.durable_steps == []
+        gate.release.set()
+        checkpointer.manager.wait()  # the publication is complete (the trainer's steps go on meanwhile)
+        assert listener.durable_steps == []
+        checkpointer.poll()  # the next step's poll reports it
+    assert listener.durable_steps == [10] and listener.published == [10]
+    checkpointer.poll()  # reported once
+    assert listener.durable_steps == [10]
+    checkpointer.close()
