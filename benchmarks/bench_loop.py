@@ -8,7 +8,10 @@ rounds whose contender order rotates (:mod:`worldpipe.measure.rounds`). A fixed 
 one, so each contender is reported three ways: ``startup_s`` (from launching the command to the end of its first
 step: imports, data, model, MLflow's run start), ``mean_ms`` (per step over steps 2..N-1) and ``steady_ms`` (per
 step over the second half of them, after the fixed costs have settled: the marginal cost of one more step),
-each with its ratio to the bare loop's. Contenders:
+each with its ratio to the bare loop's; ``paired_steady_ratio_vs_bare`` is the median over rounds of the
+contender's steady step over the bare loop's in the same round (adjacent runs: the machine's drift between rounds
+cancels). ``targets`` checks the paired steady ratios against #41's bars (trainer <= 1.03x, trainer + tracking
+<= 1.05x) and the run-level checkpoint overheads against 3.5%. Contenders:
 
 * ``bare loop`` (baseline) — next_batch, noise, forward, backward, clip, AdamW, LR schedule; nothing else;
 * ``trainer``               — `worldpipe train`, tracking off, no checkpoint before the last step;
@@ -116,6 +119,7 @@ def parse_args(argv=None) -> Namespace:
 
 
 TARGET_RUN_LEVEL_OVERHEAD = 0.035
+TARGET_STEADY_RATIO = {"trainer": 1.03, "trainer + tracking": 1.05}
 WITH_CHECKPOINTS, WITHOUT_CHECKPOINTS = "trainer + tracking + checkpoints", "trainer + tracking"
 WITH_ASYNC_CHECKPOINTS = "trainer + tracking + async checkpoints"
 
@@ -210,6 +214,17 @@ def run_level_overheads(report: dict, cadence: int) -> None:
                  is not None else ""))
 
 
+def targets(report: dict) -> dict:
+    """Each of #41's bars with the figure it is checked on: the paired steady ratios (adjacent runs) for the step,
+    the paired run-level overheads (sync and async) for the checkpoint cadence."""
+    checks = {f"{name} steady step / bare loop's": (report["contenders"][name]["paired_steady_ratio_vs_bare"], bar)
+              for name, bar in TARGET_STEADY_RATIO.items()}
+    for kind, key in (("sync", "run_level_checkpoint_overhead_paired"),
+                      ("async", "run_level_async_checkpoint_overhead_paired")):
+        checks[f"run-level checkpoint overhead, {kind}, paired"] = (report[key], TARGET_RUN_LEVEL_OVERHEAD)
+    return {name: {"value": value, "bar": bar, "met": bool(value <= bar)} for name, (value, bar) in checks.items()}
+
+
 def has_compile_option() -> bool:
     from worldpipe.config.compose import compose_config
 
@@ -282,18 +297,24 @@ def main(args: Namespace) -> int:
             if all(s.parts for s in rounds):
                 report["contenders"][name]["wall_split"] = wall_split([s.parts for s in rounds])
     base = report["contenders"]["bare loop"]
-    print(f"{'':34s} {'start-up':>9s}  {'per step over the run':>24s}  {'steady state (2nd half)':>26s}")
+    print(f"{'':34s} {'start-up':>9s}  {'per step over the run':>24s}  {'steady state (2nd half)':>26s}  "
+          f"{'paired steady':>13s}")
     for name, c in report["contenders"].items():
         c["ratio_vs_bare_mean"] = c["mean_ms"] / base["mean_ms"]
         c["marginal_overhead_ms"] = c["mean_ms"] - base["mean_ms"]
         c["steady_ratio_vs_bare"] = c["steady_ms"] / base["steady_ms"]
+        c["paired_steady_ratio_vs_bare"] = 1 + paired_overhead(c["round_steady_ms"], base["round_steady_ms"])
         c["startup_extra_s"] = c["startup_s"] - base["startup_s"]
         print(f"{name:34s} {c['startup_s']:8.2f}s  {c['mean_ms']:7.2f} ms = {c['ratio_vs_bare_mean']:5.3f}x bare  "
-              f"{c['steady_ms']:7.2f} ms = {c['steady_ratio_vs_bare']:5.3f}x bare")
+              f"{c['steady_ms']:7.2f} ms = {c['steady_ratio_vs_bare']:5.3f}x bare  "
+              f"{c['paired_steady_ratio_vs_bare']:12.3f}x")
     report["loop_ratio"] = report["contenders"]["trainer"]["ratio_vs_bare_mean"]
     report["steady_loop_ratio"] = report["contenders"]["trainer"]["steady_ratio_vs_bare"]
     report["steady_tracking_ratio"] = report["contenders"]["trainer + tracking"]["steady_ratio_vs_bare"]
     run_level_overheads(report, args.cadence)
+    report["targets"] = targets(report)
+    for name, check in report["targets"].items():
+        print(f"target {name}: {check['value']:.4f} against {check['bar']} ({'met' if check['met'] else 'NOT met'})")
     for name, c in report["contenders"].items():
         if "wall_split" in c:
             w = c["wall_split"]

@@ -94,3 +94,18 @@ def test_the_first_saves_fixed_extra_is_reported_apart_from_the_steady_overhead(
     assert report["run_level_checkpoint_overhead_steady"] == pytest.approx(0.025)
     assert report["run_level_async_checkpoint_overhead_steady"] == pytest.approx(0.01)
     assert "steady state +2.50%, the first save's fixed extra 0.60 s" in capsys.readouterr().out
+
+
+def test_targets_check_the_paired_figures_against_the_issues_bars(bench_loop):
+    """The step bars are checked on the steady step paired by round (the trainer 1.02x in every round passes though
+    its rounds' medians, taken apart, would read 1.5x), the checkpoint bar on the paired run-level overheads."""
+    bare, trainer, tracked = [4.0, 8.0, 4.0], [4.08, 8.16, 6.0], [4.4, 8.8, 4.4]
+    report = {"contenders": {
+        "trainer": {"paired_steady_ratio_vs_bare": 1 + bench_loop.paired_overhead(trainer, bare)},
+        "trainer + tracking": {"paired_steady_ratio_vs_bare": 1 + bench_loop.paired_overhead(tracked, bare)}},
+        "run_level_checkpoint_overhead_paired": 0.034, "run_level_async_checkpoint_overhead_paired": 0.036}
+    checks = bench_loop.targets(report)
+    assert checks["trainer steady step / bare loop's"] == {"value": pytest.approx(1.02), "bar": 1.03, "met": True}
+    assert checks["trainer + tracking steady step / bare loop's"]["met"] is False  # 1.10x against 1.05x
+    assert checks["run-level checkpoint overhead, sync, paired"]["met"] is True
+    assert checks["run-level checkpoint overhead, async, paired"]["met"] is False
