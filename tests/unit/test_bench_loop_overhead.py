@@ -109,3 +109,19 @@ def test_targets_check_the_paired_figures_against_the_issues_bars(bench_loop):
     assert checks["trainer + tracking steady step / bare loop's"]["met"] is False  # 1.10x against 1.05x
     assert checks["run-level checkpoint overhead, sync, paired"]["met"] is True
     assert checks["run-level checkpoint overhead, async, paired"]["met"] is False
+
+
+def test_within_run_excess_counts_a_save_and_the_steps_it_slows_after_it(bench_loop):
+    """Steps of 4 ms; each save every 50 steps takes 2 ms on its own step and slows the next five by 0.1 ms:
+    2.5 ms per 50 steps of 4 ms is 1.25%, whatever another run of the same contender took."""
+    cadence, step = 50, 0.004
+    times = np.full(400, step)  # times[i] ends step i + 2
+    for save in range(cadence, 402, cadence):
+        if save - 2 < len(times):
+            times[save - 2] += 0.002
+            times[save - 1:save + 4] += 0.0001
+    sample = bench_loop.Sample(times, None)
+    assert sample.save_excess_share(cadence) == pytest.approx(0.0125)
+    assert bench_loop.Sample(np.full(400, step), None).save_excess_share(cadence) == pytest.approx(0.0)
+    assert np.isnan(bench_loop.Sample(times[:30], None).save_excess_share(cadence))  # no whole window
+    assert bench_loop.median_of_finite([None, 0.01, 0.03, float("nan")]) == pytest.approx(0.02)

@@ -85,7 +85,7 @@ class CheckpointListener(Protocol):
         """Called just before step ``step`` is handed to the store (``final``: the run's last save)."""
 
     def durable(self, step: int, records: Mapping[str, Any], digest: str | None) -> None:
-        """Called once step ``step`` is durable (async: when a later save, or the final one, finds it published),
+        """Called once step ``step`` is durable (async: when a poll or a later save finds it published),
         with its progress, sampler and RNG state (``RECORDED_KEYS``) and its digest."""
 
 
@@ -207,7 +207,8 @@ class Checkpointer:
         """Publish the current state as ``step``; returns its digest on rank 0 (None elsewhere).
 
         Sync saves are durable on return. Async saves return once the snapshot is taken; their listener's
-        ``durable`` runs when the next save (or the final one, which waits) finds them published.
+        ``durable`` runs when :meth:`poll` (the trainer's, every step) or the next save finds them published.
+        Sharded saves report theirs at the next save.
         """
         if self.saver is not None:
             return self._save_sharded(step, final)
