@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
+from worldpipe.core.hashing import only_json_scalars
+
 from . import layout
 
 _NDARRAY_TAG = "__ndarray__"
@@ -119,17 +121,9 @@ def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: t
     return copy.deepcopy(obj)
 
 
-_PLAIN_SCALARS = (int, float, bool, str, type(None))
-
-
-def _plain(seq: list | tuple) -> bool:
-    """True for a sequence of plain scalars only (Python's RNG state is 625 ints): nothing in it to convert."""
-    return all(type(v) in _PLAIN_SCALARS for v in seq)
-
-
 def to_portable(obj):
     """Replace numpy arrays/scalars by plain Python so ``torch.load(weights_only=True)`` and JSON accept them."""
-    if isinstance(obj, list | tuple) and _plain(obj):
+    if isinstance(obj, list | tuple) and only_json_scalars(obj):
         return list(obj) if isinstance(obj, list) else tuple(obj)
     if isinstance(obj, np.ndarray):
         return {_NDARRAY_TAG: obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}
@@ -218,7 +212,7 @@ def rng_view(rng: Mapping) -> dict:
         if isinstance(obj, Mapping):
             return {str(k): view(v) for k, v in obj.items()}
         if isinstance(obj, list | tuple):
-            return list(obj) if _plain(obj) else [view(v) for v in obj]
+            return list(obj) if only_json_scalars(obj) else [view(v) for v in obj]
         return obj
 
     return view(to_portable(rng))

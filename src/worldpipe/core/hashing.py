@@ -19,6 +19,15 @@ def canonical_json(obj: Any) -> bytes:
                       default=str).encode()
 
 
+_JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def only_json_scalars(items: list | tuple) -> bool:
+    """True when ``items`` holds JSON scalars only (exact types; a subclass such as an IntEnum does not count):
+    a converter has nothing to do inside it (Python's RNG state is a tuple of 625 ints)."""
+    return all(type(v) in _JSON_SCALARS for v in items)
+
+
 def canonical_hash(obj: Any) -> str:
     """SHA-256 (hex) of the canonical JSON of ``obj``."""
     return hashlib.sha256(canonical_json(obj)).hexdigest()

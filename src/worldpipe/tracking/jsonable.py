@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from worldpipe.core.hashing import only_json_scalars
+
 TENSOR, NDARRAY, TUPLE, BYTES = "__tensor__", "__ndarray__", "__tuple__", "__bytes__"
-_PLAIN = (bool, int, float, str, type(None))  # exact types: a subclass (an IntEnum) takes the general path
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -36,7 +37,7 @@ def to_jsonable(obj: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, tuple | list):
         # Python's RNG state is a tuple of 625 ints: nothing in it to convert, so no call per item.
-        items = list(obj) if all(type(v) in _PLAIN for v in obj) else [to_jsonable(v) for v in obj]
+        items = list(obj) if only_json_scalars(obj) else [to_jsonable(v) for v in obj]
         return {TUPLE: items} if isinstance(obj, tuple) else items
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
