@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from worldpipe.parallel.runtime import Runtime, broadcast_object, gather_objects
-from worldpipe.parallel.wrap import full_model_state, full_optimizer_state, load_full_state, unwrap
+from worldpipe.parallel.wrap import full_states, load_full_state, unwrap
 
 from . import layout
 from .digest import state_digest
@@ -186,8 +186,7 @@ class Checkpointer:
             if c.stages:
                 model_state, optim_state = join_stages(self.runtime, model_state, optim_state)
         else:
-            model_state = full_model_state(c.model)
-            optim_state = full_optimizer_state(c.model, c.optimizer)
+            model_state, optim_state = full_states(c.model, c.optimizer)
         rng = gather_objects(self.runtime, capture_rng({}, c.torch_generators))
         if not self.runtime.is_main:
             return {layout.MODEL: model_state, layout.OPTIMIZER: optim_state} if sharded else None
