@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from argparse import Namespace
@@ -29,6 +28,7 @@ import torch.distributed as dist
 
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.children import die_with_parent, run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 from worldpipe.measure.publish import publish_result
@@ -73,6 +73,7 @@ def _step(core, layout, model, optimizer, batch) -> float:
 
 def worker(out: Path, rounds: int) -> None:
     """Every rank: memory of each contender, then interleaved timed steps; rank 0 writes the raw rows."""
+    die_with_parent()  # torchrun starts each rank in a session of its own: the rank goes when torchrun does
     from worldpipe.parallel.memory import saved_activations, state_bytes
     from worldpipe.parallel.runtime import init_runtime
 
@@ -168,7 +169,7 @@ def main(args: Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.json"
         cmd = torchrun_argv(args.nproc, [__file__, "--worker", str(raw_path), "--rounds", str(args.rounds)])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_child(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"bench activations: the ranks failed: {proc.stderr.strip().splitlines()[-1:]}")
         result = summarize(json.loads(raw_path.read_text()))

@@ -39,7 +39,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 import warnings
@@ -53,6 +52,7 @@ from worldpipe.checkpoint import CheckpointManager
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import fsync_dir, write_text_atomic
+from worldpipe.core.children import run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 from worldpipe.measure.write_baseline import state_bytes, tensors_in, write_direct, write_raw
@@ -347,7 +347,7 @@ def run_sharded(args: Namespace, base: Path) -> dict | None:
     cmd = torchrun_argv(args.ranks, [str(Path(__file__).with_name("bench_checkpoint_sharded.py")), "--mb",
                                      str(args.mb), "--repeat", str(args.repeat), "--dir", str(base / "sharded"),
                                      "--out", str(out), "--step-s", str(args.step_s)])
-    proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+    proc = run_child(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=args.sharded_timeout_s)
     if proc.returncode != 0:
         raise SystemExit(f"bench checkpoint: sharded rows failed (exit {proc.returncode}): "

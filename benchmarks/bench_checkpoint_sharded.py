@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor, Shard
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.sharded_saver import ShardedSaver
 from worldpipe.commands.bench import Benchmark
+from worldpipe.core.children import die_with_parent
 from worldpipe.measure.write_baseline import state_bytes, write_raw
 
 CONTENDERS = ("raw", "ours_sharded", "dcp", "async_stall")
@@ -169,6 +170,7 @@ OPTIONS = [
 
 def main(args: Namespace) -> None:
     """torchrun entry: join the gloo group, run, rank 0 writes ``--out``."""
+    die_with_parent()  # torchrun starts each rank in a session of its own: the rank goes when torchrun does
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from argparse import Namespace
@@ -46,6 +45,7 @@ import torch.distributed as dist
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.children import die_with_parent, run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 
@@ -277,6 +277,7 @@ def measure_layout_memory(device: torch.device) -> dict:
 
 def worker(out: Path, max_mb: int, rounds: int, repeat: int) -> None:
     """Every rank: run the measurements; rank 0 writes the raw rows."""
+    die_with_parent()  # torchrun starts each rank in a session of its own: the rank goes when torchrun does
     from worldpipe.parallel.runtime import init_runtime
 
     torch.set_num_threads(1)
@@ -536,7 +537,7 @@ def main(args: Namespace) -> dict | None:
         raw_path = Path(tmp) / "raw.json"
         cmd = torchrun_argv(args.nproc, [__file__, "--worker", str(raw_path), "--max-mb", str(args.max_mb),
                                          "--rounds", str(args.rounds), "--repeat", str(args.repeat)])
-        subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        run_child(cmd, check=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
         result = summarize(json.loads(raw_path.read_text()))
     result["plots"] = plot(result, out.parent)
     write_text_atomic(out, json.dumps(result, indent=2) + "\n")

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ import numpy as np
 
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.children import run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
@@ -67,7 +67,7 @@ def timed_run(cmd: list[str], env: dict, trace: Path) -> dict:
     """Seconds from launch to the end of the first step, and the mean step time over steps 2..N-1."""
     trace.unlink(missing_ok=True)
     launched = time.time()
-    proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=3600)
+    proc = run_child(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"bench compile: {' '.join(cmd[3:6])} failed ({proc.returncode}): "
                          f"{proc.stderr.strip().splitlines()[-1:]}")

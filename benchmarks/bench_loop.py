@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ import numpy as np
 
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.children import run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
@@ -201,7 +201,7 @@ def first_save_extra(per_round: list[float]) -> float | None:
 def run(cmd: list[str], env: dict, trace: Path) -> Sample:
     trace.unlink(missing_ok=True)
     launched = time.time()
-    proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=1200)
+    proc = run_child(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return read_trace(trace, launched)

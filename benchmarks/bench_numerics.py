@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -25,6 +24,7 @@ import click
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core import numerics
+from worldpipe.core.children import run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.measure.publish import publish_result
 
@@ -92,7 +92,7 @@ def run_worker(mode: str, args) -> dict:
             env.pop(var, None)
     cmd = [sys.executable, __file__, "--worker", mode, "--experiment", args.experiment, "--env", args.env,
            "--threads", str(args.threads), "--steps", str(args.steps)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    proc = run_child(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"bench numerics: the {mode} worker failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

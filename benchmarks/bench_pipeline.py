@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from argparse import Namespace
@@ -32,6 +31,7 @@ import torch.distributed as dist
 
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.children import die_with_parent, run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 from worldpipe.measure.publish import publish_result
@@ -113,6 +113,7 @@ def measure_transfer(runtime, stages: int, micro: int, repeat: int) -> float:
 
 def worker(out: Path, repeat: int, schedule: str) -> None:
     """Every rank: measure each M; rank 0 writes the raw rows."""
+    die_with_parent()  # torchrun starts each rank in a session of its own: the rank goes when torchrun does
     from worldpipe.parallel.runtime import init_runtime
 
     torch.set_num_threads(1)
@@ -198,7 +199,7 @@ def main(args: Namespace) -> None:
         raw_path = Path(tmp) / "raw.json"
         cmd = torchrun_argv(args.nproc, [__file__, "--worker", str(raw_path), "--repeat", str(args.repeat),
                                          "--schedule", args.schedule])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_child(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"bench pipeline: the ranks failed: {proc.stderr.strip().splitlines()[-1:]}")
         result = summarize(json.loads(raw_path.read_text()))

@@ -20,7 +20,6 @@ import csv
 import html
 import io
 import json
-import subprocess
 import sys
 import tempfile
 from argparse import Namespace
@@ -31,6 +30,7 @@ import click
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.children import die_with_parent, run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.launch.torchrun import torchrun_argv
 from worldpipe.measure.publish import publish_result
@@ -43,7 +43,7 @@ def predict(experiment: str, world_size: int, overrides: list[str]) -> list[dict
     """`worldpipe plan ... --json`, as a user runs it."""
     argv = [sys.executable, "-m", "worldpipe.cli", "plan", f"experiment={experiment}", f"world_size={world_size}",
             "--json", "--env", ENV, *overrides]
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = run_child(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"bench plan: worldpipe plan failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout)
@@ -65,6 +65,7 @@ def run_spec(experiment: str, overrides: list[str]) -> dict:
 
 def worker(spec_path: Path, out: Path) -> None:
     """Every rank: measure each layout of the spec in turn; rank 0 writes them."""
+    die_with_parent()  # torchrun starts each rank in a session of its own: the rank goes when torchrun does
     import torch
 
     from worldpipe.models import build_model
@@ -90,7 +91,7 @@ def measure(world_size: int, spec: dict, layouts: dict[str, dict]) -> dict:
         spec_path, raw_path = Path(tmp) / "spec.json", Path(tmp) / "measured.json"
         spec_path.write_text(json.dumps({**spec, "layouts": layouts}))
         cmd = torchrun_argv(world_size, [__file__, "--worker", str(spec_path), "--out", str(raw_path)])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_child(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"bench plan: the ranks failed: {proc.stderr.strip().splitlines()[-1:]}")
         return json.loads(raw_path.read_text())

@@ -31,6 +31,7 @@ from worldpipe.checkpoint.layout import resolve_location
 from worldpipe.commands import RUN_HELP
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.children import start_child
 from worldpipe.core.figures import save_figure
 from worldpipe.measure.energy import EnergyMeter
 from worldpipe.measure.load import run_open_loop
@@ -68,7 +69,7 @@ class Server:
         cmd = [sys.executable, "-m", "worldpipe.cli", "serve", checkpoint, "--port", "0", "--port-file",
                str(port_file), "--max-batch", str(max_batch), "--max-wait-ms", str(wait_ms)]
         with open(workdir / "server.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+            self.proc = start_child(cmd, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 120
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import click
 
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
+from worldpipe.core.children import run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
@@ -123,7 +123,7 @@ def breakdown(events: dict[str, float]) -> dict[str, float]:
 def timed_run(cmd: list[str], env: dict, trace: Path) -> dict[str, float]:
     trace.unlink(missing_ok=True)
     t0 = time.time()
-    proc = subprocess.run(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=600)
+    proc = run_child(cmd, env={**env, TRACE_ENV: str(trace)}, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:3])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return read_trace(trace, t0)
@@ -137,7 +137,7 @@ def contenders(work: Path, store: Path, manifest: Path, env: dict) -> Callable[[
     bare = work / "bare.py"
     bare.write_text(BARE_SCRIPT)
     seed = work / "resume-seed"  # one step and its checkpoint, trained once outside the timings
-    proc = subprocess.run([*train, "trainer.steps=1", "checkpoint.every=1", f"run_dir={seed}"], env=env,
+    proc = run_child([*train, "trainer.steps=1", "checkpoint.every=1", f"run_dir={seed}"], env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"the run to resume from failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -37,7 +37,7 @@ from pathlib import Path
 if __name__ == "__main__":  # by hand: the shared test helpers live one directory up
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from processes import is_alive, wait_gone  # noqa: E402
-from worldpipe.launch.lifeline import die_with_parent  # noqa: E402
+from worldpipe.core.children import die_with_parent  # noqa: E402
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 CONF_MARKER = "# worldpipe test cluster (tests/slurm/localslurm.py); removed when the tests end"

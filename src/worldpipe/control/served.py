@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from worldpipe.control.dynamics import ControlError
-from worldpipe.launch.lifeline import die_with_parent
+from worldpipe.core.children import die_with_parent
 
 START_TIMEOUT_S = 180.0
 

@@ -32,10 +32,11 @@ from omegaconf import DictConfig
 from worldpipe.config.compose import check_override_syntax, compose_config
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core import numerics
+from worldpipe.core.children import die_with_parent
 from worldpipe.core.errors import ERROR_LOG, debug_enabled
 from worldpipe.core.last_words import ENV_VAR, LastWords
 from worldpipe.launch import slurm
-from worldpipe.launch.lifeline import die_with_parent, launcher_environment
+from worldpipe.launch.lifeline import launcher_environment
 from worldpipe.launch.local_run import record_config, run_in_process, runs_in_process
 from worldpipe.launch.preflight import check_data, checked_config, world_size_of
 from worldpipe.launch.relay import OutputRelay

@@ -11,30 +11,15 @@ travel down the chain, and a dying run must not publish in it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 
+from worldpipe.core.children import die_with_parent
 from worldpipe.core.ownership import EXIT_ORPHANED, require_owner
 
 # Set by the launcher in torchrun's environment (and so in every worker's): the pid the chain must lead to.
 LAUNCHER_PID_ENV = "WORLDPIPE_LAUNCHER_PID"
-_PR_SET_PDEATHSIG = 1
-# Resolved once at import, in the parent: a preexec_fn must not dlopen in a freshly forked child.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Have the kernel send ``sig`` to this process when its parent (thread) exits. Linux only; else no-op.
-
-    Safe in a ``preexec_fn``: the setting survives ``exec`` of a non-setuid program.
-    """
-    if _LIBC is None:
-        return
-    if _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
 
 
 def parent_pid_of(pid: int) -> int | None:
