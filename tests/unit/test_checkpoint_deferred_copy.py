@@ -4,10 +4,11 @@ The copy of what ``optimizer.step()`` writes runs on a thread and is awaited by 
 else is copied before ``save`` returns. The published checkpoint must equal the state at the save call.
 """
 
+import pytest
 import torch
 
 from checkpoint_states import example_state
-from worldpipe.checkpoint import CheckpointManager, state_digest
+from worldpipe.checkpoint import CheckpointManager, deferred_copy, state_digest
 from worldpipe.checkpoint.deferred_copy import DeferredCopy, step_mutated
 
 
@@ -33,20 +34,36 @@ def _state(model, opt) -> dict:
 
 def test_step_mutated_selects_parameters_and_optimizer_state_only():
     model, opt = _trained()
-    mutated = step_mutated(opt)
+    mutated = step_mutated(opt, min_bytes=0)
     state = _state(model, opt)
     assert mutated(state["model"]["0.weight"]) and mutated(state["optimizer"]["state"][0]["exp_avg"])
     assert not mutated(state["model"]["1.running_mean"])  # a buffer: forward changes it
     assert not mutated(state["model"]["0.weight"].clone())
 
 
-def test_published_checkpoint_is_the_state_at_save_time(tmp_path):
+def test_a_small_optimizer_state_is_not_deferred():
+    """Below the threshold the training thread copies everything itself (None: no predicate, no copy thread)."""
+    model, opt = _trained()
+    written = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    written += sum(v.untyped_storage().nbytes() for s in opt.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor))
+    assert written < deferred_copy.DEFER_MIN_BYTES
+    assert step_mutated(opt) is None
+    assert step_mutated(opt, min_bytes=written + 1) is None
+    assert step_mutated(opt, min_bytes=written) is not None
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["deferred copy", "copied at once"])
+def test_published_checkpoint_is_the_state_at_save_time(tmp_path, monkeypatch, deferred):
+    if deferred:
+        monkeypatch.setattr(deferred_copy, "DEFER_MIN_BYTES", 0)
     model, opt = _trained()
     state = _state(model, opt)
     expected = state_digest(state)
     running_mean = state["model"]["1.running_mean"].clone()
     with CheckpointManager(tmp_path / "ck", async_save=True) as cm:
         cm.save(1, state, optimizer=opt)
+        assert (cm._copy is not None) == deferred
         for _ in range(3):  # forward changes the buffers at once; the pre-hook holds the optimizer back
             _step(model, opt)
         cm.wait()
