@@ -4,11 +4,11 @@ Same model (the config's), same data (the same store, global sampler and WindowL
 noise, one process and one thread each, measured in one run. Per-step times come from a timestamp written at
 the end of every step (``WORLDPIPE_STARTUP_TRACE``); the marginal time per step is the mean over steps 2..N-1
 (start-up and the always-saved final checkpoint excluded; checkpoints at the cadence included), median over
-rounds whose contender order rotates (:mod:`worldpipe.measure.rounds`). A fixed cost must not read as a per-step
-one, so each contender is reported three ways: ``startup_s`` (from launching the command to the end of its first
-step: imports, data, model, MLflow's run start), ``mean_ms`` (per step over steps 2..N-1) and ``steady_ms`` (per
-step over the second half of them, after the fixed costs have settled: the marginal cost of one more step),
-each with its ratio to the bare loop's; ``paired_steady_ratio_vs_bare`` is the median over rounds of the
+rounds whose contender order changes, balanced over positions and neighbours (:mod:`worldpipe.measure.rounds`).
+A fixed cost must not read as a per-step one, so each contender is reported three ways: ``startup_s`` (from
+launching the command to the end of its first step: imports, data, model, MLflow's run start), ``mean_ms``
+(per step over steps 2..N-1) and ``steady_ms`` (per step over the second half of them, after the fixed costs
+have settled: the marginal cost of one more step), each with its ratio to the bare loop's; ``paired_steady_ratio_vs_bare`` is the median over rounds of the
 contender's steady step over the bare loop's in the same round (adjacent runs: the machine's drift between rounds
 cancels). ``targets`` checks the paired steady ratios against #41's bars (trainer <= 1.03x, trainer + tracking
 <= 1.05x) and the run-level checkpoint overheads against 3.5%. Contenders:
@@ -329,7 +329,7 @@ def main(args: Namespace) -> int:
             print(f"round {round_}: {name:34s} mean {1e3 * sample.times.mean():7.2f} ms/step")
             return sample
 
-        # Fresh run directories every round (no resume); the order rotates (worldpipe.measure.rounds).
+        # Fresh run directories every round (no resume); the order changes (worldpipe.measure.rounds).
         samples = run_rounds(args.rounds, lambda round_: contenders(work, args, round_), measure)
         for name, rounds in samples.items():
             means = [1e3 * float(s.times.mean()) for s in rounds]

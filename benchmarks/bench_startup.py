@@ -16,7 +16,7 @@ same run, each started as a fresh process on a fresh run directory of the tiny s
 * ``bare script`` (baseline) — python imports torch and the model, builds model + AdamW, takes one step on a
   random batch of the same shape. Target: in-process <= 2 s over the bare script.
 
-Contenders run in rounds whose order rotates (:mod:`worldpipe.measure.rounds`); each is summarized by the median
+Contenders run in rounds whose order changes (:mod:`worldpipe.measure.rounds`); each is summarized by the median
 over rounds. The MLflow run start of a background start is an event after the first step
 (``mlflow_run_opened``): reported, not part of the critical path.
 """

@@ -15,7 +15,7 @@ Everything in one process and one run, on ``--threads`` intra-op threads (defaul
 FLOPs of one step come from ``torch.utils.flop_counter.FlopCounterMode`` (matmuls; element-wise work is not
 counted), so ``fraction of peak = FLOPs / step time / peak``. The compiled core's per-step products call BLAS
 below the dispatcher, where the counter does not see them, so an RSSM model's FLOPs (and its matmul floor) are
-those of the python-loop core: the same products on the same operands. Contenders run in rounds whose order rotates
+those of the python-loop core: the same products on the same operands. Contenders run in rounds whose order changes
 (:mod:`worldpipe.measure.rounds`); each is the median over rounds of its per-round mean. Target: the model's
 step at >= 0.4 of the same run's peak. The peak is a best-of (the fastest call); on a busy machine a mean step
 time is not, so ``fraction_of_peak_best`` (the fastest step against the same peak) is reported beside it, and

@@ -1,20 +1,31 @@
-"""Rounds of benchmark contenders (worldpipe.measure.rounds): rotation, sample order, median of round means."""
+"""Rounds of benchmark contenders (worldpipe.measure.rounds): a balanced order, sample order, median of round means."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import pytest
 
-from worldpipe.measure.rounds import median_of_means, rotated, run_rounds
-
-
-def test_every_contender_leads_one_round_in_turn():
-    names = ["bare", "trainer", "tracked"]
-    orders = [rotated(names, r) for r in range(4)]
-    assert [o[0] for o in orders] == ["bare", "trainer", "tracked", "bare"]
-    assert all(sorted(o) == sorted(names) for o in orders)
+from worldpipe.measure.rounds import median_of_means, round_order, run_rounds
 
 
-def test_run_rounds_measures_each_contender_once_per_round_in_rotated_order():
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7])
+def test_each_contender_runs_in_every_position_and_after_every_other_equally_often(count):
+    names = [f"c{i}" for i in range(count)]
+    cycle = 2 * count if count % 2 else count
+    orders = [round_order(names, r) for r in range(cycle)]
+    assert all(sorted(o) == names for o in orders)
+    assert orders[0][0] == names[0] and round_order(names, cycle) == orders[0]
+    positions = Counter((name, o.index(name)) for o in orders for name in names)
+    assert set(positions.values()) == {cycle // count}
+    neighbours = Counter((o[i], o[i + 1]) for o in orders for i in range(count - 1))
+    if count > 1:
+        assert len(neighbours) == count * (count - 1)  # every ordered pair...
+        assert len(set(neighbours.values())) == 1  # ...equally often
+
+
+def test_run_rounds_measures_each_contender_once_per_round_in_the_rounds_order():
     calls = []
 
     def contenders(round_):

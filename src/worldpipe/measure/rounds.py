@@ -1,7 +1,11 @@
-"""Rounds of contenders: every contender runs once per round, in an order that rotates from round to round.
+"""Rounds of contenders: every contender runs once per round, in an order that changes from round to round.
 
-Load drift on a shared machine and caches that warm up over a benchmark then hit every contender alike; each
-contender is summarized by the median over rounds of its per-round mean (one value per round is its own mean).
+The orders are the rows of a Williams design: over n rounds (2n when n is odd) every contender runs once in
+every position and right after every other contender equally often. Load drift on a shared machine, caches that
+warm up over a benchmark, and what a run leaves behind for the next one (a busy disk, a cold or warm page cache)
+then hit every contender alike; a plain rotation would have kept each contender behind the same neighbour in
+every round. Each contender is summarized by the median over rounds of its per-round mean (one value per round
+is its own mean).
 """
 
 from __future__ import annotations
@@ -14,10 +18,21 @@ Spec = TypeVar("Spec")
 Sample = TypeVar("Sample")
 
 
-def rotated(names: Sequence[str], round_: int) -> list[str]:
-    """``names`` starting at position ``round_`` (mod their count), wrapping around."""
-    shift = round_ % len(names)
-    return [*names[shift:], *names[:shift]]
+def round_order(names: Sequence[str], round_: int) -> list[str]:
+    """``names`` in the order of round ``round_``: row ``round_`` of a Williams design over them (cycling)."""
+    count = len(names)
+    first, low, high = [0], 1, count - 1  # 0, 1, n-1, 2, n-2, ...: each difference between neighbours once
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    row = round_ % (2 * count if count % 2 else count)
+    order = [(i + row) % count for i in first]
+    if row >= count:  # odd count: the mirrored rows give every ordered pair of neighbours its turn
+        order = [(i + row - count) % count for i in first][::-1]
+    return [names[i] for i in order]
 
 
 def run_rounds(rounds: int, contenders: Callable[[int], Mapping[str, Spec]],
@@ -30,7 +45,7 @@ def run_rounds(rounds: int, contenders: Callable[[int], Mapping[str, Spec]],
     samples: dict[str, list[Sample]] = {name: [] for name in contenders(0)}
     for round_ in range(rounds):
         specs = contenders(round_)
-        for name in rotated(list(specs), round_):
+        for name in round_order(list(specs), round_):
             samples.setdefault(name, []).append(measure(name, specs[name], round_))
     return samples
 
