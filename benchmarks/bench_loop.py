@@ -10,8 +10,9 @@ launching the command to the end of its first step: imports, data, model, MLflow
 (per step over steps 2..N-1) and ``steady_ms`` (per step over the second half of them, after the fixed costs
 have settled: the marginal cost of one more step), each with its ratio to the bare loop's;
 ``paired_steady_ratio_vs_bare`` is the median over rounds of the contender's steady step over the bare loop's in
-the same round (adjacent runs: the machine's drift between rounds cancels). ``targets`` checks the paired steady ratios against #41's bars (trainer <= 1.03x, trainer + tracking
-<= 1.05x) and the run-level checkpoint overheads against 3.5%. Contenders:
+the same round (adjacent runs: the machine's drift between rounds cancels). ``targets`` checks the paired steady
+ratios against #41's bars (trainer <= 1.03x, trainer + tracking <= 1.05x) and the run-level checkpoint overheads
+against 3.5%. Contenders:
 
 * ``bare loop`` (baseline) — next_batch, noise, forward, backward, clip, AdamW, LR schedule; nothing else;
 * ``trainer``               — `worldpipe train`, tracking off, no checkpoint before the last step;
