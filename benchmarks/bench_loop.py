@@ -12,7 +12,8 @@ have settled: the marginal cost of one more step), each with its ratio to the ba
 ``paired_steady_ratio_vs_bare`` is the median over rounds of the contender's steady step over the bare loop's in
 the same round (adjacent runs: the machine's drift between rounds cancels). ``targets`` checks the paired steady
 ratios against #41's bars (trainer <= 1.03x, trainer + tracking <= 1.05x) and the run-level checkpoint overheads
-against 3.5%. Contenders:
+against 3.5%, each with the median's distribution-free interval over the rounds and a verdict: met, not met, or
+unresolved (the bar inside the interval). Contenders:
 
 * ``bare loop`` (baseline) — next_batch, noise, forward, backward, clip, AdamW, LR schedule; nothing else;
 * ``trainer``               — `worldpipe train`, tracking off, no checkpoint before the last step;
@@ -68,7 +69,7 @@ from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.measure.publish import publish_result
-from worldpipe.measure.rounds import median_of_means, run_rounds
+from worldpipe.measure.rounds import median_interval, median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
 
 BARE_LOOP = """
@@ -221,9 +222,14 @@ def wall_split(parts: list[dict]) -> dict:
     return {**split, "parts_s": total, "wall_s": wall, "cpu_over_wall": sum(p["cpu_s"] for p in parts) / wall}
 
 
+def paired_rounds(with_means: list[float], without_means: list[float]) -> list[float]:
+    """Each round's (with / without - 1), the round's two runs adjacent in time: drift cancels."""
+    return [w / wo - 1 for w, wo in zip(with_means, without_means, strict=True)]
+
+
 def paired_overhead(with_means: list[float], without_means: list[float]) -> float:
-    """Median over rounds of (with / without - 1), each round's two runs adjacent in time: drift cancels."""
-    return float(np.median([w / wo - 1 for w, wo in zip(with_means, without_means, strict=True)]))
+    """Median over rounds of (with / without - 1) (:func:`paired_rounds`)."""
+    return float(np.median(paired_rounds(with_means, without_means)))
 
 
 def run_level_overheads(report: dict, cadence: int) -> None:
@@ -240,7 +246,8 @@ def run_level_overheads(report: dict, cadence: int) -> None:
     for kind, name, key in (("sync", WITH_CHECKPOINTS, "run_level_checkpoint_overhead"),
                             ("async", WITH_ASYNC_CHECKPOINTS, "run_level_async_checkpoint_overhead")):
         report[key] = contenders[name]["mean_ms"] / without["mean_ms"] - 1
-        report[f"{key}_paired"] = paired_overhead(contenders[name]["round_means_ms"], without["round_means_ms"])
+        report[f"{key}_paired_rounds"] = paired_rounds(contenders[name]["round_means_ms"], without["round_means_ms"])
+        report[f"{key}_paired"] = float(np.median(report[f"{key}_paired_rounds"]))
         # The same in the steady state (the second half: as many saves per step, none of the fixed costs).
         report[f"{key}_steady"] = contenders[name]["steady_ms"] / without["steady_ms"] - 1
         split, base = contenders[name].get("wall_split"), without.get("wall_split")
@@ -249,7 +256,8 @@ def run_level_overheads(report: dict, cadence: int) -> None:
                  if split and base else None)
         contenders[name]["checkpoint_share_of_wall"] = share
         # Within each run (no other run compared): the saves' excess over the steps around them (Sample).
-        within = report[f"{key}_within_run"] = median_of_finite(contenders[name].get("round_save_excess_share", []))
+        report[f"{key}_within_run_rounds"] = contenders[name].get("round_save_excess_share", [])
+        within = report[f"{key}_within_run"] = median_of_finite(report[f"{key}_within_run_rounds"])
         print(f"run-level checkpoint overhead, {kind} saves every {cadence} steps: {100 * report[key]:+.2f}% "
               f"(paired by round {100 * report[f'{key}_paired']:+.2f}%"
               + (f", in saves by the trainer's clock {100 * share:.2f}%" if share is not None else "")
@@ -262,15 +270,36 @@ def run_level_overheads(report: dict, cadence: int) -> None:
 def targets(report: dict) -> dict:
     """Each of #41's bars with the figures it is checked on: the paired steady ratios (adjacent runs) for the step;
     for the checkpoint cadence (sync and async), the paired run-level overheads and, where measured, the
-    within-run ones."""
-    checks = {f"{name} steady step / bare loop's": (report["contenders"][name]["paired_steady_ratio_vs_bare"], bar)
-              for name, bar in TARGET_STEADY_RATIO.items()}
+    within-run ones.
+
+    ``met`` compares the median with the bar. Where the rounds are known, ``interval`` is the median's
+    distribution-free interval (:func:`worldpipe.measure.rounds.median_interval`, its ``coverage`` beside it) and
+    ``verdict`` says what the rounds can tell: ``met`` (the whole interval at or under the bar), ``not met`` (the
+    whole interval above it) or ``unresolved`` (the bar inside it: more rounds, or a quieter machine, decide).
+    """
+    checks = {}
+    for name, bar in TARGET_STEADY_RATIO.items():
+        contender = report["contenders"][name]
+        rounds = [1 + r for r in contender["paired_steady_rounds"]] if "paired_steady_rounds" in contender else None
+        checks[f"{name} steady step / bare loop's"] = (contender["paired_steady_ratio_vs_bare"], bar, rounds)
     for kind, key in (("sync", "run_level_checkpoint_overhead"), ("async", "run_level_async_checkpoint_overhead")):
-        checks[f"run-level checkpoint overhead, {kind}, paired"] = (report[f"{key}_paired"], TARGET_RUN_LEVEL_OVERHEAD)
+        checks[f"run-level checkpoint overhead, {kind}, paired"] = (report[f"{key}_paired"], TARGET_RUN_LEVEL_OVERHEAD,
+                                                                    report.get(f"{key}_paired_rounds"))
         if report.get(f"{key}_within_run") is not None:
-            checks[f"run-level checkpoint overhead, {kind}, within run"] = (report[f"{key}_within_run"],
-                                                                           TARGET_RUN_LEVEL_OVERHEAD)
-    return {name: {"value": value, "bar": bar, "met": bool(value <= bar)} for name, (value, bar) in checks.items()}
+            checks[f"run-level checkpoint overhead, {kind}, within run"] = (
+                report[f"{key}_within_run"], TARGET_RUN_LEVEL_OVERHEAD, report.get(f"{key}_within_run_rounds"))
+    return {name: check(value, bar, rounds) for name, (value, bar, rounds) in checks.items()}
+
+
+def check(value: float, bar: float, rounds: list[float | None] | None) -> dict:
+    """One target's entry of :func:`targets`."""
+    entry = {"value": value, "bar": bar, "met": bool(value <= bar)}
+    finite = [r for r in rounds or [] if r is not None and np.isfinite(r)]
+    if finite:
+        low, high, coverage = median_interval(finite)
+        entry.update(interval=[low, high], coverage=coverage,
+                     verdict="met" if high <= bar else "not met" if low > bar else "unresolved")
+    return entry
 
 
 def has_compile_option() -> bool:
@@ -353,7 +382,8 @@ def main(args: Namespace) -> int:
         c["ratio_vs_bare_mean"] = c["mean_ms"] / base["mean_ms"]
         c["marginal_overhead_ms"] = c["mean_ms"] - base["mean_ms"]
         c["steady_ratio_vs_bare"] = c["steady_ms"] / base["steady_ms"]
-        c["paired_steady_ratio_vs_bare"] = 1 + paired_overhead(c["round_steady_ms"], base["round_steady_ms"])
+        c["paired_steady_rounds"] = paired_rounds(c["round_steady_ms"], base["round_steady_ms"])
+        c["paired_steady_ratio_vs_bare"] = 1 + float(np.median(c["paired_steady_rounds"]))
         c["startup_extra_s"] = c["startup_s"] - base["startup_s"]
         print(f"{name:34s} {c['startup_s']:8.2f}s  {c['mean_ms']:7.2f} ms = {c['ratio_vs_bare_mean']:5.3f}x bare  "
               f"{c['steady_ms']:7.2f} ms = {c['steady_ratio_vs_bare']:5.3f}x bare  "
@@ -363,8 +393,10 @@ def main(args: Namespace) -> int:
     report["steady_tracking_ratio"] = report["contenders"]["trainer + tracking"]["steady_ratio_vs_bare"]
     run_level_overheads(report, args.cadence)
     report["targets"] = targets(report)
-    for name, check in report["targets"].items():
-        print(f"target {name}: {check['value']:.4f} against {check['bar']} ({'met' if check['met'] else 'NOT met'})")
+    for name, entry in report["targets"].items():
+        print(f"target {name}: {entry['value']:.4f} against {entry['bar']} ({'met' if entry['met'] else 'NOT met'}"
+              + (f"; {entry['coverage']:.0%} interval of the median {entry['interval'][0]:.4f}.."
+                 f"{entry['interval'][1]:.4f}: {entry['verdict']}" if "interval" in entry else "") + ")")
     for name, c in report["contenders"].items():
         if "wall_split" in c:
             w = c["wall_split"]

@@ -111,6 +111,33 @@ def test_targets_check_the_paired_figures_against_the_issues_bars(bench_loop):
     assert checks["run-level checkpoint overhead, async, paired"]["met"] is False
 
 
+def test_targets_say_whether_the_rounds_can_tell_met_from_not_met(bench_loop):
+    """The median's interval decides: wholly under the bar is met, wholly above it not met, across it unresolved.
+    Ten rounds scattered by +-5 points around a 2.8% cost (the whole-run noise measured on a 2-core VM) cannot
+    settle a 3.5% bar, whatever their median says; rounds within +-0.5 points can."""
+    bare = [4.0] * 10
+    report = {"contenders": {
+        "trainer": {"paired_steady_ratio_vs_bare": 1.01,
+                    "paired_steady_rounds": bench_loop.paired_rounds([4.04] * 9 + [4.4], bare)},
+        "trainer + tracking": {"paired_steady_ratio_vs_bare": 1.08,
+                               "paired_steady_rounds": bench_loop.paired_rounds([4.32] * 10, bare)}},
+        "run_level_checkpoint_overhead_paired": 0.028,
+        "run_level_checkpoint_overhead_paired_rounds": [0.028 + d for d in (-.05, -.03, -.02, -.01, 0, 0, .01, .02,
+                                                                             .03, .05)],
+        "run_level_checkpoint_overhead_within_run": 0.027,
+        "run_level_checkpoint_overhead_within_run_rounds": [0.027 + d for d in (-.005, -.002, 0, .002, .005)] + [None],
+        "run_level_async_checkpoint_overhead_paired": 0.03}
+    checks = bench_loop.targets(report)
+    trainer = checks["trainer steady step / bare loop's"]
+    assert trainer["verdict"] == "met" and trainer["interval"] == pytest.approx([1.01, 1.01])  # one outlier round
+    assert checks["trainer + tracking steady step / bare loop's"]["verdict"] == "not met"
+    paired = checks["run-level checkpoint overhead, sync, paired"]
+    assert paired["met"] is True and paired["verdict"] == "unresolved"
+    assert paired["interval"] == pytest.approx([-0.002, 0.058]) and paired["coverage"] == pytest.approx(0.9785, abs=1e-4)
+    assert checks["run-level checkpoint overhead, sync, within run"]["verdict"] == "met"  # None rounds left out
+    assert "verdict" not in checks["run-level checkpoint overhead, async, paired"]  # no rounds given: no interval
+
+
 def test_within_run_excess_counts_a_save_and_the_steps_it_slows_after_it(bench_loop):
     """Steps of 4 ms; each save every 50 steps takes 2 ms on its own step and slows the next five by 0.1 ms:
     2.5 ms per 50 steps of 4 ms is 1.25%, whatever another run of the same contender took."""

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from worldpipe.measure.rounds import median_of_means, round_order, run_rounds
+from worldpipe.measure.rounds import median_interval, median_of_means, round_order, run_rounds
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7])
@@ -44,3 +44,17 @@ def test_run_rounds_measures_each_contender_once_per_round_in_the_rounds_order()
 def test_median_of_means_takes_each_rounds_mean_then_the_median():
     assert median_of_means([np.array([1.0, 2.0]), np.array([3.0, 5.0]), np.array([10.0])]) == 4.0
     assert median_of_means([2.5, 0.5, 9.0, 1.5]) == 2.0  # numbers are rounds of one value; even count: midpoint
+
+
+def test_the_median_interval_takes_order_statistics_with_the_coverage_asked():
+    # 10 rounds: the 2nd smallest and 2nd largest cover the median with chance 1 - 2 * 11/1024 = 0.979; the 3rd
+    # pair only 0.891, short of 0.9.
+    low, high, coverage = median_interval([7, 1, 9, 3, 5, 2, 10, 4, 8, 6])
+    assert (low, high) == (2, 9) and coverage == pytest.approx(1 - 22 / 1024)
+    assert median_interval(range(1, 11), confidence=0.85)[:2] == (3, 8)
+    assert median_interval([3, 1, 2, 5, 4])[:2] == (1, 5)  # 5 rounds: the extremes, 0.9375
+    low, high, coverage = median_interval([2.0, 1.0, 3.0])  # too few for 0.9: the extremes, saying so
+    assert (low, high) == (1.0, 3.0) and coverage == pytest.approx(0.75)
+    assert median_interval([4.0]) == (4.0, 4.0, 0.0)
+    with pytest.raises(ValueError):
+        median_interval([])

@@ -10,6 +10,7 @@ is its own mean).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
@@ -53,3 +54,24 @@ def run_rounds(rounds: int, contenders: Callable[[int], Mapping[str, Spec]],
 def median_of_means(rounds: Iterable[float | Iterable[float]]) -> float:
     """Median over rounds of each round's mean (a number is a round of one value, or its mean already)."""
     return statistics.median(float(r) if isinstance(r, int | float) else statistics.fmean(r) for r in rounds)
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of what ``values`` sample: ``(low, high, coverage)``.
+
+    The k-th smallest and k-th largest values, k as large as keeps the coverage (the chance that the interval
+    holds the median, for independent rounds of any distribution) at ``confidence`` or more. With too few values
+    for that, the smallest and the largest, with the coverage they have (3 rounds: 0.75).
+    """
+    ordered = sorted(float(v) for v in values)
+    count = len(ordered)
+    if count == 0:
+        raise ValueError("no values")
+
+    def coverage(k: int) -> float:  # 1 - 2 P(Binomial(count, 1/2) <= k - 1)
+        return 1 - 2 * sum(math.comb(count, i) for i in range(k)) / 2 ** count
+
+    k = 1
+    while k + 1 <= (count + 1) // 2 and coverage(k + 1) >= confidence:
+        k += 1
+    return ordered[k - 1], ordered[count - k], coverage(k)
