@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Any
 
 _MAX_WRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # buffers per writev call
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -45,35 +44,12 @@ def write_all(fd: int, buffer: Any) -> None:
         view = view[written:]
 
 
-def write_all_gathered(fd: int, buffers: Iterable[Any]) -> None:
-    """Write ``buffers`` to ``fd`` in order, many per ``writev`` call, resuming partial writes.
-
-    A checkpoint file is a few hundred small tensor segments: one system call per segment cost ~1 ms per save.
-    """
-    views = [view for view in (memoryview(buffer).cast("B") for buffer in buffers) if len(view)]
-    start = 0
-    while start < len(views):
-        batch, size = [], 0
-        for view in views[start:start + _IOV_MAX]:
-            if batch and size + len(view) > _MAX_WRITE:
-                break
-            batch.append(view[:_MAX_WRITE])
-            size += len(batch[-1])
-        written = os.writev(fd, batch)
-        if written <= 0:
-            raise OSError(f"writev on descriptor {fd} wrote nothing")
-        while written and written >= len(views[start]):  # drop the views written whole
-            written -= len(views[start])
-            start += 1
-        if written:  # resume inside a view the call wrote part of
-            views[start] = views[start][written:]
-
-
 def write_file(path: str | os.PathLike, buffers: Iterable[Any]) -> int:
     """Create ``path`` (must not exist), write ``buffers``; return the open descriptor (not yet fsynced)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        write_all_gathered(fd, buffers)
+        for buffer in buffers:
+            write_all(fd, buffer)
     except BaseException:
         os.close(fd)
         raise
