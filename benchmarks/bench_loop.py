@@ -229,7 +229,7 @@ def paired_rounds(with_means: list[float], without_means: list[float]) -> list[f
 
 def paired_overhead(with_means: list[float], without_means: list[float]) -> float:
     """Median over rounds of (with / without - 1) (:func:`paired_rounds`)."""
-    return float(np.median(paired_rounds(with_means, without_means)))
+    return median_of_finite(paired_rounds(with_means, without_means))
 
 
 def run_level_overheads(report: dict, cadence: int) -> None:
@@ -247,7 +247,7 @@ def run_level_overheads(report: dict, cadence: int) -> None:
                             ("async", WITH_ASYNC_CHECKPOINTS, "run_level_async_checkpoint_overhead")):
         report[key] = contenders[name]["mean_ms"] / without["mean_ms"] - 1
         report[f"{key}_paired_rounds"] = paired_rounds(contenders[name]["round_means_ms"], without["round_means_ms"])
-        report[f"{key}_paired"] = float(np.median(report[f"{key}_paired_rounds"]))
+        report[f"{key}_paired"] = median_of_finite(report[f"{key}_paired_rounds"])
         # The same in the steady state (the second half: as many saves per step, none of the fixed costs).
         report[f"{key}_steady"] = contenders[name]["steady_ms"] / without["steady_ms"] - 1
         split, base = contenders[name].get("wall_split"), without.get("wall_split")
@@ -383,7 +383,7 @@ def main(args: Namespace) -> int:
         c["marginal_overhead_ms"] = c["mean_ms"] - base["mean_ms"]
         c["steady_ratio_vs_bare"] = c["steady_ms"] / base["steady_ms"]
         c["paired_steady_rounds"] = paired_rounds(c["round_steady_ms"], base["round_steady_ms"])
-        c["paired_steady_ratio_vs_bare"] = 1 + float(np.median(c["paired_steady_rounds"]))
+        c["paired_steady_ratio_vs_bare"] = 1 + median_of_finite(c["paired_steady_rounds"])
         c["startup_extra_s"] = c["startup_s"] - base["startup_s"]
         print(f"{name:34s} {c['startup_s']:8.2f}s  {c['mean_ms']:7.2f} ms = {c['ratio_vs_bare_mean']:5.3f}x bare  "
               f"{c['steady_ms']:7.2f} ms = {c['steady_ratio_vs_bare']:5.3f}x bare  "
