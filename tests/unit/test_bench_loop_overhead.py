@@ -152,3 +152,35 @@ def test_within_run_excess_counts_a_save_and_the_steps_it_slows_after_it(bench_l
     assert bench_loop.Sample(np.full(400, step), None).save_excess_share(cadence) == pytest.approx(0.0)
     assert np.isnan(bench_loop.Sample(times[:30], None).save_excess_share(cadence))  # no whole window
     assert bench_loop.median_of_finite([None, 0.01, 0.03, float("nan")]) == pytest.approx(0.02)
+
+
+def test_runs_saving_ten_times_as_often_give_the_whole_run_overhead_at_one_tenth_the_noise(bench_loop, capsys):
+    """Runs saving every 25 steps pay 99 saves in the 2,498 timed steps of a 2,500-step run: their paired overhead,
+    scaled to one save per 250 steps, is the default cadence's; a round's +-5% noise shrinks with the scale."""
+    without = [10.0, 20.0, 40.0, 10.0, 20.0]
+    noise = [0.05, -0.05, 0.0, 0.02, -0.02]
+    dense = {**_contender([t * (1.28 + n) for t, n in zip(without, noise, strict=True)]), "checkpoint_every": 25}
+    report = {"steps": 2500, "contenders": {
+        bench_loop.WITHOUT_CHECKPOINTS: _contender(without),
+        bench_loop.WITH_CHECKPOINTS: _contender([t * (1.028 + n) for t, n in zip(without, noise, strict=True)]),
+        bench_loop.WITH_ASYNC_CHECKPOINTS: _contender([1.03 * t for t in without]),
+        bench_loop.amplified(bench_loop.WITH_CHECKPOINTS, 10): dense}}
+    bench_loop.run_level_overheads(report, 250, amplify=10)
+    scale = 2498 / (99 * 250)
+    assert report["run_level_checkpoint_overhead_amplified"] == pytest.approx(0.28 * scale)
+    assert report["run_level_checkpoint_overhead_amplified_rounds"] == pytest.approx(
+        [(0.28 + n) * scale for n in noise])
+    assert "run_level_async_checkpoint_overhead_amplified" not in report  # no dense async runs
+    assert "every 25 steps scaled to one save per 250: +2.83%" in capsys.readouterr().out
+    report["contenders"]["trainer"] = report["contenders"]["trainer + tracking"] = {
+        "paired_steady_ratio_vs_bare": 1.0}
+    checks = bench_loop.targets(report)
+    assert checks["run-level checkpoint overhead, sync, paired"]["verdict"] == "unresolved"  # 2.8% +- 5 points
+    amplified = checks["run-level checkpoint overhead, sync, whole run amplified"]
+    assert amplified["met"] is True and amplified["verdict"] == "met"  # 2.83% +- 0.5 points
+    assert "run-level checkpoint overhead, async, whole run amplified" not in checks
+
+
+def test_saves_timed_counts_the_cadence_saves_between_the_first_and_the_final_step(bench_loop):
+    assert [bench_loop.saves_timed(2500, c) for c in (250, 25, 2500, 1)] == [9, 99, 0, 2498]
+    assert bench_loop.amplified_cadence(250, 10) == 25 and bench_loop.amplified_cadence(250, 0) is None
