@@ -293,9 +293,9 @@ def run_level_overheads(report: dict, cadence: int, amplify: int = 0) -> None:
               + (f", the first save's fixed extra {extra:.2f} s" if (extra := contenders[name]["first_save_extra_s"])
                  is not None else ""))
         dense = contenders.get(amplified(name, amplify))
-        if dense is not None:
+        if dense is not None and (saves := saves_timed(report["steps"], dense["checkpoint_every"])):
             # One save per default cadence: the dense runs' per-save cost over ``cadence`` steps.
-            scale = (report["steps"] - 2) / (saves_timed(report["steps"], dense["checkpoint_every"]) * cadence)
+            scale = (report["steps"] - 2) / (saves * cadence)
             report[f"{key}_amplified_rounds"] = [scale * r for r in paired_rounds(dense["round_means_ms"],
                                                                                   without["round_means_ms"])]
             report[f"{key}_amplified"] = median_of_finite(report[f"{key}_amplified_rounds"])

@@ -172,6 +172,10 @@ def test_runs_saving_ten_times_as_often_give_the_whole_run_overhead_at_one_tenth
         [(0.28 + n) * scale for n in noise])
     assert "run_level_async_checkpoint_overhead_amplified" not in report  # no dense async runs
     assert "every 25 steps scaled to one save per 250: +2.83%" in capsys.readouterr().out
+    short = {**report, "steps": 20}  # no save every 25 among 20 steps: no figure rather than a division by zero
+    short.pop("run_level_checkpoint_overhead_amplified")
+    bench_loop.run_level_overheads(short, 250, amplify=10)
+    assert "run_level_checkpoint_overhead_amplified" not in short
     report["contenders"]["trainer"] = report["contenders"]["trainer + tracking"] = {
         "paired_steady_ratio_vs_bare": 1.0}
     checks = bench_loop.targets(report)
