@@ -127,6 +127,7 @@ class LocalSlurmCluster:
         d = self.workdir
         host = socket.gethostname()
         ctld_port, slurmd_ports = free_port(), [free_port() for _ in self.nodes]
+        self.ctld_port = ctld_port
         lines = [
             CONF_MARKER,
             "ClusterName=worldpipe",
@@ -298,6 +299,11 @@ class LocalSlurmCluster:
                 proc.kill()
                 proc.wait(timeout=10)
         self._procs.clear()
+        # proctrack/linuxproc follows parents: a job's process whose parent exited (a job step hung at exit, a
+        # setsid) is no longer the job's and survives scancel and slurmd. Every process a job of this cluster
+        # started carries the controller's port in its environment; those still running stop here, by PID.
+        if getattr(self, "ctld_port", None) is not None:
+            _stop_pids(job_processes(self.ctld_port))
         self._restore_conf()
         STATE_FILE.unlink(missing_ok=True)
 
@@ -334,6 +340,26 @@ def _pid_file_daemons(conf: Path) -> list[int]:
         with contextlib.suppress(OSError, ValueError):
             pids.append(int(Path(name).read_text().split()[0]))
     return pids
+
+
+def job_processes(ctld_port: int) -> set[int]:
+    """PIDs of the processes started by jobs of the cluster whose controller listens on ``ctld_port``
+    (``SLURM_WORKING_CLUSTER=<name>:<host>:<port>:...`` in their environment), wherever they were reparented."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"SLURM_WORKING_CLUSTER="):
+                fields = item.split(b"=", 1)[1].split(b":")
+                if len(fields) > 2 and fields[2] == str(ctld_port).encode():
+                    found.add(int(entry.name))
+                break
+    return found
 
 
 def _stop_pids(pids: set[int]) -> set[int]:
