@@ -14,9 +14,7 @@ def pids_with_arg(fragment: str, cwd: Path | None = None) -> set[int]:
     working directory, so a run hash alone also matches another test's pipeline of the same config.
     """
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in _processes():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             if cwd is not None and not Path(os.readlink(entry / "cwd")).is_relative_to(cwd):
@@ -26,6 +24,27 @@ def pids_with_arg(fragment: str, cwd: Path | None = None) -> set[int]:
         if any(fragment.encode() in arg for arg in argv) and is_alive(int(entry.name)):
             found.add(int(entry.name))
     return found
+
+
+def pids_with_env(variable: str, matches) -> set[int]:
+    """PIDs of live processes whose environment sets ``variable`` to a value for which ``matches(value)`` holds
+    (the environment they started with: what they inherited, wherever they were reparented since)."""
+    prefix = f"{variable}=".encode()
+    found = set()
+    for entry in _processes():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        value = next((item[len(prefix):] for item in environ if item.startswith(prefix)), None)
+        if value is not None and matches(value.decode(errors="replace")) and is_alive(int(entry.name)):
+            found.add(int(entry.name))
+    return found
+
+
+def _processes():
+    """The /proc entries of processes."""
+    return (entry for entry in Path("/proc").iterdir() if entry.name.isdigit())
 
 
 def is_alive(pid: int) -> bool:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 if __name__ == "__main__":  # by hand: the shared test helpers live one directory up
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from processes import is_alive, wait_gone  # noqa: E402
+from processes import is_alive, pids_with_env, wait_gone  # noqa: E402
 from worldpipe.core.children import die_with_parent  # noqa: E402
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
@@ -345,21 +345,7 @@ def _pid_file_daemons(conf: Path) -> list[int]:
 def job_processes(ctld_port: int) -> set[int]:
     """PIDs of the processes started by jobs of the cluster whose controller listens on ``ctld_port``
     (``SLURM_WORKING_CLUSTER=<name>:<host>:<port>:...`` in their environment), wherever they were reparented."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in environ:
-            if item.startswith(b"SLURM_WORKING_CLUSTER="):
-                fields = item.split(b"=", 1)[1].split(b":")
-                if len(fields) > 2 and fields[2] == str(ctld_port).encode():
-                    found.add(int(entry.name))
-                break
-    return found
+    return pids_with_env("SLURM_WORKING_CLUSTER", lambda value: value.split(":")[2:3] == [str(ctld_port)])
 
 
 def _stop_pids(pids: set[int]) -> set[int]:
