@@ -91,15 +91,20 @@ def locate(args: Namespace, step: int | None = None):
     return Location(where.root, where.step if step is None else step)
 
 
-def pin_recorded_numerics(where) -> None:
-    """Pin the numerics config recorded with the checkpoint at ``where`` (a resolved location: its step, else
-    the newest) in this process, so a portable run is evaluated or served on its own code paths
-    (:mod:`worldpipe.core.numerics`)."""
+def recorded_identity(where) -> dict:
+    """The run identity recorded with the checkpoint at ``where`` (a resolved location: its step, else the
+    newest; {} when there is none), read from its manifest without loading the state."""
     from worldpipe.checkpoint.layout import latest_identity, step_identity
+
+    return latest_identity(where.root) if where.step is None else step_identity(where.root, where.step)
+
+
+def pin_recorded_numerics(where) -> None:
+    """Pin the numerics config recorded with the checkpoint at ``where`` (:func:`recorded_identity`) in this
+    process, so a portable run is evaluated or served on its own code paths (:mod:`worldpipe.core.numerics`)."""
     from worldpipe.core import numerics
 
-    identity = latest_identity(where.root) if where.step is None else step_identity(where.root, where.step)
-    numerics.pin(identity.get("config", {}).get("numerics"))
+    numerics.pin(recorded_identity(where).get("config", {}).get("numerics"))
 
 
 def group(name: str, help_text: str) -> click.Group:

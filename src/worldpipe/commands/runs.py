@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from worldpipe.commands import command, group, overrides
+from worldpipe.core.errors import UsageError
 
 
 def register(cli: click.Group) -> None:
@@ -46,13 +47,11 @@ def _list(args) -> int:
 
     root = Path(args.runs_dir or paths.layout()["runs"])
     if not root.is_dir():
-        print(f"error: no runs directory {root}", file=sys.stderr)
-        return 1
+        raise UsageError(f"no runs directory {root} (train a run first, or give --runs-dir)")
     names = args.experiments or sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     missing = [name for name in names if not (root / name).is_dir()]
     if missing:
-        print(f"error: no runs of {', '.join(missing)} under {root}", file=sys.stderr)
-        return 1
+        raise UsageError(f"no runs of {', '.join(missing)} under {root}")
     for name in names:
         print(name)
         previous = None
@@ -71,8 +70,7 @@ def _status(args) -> int:
     import time
 
     if args.watch is not None and args.watch <= 0:
-        print("error: --watch takes a number of seconds > 0", file=sys.stderr)
-        return 2
+        raise UsageError(f"--watch takes a number of seconds > 0, got {args.watch:g}")
     while True:
         code, running = _status_table(args)
         if args.watch is None or code != 0 or not running:
@@ -96,8 +94,7 @@ def _status_table(args) -> tuple[int, bool]:
         dirs = [Path(d) for d in args.run_dirs]
         missing = [str(d) for d in dirs if last_progress(d) is None]
         if missing:
-            print(f"error: no progress record ({paths.PROGRESS_RECORD}) in {', '.join(missing)}", file=sys.stderr)
-            return 1, False
+            raise UsageError(f"no progress record ({paths.PROGRESS_RECORD}) in {', '.join(missing)}")
     else:
         dirs = progress_run_dirs([Path(args.runs_dir or layout["runs"]), Path(args.sweeps_dir or layout["sweeps"])])
     now, rows, any_running = time.time(), [], False

@@ -44,9 +44,8 @@ def _points(args) -> int:
             raise SweepError("declares no `sweep`")
         # Checked as the Snakefile checks it: every point composed and validated as a single run.
         points = check_sweep(config, paths.conf_dir())
-    except SweepError as err:
-        print(f"error: {args.configfile}: {err}", file=sys.stderr)
-        return 2
+    except SweepError as err:  # a usage error (exit 2), named by the file it is in
+        raise SweepError(f"{args.configfile}: {err}") from None
     for point in points:
         print(f"{point.name}\t{' '.join(point.overrides)}")
     return 0

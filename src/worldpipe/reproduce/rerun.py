@@ -27,6 +27,7 @@ from pathlib import Path
 
 from worldpipe.config import paths
 from worldpipe.core import numerics
+from worldpipe.core.errors import EXIT_EQUIVALENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from worldpipe.core.locations import local_path
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
 from worldpipe.reproduce.drift import RerunError, check_code
@@ -48,7 +49,8 @@ from worldpipe.tracking.history import (
 from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS, numerics_from_tags
 
-EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR, EXIT_EQUIVALENT = 0, 1, 2, 3
+# The CLI's exit statuses (worldpipe.core.errors), by what a rerun concludes.
+EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR = EXIT_OK, EXIT_FAILURE, EXIT_USAGE
 # Segments of the open-loop comparison of both final models (the pipeline's evaluation defaults).
 EQUIVALENCE_CONTEXT, EQUIVALENCE_HORIZON = 4, 8
 
