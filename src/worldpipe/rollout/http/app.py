@@ -39,7 +39,9 @@ DOCS_ASSETS = "/docs-assets"
 
 
 def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
-    """A float32 [n, k] tensor from JSON rows; ragged rows are an InputError at ``loc``."""
+    """A float32 [n, k] tensor from JSON rows; no rows, or ragged ones, are an InputError at ``loc``."""
+    if not rows:
+        raise InputError(loc, "is empty: give at least one row")
     try:
         return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), -1)
     except (ValueError, RuntimeError) as err:  # ragged rows
@@ -169,11 +171,7 @@ def _routes(app: FastAPI) -> None:
         t0 = time.perf_counter()
         context = (as_matrix(body.context.obs, ("context", "obs")),
                    as_matrix(body.context.action, ("context", "action")))
-        try:
-            sequences = torch.tensor(body.candidates, dtype=torch.float32)
-        except (ValueError, RuntimeError) as err:  # ragged
-            raise InputError(("candidates",), f"must be [N, H, act_dim] with equal lengths ({err})") from None
-        result = service().imagine_candidates(*context, sequences, body.model_version)
+        result = service().imagine_candidates(*context, body.candidates, body.model_version)
         result["rewards"] = result["rewards"].tolist()
         result["timing"]["handler_s"] = time.perf_counter() - t0
         return result
