@@ -272,7 +272,17 @@ def complete(argv: list[str], commands: Sequence[str]) -> int:
     line = os.environ.get("COMP_LINE", "")
     words = line.split()
     if len(words) >= 2 and words[1] == "train" and (len(words) > 2 or line.endswith(" ")):
+        import contextlib
+        import io
+
+        from worldpipe.config.schema import SCHEMA_NAME
+
         os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]]) + (" " if line.endswith(" ") else "")
-        return _hydra_app(argv)
+        answer = io.StringIO()
+        with contextlib.redirect_stdout(answer):
+            code = _hydra_app(argv)
+        # A group's schema is what its options extend, never an option (config.compose refuses it too).
+        print(" ".join(w for w in answer.getvalue().split() if w.rpartition("=")[2] != SCHEMA_NAME))
+        return code
     print(" ".join(sorted(commands)))
     return 0
