@@ -5,6 +5,8 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
+from worldpipe.pipeline.config_check import refuse, schema_problem
+
 min_version("9.0")
 
 
@@ -16,7 +18,11 @@ configfile: os.path.join(workflow.basedir, "conf", "pipeline", "default.yaml")
 # out keeps the defaults').
 if "control" in config and config["control"] is None:
     del config["control"]
-validate(config, "workflow/schemas/config.schema.yaml")
+# One line naming the key, else Snakemake's validate (which also fills in the schema's defaults).
+CONFIG_SCHEMA = "workflow/schemas/config.schema.yaml"
+if problem := schema_problem(config, os.path.join(workflow.basedir, CONFIG_SCHEMA)):
+    refuse(f"pipeline config: {problem}")
+validate(config, CONFIG_SCHEMA)
 
 
 report: "workflow/report/workflow.rst"
