@@ -81,7 +81,7 @@ def test_runs_list_shows_each_run_with_what_changed(workdir, capsys):
     assert [row.split()[0] for row in rows] == [first.name, second.name]
     assert rows[1].endswith("<- latest")
     assert "      trainer.lr: 0.001 -> 0.0003" in out
-    assert main(["runs", "list", "no_such_experiment"]) == 1
+    assert main(["runs", "list", "no_such_experiment"]) == 2  # bad input
 
 
 def _finished(run_dir: Path) -> None:
@@ -164,7 +164,7 @@ def test_runs_status_shows_running_and_recent_runs_from_their_progress_records(w
         assert str(old.relative_to(workdir)) in capsys.readouterr().out
     finally:
         spool.release_active()
-    assert main(["runs", "status", str(workdir / "nothing")]) == 1
+    assert main(["runs", "status", str(workdir / "nothing")]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no progress record" in err and "nothing" in err
 

@@ -44,10 +44,9 @@ def register(cli: click.Group) -> None:
 
 
 def _config(args):
+    from worldpipe.core.errors import UsageError
     from worldpipe.rollout.batcher import BatchPolicy
     from worldpipe.rollout.service import Limits, ServiceConfig
-
-    from worldpipe.core.errors import UsageError
 
     for name in ("max_batch", "max_horizon", "max_context", "max_request_bytes", "cache_entries", "threads"):
         if getattr(args, name) < 1:

@@ -13,8 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
+
 from worldpipe.control.dynamics import TRUE_SIMULATORS, ControlError
 from worldpipe.core.errors import UsageError
+from worldpipe.data.environments import env_dims
+from worldpipe.data.manifest import load_manifest
+from worldpipe.data.policies import policies_for
+from worldpipe.models import observation_key
+from worldpipe.models.restore import DIMS_KEY
 
 
 class ControlSettingsError(ControlError, UsageError):
@@ -33,8 +40,6 @@ class RecordedEnv:
 def recorded_env(identity: Mapping[str, Any]) -> RecordedEnv:
     """The env and policy of the dataset a checkpoint's run trained on (its ``data.manifest``'s spec); None for
     each where the checkpoint records no readable manifest."""
-    from worldpipe.data.manifest import load_manifest
-
     manifest = ((identity.get("config") or {}).get("data") or {}).get("manifest")
     if not isinstance(manifest, str) or not manifest:
         return RecordedEnv(None, None, "the checkpoint records no dataset manifest")
@@ -72,11 +77,6 @@ def check_counts(max_steps: int, episodes: int, context: int, http_episodes: int
 def check_env(env_id: str, policy: str, identity: Mapping[str, Any]) -> None:
     """The environment exists, has the model's observation and action widths, has a true simulator (the
     ceiling), and has the behaviour policy."""
-    import gymnasium as gym
-
-    from worldpipe.data.environments import env_dims
-    from worldpipe.data.policies import policies_for
-
     supported = ", ".join(TRUE_SIMULATORS)
     try:
         dims = env_dims(env_id)
@@ -95,9 +95,6 @@ def check_env(env_id: str, policy: str, identity: Mapping[str, Any]) -> None:
 
 def _check_model_fits(env_id: str, dims, identity: Mapping[str, Any]) -> None:
     """The model acts with the env's action width and (a state model) observes its observation width."""
-    from worldpipe.models import observation_key
-    from worldpipe.models.restore import DIMS_KEY
-
     recorded = identity.get(DIMS_KEY) or {}
     if "obs_dim" not in recorded or "act_dim" not in recorded:
         return  # an older checkpoint: its widths are known only once the model is loaded
