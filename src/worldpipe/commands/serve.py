@@ -80,17 +80,22 @@ def _serve(args) -> int:
 
 
 def _rollout(args) -> int:
+    from worldpipe.core.errors import UsageError
+
+    try:  # before the service's imports: the cheapest refusal first
+        request = Path(args.request).read_text()
+    except OSError as err:
+        raise UsageError(f"--request {args.request}: cannot read it ({err.strerror})") from None
     from pydantic import ValidationError
 
     from worldpipe.core.atomic import write_text_atomic
-    from worldpipe.core.errors import UsageError
     from worldpipe.rollout.engine import Sampling
     from worldpipe.rollout.http.app import as_matrix, jsonable
     from worldpipe.rollout.http.schemas import RolloutIn
     from worldpipe.rollout.service import InputError, RolloutService, ServiceConfig
 
     try:
-        body = RolloutIn.model_validate_json(Path(args.request).read_text())
+        body = RolloutIn.model_validate_json(request)
     except ValidationError as err:
         first = err.errors()[0]
         raise UsageError(f"{args.request}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

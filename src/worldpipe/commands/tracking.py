@@ -122,6 +122,10 @@ def _status(args) -> int:
     from worldpipe.tracking.spool import Spool
 
     spool = Spool(args.run_dir)
+    if not spool.journal.exists():
+        from worldpipe.core.errors import UsageError
+
+        raise UsageError(f"{spool.journal} does not exist (no records spooled in {args.run_dir})")
     state = spool.state()
     pending = spool.pending()
     print(f"run_id: {state['run_id']}\nuri: {state['uri'] or _last_open(spool).get('uri')}\n"

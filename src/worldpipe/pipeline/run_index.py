@@ -91,7 +91,7 @@ def end(run_dir: str | os.PathLike, exit_code: int) -> None:
     path = Path(run_dir) / paths.RUN_RECORD
     record = _read_json(path)
     if record is None or not record.get("attempts"):
-        raise FileNotFoundError(f"{path}: no run record with a started attempt")
+        raise RunDirMismatch(f"{path}: no run record with a started attempt (`worldpipe runs begin` records one)")
     record["attempts"][-1].update(exit_code=exit_code, ended_at=_now())
     write_text_atomic(path, json.dumps(record, indent=2, default=str))
 
