@@ -111,6 +111,9 @@ def test_shell_completion_script_and_answers(monkeypatch, capsys):
     # worldpipe train's arguments: Hydra's completion of config keys.
     keys = _complete(monkeypatch, capsys, "bash_complete", words="worldpipe train trainer.l")
     assert "plain,trainer.lr=" in keys.split()
+    # A group's schema is what its options extend, never offered as one.
+    options = _complete(monkeypatch, capsys, "bash_complete", words="worldpipe train numerics=").split()
+    assert options == ["plain,numerics=native", "plain,numerics=portable"], options
 
 
 def test_plumbing_the_rules_call_is_left_out_of_users_help(capsys):
