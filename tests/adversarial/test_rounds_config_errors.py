@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from test_refusals_cli import dry_run
 
 pytestmark = pytest.mark.integration

@@ -120,7 +120,7 @@ def test_begin_refuses_a_run_another_process_trains_in_and_changes_nothing(workd
         before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
         rc = main(["runs", "begin", str(run_dir), "--dataset-spec-hash", run.dataset.spec_hash,
                    *launch_overrides(run)])
-        assert rc == 2
+        assert rc == 1  # in use, as `worldpipe train` says it (docs/troubleshooting.md#exit-statuses)
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and f"in use by pid {holder.pid} " in err[0]
         assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before

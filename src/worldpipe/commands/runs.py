@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -141,17 +140,10 @@ def _status_row(run_dir: Path, progress: dict, state: str, running: bool, now: f
 
 
 def _begin(args) -> int:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from worldpipe.pipeline.run_index import begin
 
-    from worldpipe.launch.run_lock import RunLocked
-    from worldpipe.pipeline.run_index import RunDirMismatch, begin
-
-    try:
-        record = begin(args.run_dir, args.dataset_spec_hash, args.overrides)
-    except (RunDirMismatch, RunLocked, HydraException, OmegaConfBaseException) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    # A run directory in use is exit 1, as `worldpipe train` says it; a config or directory that does not fit, 2.
+    record = begin(args.run_dir, args.dataset_spec_hash, args.overrides)
     print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}")
     return 0
 
