@@ -123,3 +123,22 @@ def test_the_convention_is_written_once_and_linked(repo: Path):
     assert "## Exit statuses" in docs["troubleshooting.md"]
     for page in ("reproducibility.md", "numerics.md", "control.md"):
         assert "troubleshooting.md#exit-statuses" in docs[page], page
+
+
+def test_a_step_or_window_that_is_not_there_is_bad_input(tmp_path, smoke_dataset, capsys):
+    """In-process (the same code as the CLI): a RUN's step that does not exist, and context + horizon longer than
+    every held-out episode, are refusals naming what to change, not a failed check or a bug."""
+    from worldpipe.cli import main
+    from worldpipe.rollout.demo import publish_demo_checkpoint
+
+    publish_demo_checkpoint(tmp_path / "run" / "checkpoints", step=1)
+    store, manifest = smoke_dataset
+    for argv, needles in (
+        (["ckpt", "digest", str(tmp_path / "run"), "--step", "99"], ["no checkpoint step 99", "(steps: 1)"]),
+        (["evaluate", str(tmp_path / "run"), "--store", str(store), "--manifest", str(manifest), "--horizon", "1000",
+          "--out", str(tmp_path / "o.json"), "--no-tracking"], ["1008 valid steps", "--context/--horizon"]),
+    ):
+        assert main(argv) == EXIT_USAGE, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "unexpected" not in lines[0] and all(n in lines[0] for n in needles), lines
+    assert not (tmp_path / "o.json").exists()
