@@ -157,6 +157,17 @@ def test_mlflow_run_has_every_config_key(pipeline_dir, tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 40
 
 
+def test_every_mlflow_run_the_pipeline_opened_has_ended(pipeline_dir):
+    """Training, evaluation and control runs alike: FINISHED with an end time (the UI shows a duration, not a
+    spinner), read through the MLflow client as a user's UI would."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert any(r.info.run_name.endswith("-control-MPPI") for r in runs)
+    assert [(r.info.run_name, r.info.status) for r in runs if r.info.status != "FINISHED" or not r.info.end_time] == []
+
+
 def test_short_run_has_several_system_metric_samples_and_progress_records(pipeline_dir):
     from mlflow.tracking import MlflowClient
 
