@@ -64,5 +64,6 @@ rule all:
             for output in (rules.evaluate_control.output.returns, rules.evaluate_control.output.loop)
         ],
         [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
+        [rules.plot_control_overview.output.plot] if CONTROLLED_RUNS else [],
         [rules.summarize_rounds.output.plot] if ROUNDS else [],
         sweep_targets(config.get("sweep"), Path(CONF_DIR)),

@@ -84,6 +84,28 @@ def test_runs_list_shows_each_run_with_what_changed(workdir, capsys):
     assert main(["runs", "list", "no_such_experiment"]) == 2  # bad input
 
 
+def test_runs_list_shows_a_runs_closed_loop_and_a_rerun_as_a_rerun_of_its_source(workdir, capsys):
+    first = start(planned_run())
+    control = first / paths.CONTROL_DIR / "016b08a5c025"
+    control.mkdir(parents=True)
+    control.joinpath("control.json").write_text(json.dumps({"score": 0.7619, "contenders": {
+        "planner": {"mean": -144.75, "ci95": [-205.13, -84.37], "episodes": 2}}}))
+    rebuilt = first.parent / "rerun-8009c254-20261206-101653"  # as `worldpipe rerun` lays it out
+    rebuilt.mkdir()
+    rebuilt.joinpath(paths.RUN_RECORD).write_text(json.dumps({
+        "experiment": first.parent.name, "started_at": "9999", "attempts": [{"exit_code": 0}],
+        "rebuilt": {"kind": "rerun", "of_mlflow_run_id": "8009c254904e", "of_run_dir": str(first),
+                    "verdict": "bit-identical (58 metrics)"}}))
+    rebuilt.joinpath(paths.COMPLETION_RECORD).write_text('{"final_step": 40}')
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("  ") and not line.startswith("      ")]
+    assert [row.split()[0] for row in rows] == [first.name, rebuilt.name]
+    assert "      control: return -144.8 [95% CI -205.1, -84.4] over 2 episodes, score 0.762 (control/016b08a5c025)" in out
+    assert f"      rerun of {first.name} (mlflow 8009c254904e): bit-identical (58 metrics)" in out
+    assert "(same identity as the previous run)" not in "\n".join(out)
+
+
 def _finished(run_dir: Path) -> None:
     """What a finished attempt leaves: the completion record, an evaluation, the loss curve, checkpoints."""
     (run_dir / "eval" / "abc123").mkdir(parents=True)

@@ -42,7 +42,13 @@ def register(cli: click.Group) -> None:
 
 def _list(args) -> int:
     from worldpipe.config import paths
-    from worldpipe.pipeline.run_index import config_changes, experiment_runs, numerics_lines
+    from worldpipe.pipeline.run_index import (
+        config_changes,
+        control_line,
+        experiment_runs,
+        numerics_lines,
+        rebuilt_line,
+    )
 
     root = Path(args.runs_dir or paths.layout()["runs"])
     if not root.is_dir():
@@ -58,10 +64,15 @@ def _list(args) -> int:
             mark = f"  <- {paths.LATEST_LINK}" if run.is_latest else ""
             print(f"  {run.path.name}  {run.record.get('started_at', '?'):<25}  {run.status:<40}  "
                   f"mlflow {run.mlflow_run_id or '-'}{mark}")
-            changes = config_changes(previous, run.record) if previous is not None else ["(first run)"]
-            for line in [*(changes or ["(same identity as the previous run)"]), *numerics_lines(run.path)]:
+            rebuilt = rebuilt_line(run.record)
+            if rebuilt is not None:  # not a config of its own: said against its source, not the previous run
+                lines = [rebuilt]
+            else:
+                changes = config_changes(previous, run.record) if previous is not None else ["(first run)"]
+                lines = changes or ["(same identity as the previous run)"]
+                previous = run.record
+            for line in [*lines, *filter(None, [control_line(run.path)]), *numerics_lines(run.path)]:
                 print(f"      {line}")
-            previous = run.record
     return 0
 
 
@@ -86,7 +97,7 @@ def _status_table(args) -> tuple[int, bool]:
     import time
 
     from worldpipe.config import paths
-    from worldpipe.pipeline.run_index import last_progress, progress_run_dirs, run_status
+    from worldpipe.pipeline.run_index import last_progress, progress_run_dirs, rebuilt_line, run_status
 
     layout = paths.layout()
     if args.run_dirs:
@@ -99,7 +110,11 @@ def _status_table(args) -> tuple[int, bool]:
     now, rows, any_running = time.time(), [], False
     for run_dir in dirs:
         progress = last_progress(run_dir)
-        state = run_status(run_dir, _json_or_empty(run_dir / paths.RUN_RECORD))
+        record = _json_or_empty(run_dir / paths.RUN_RECORD)
+        state = run_status(run_dir, record)
+        rebuilt = rebuilt_line(record, with_verdict=False)
+        if rebuilt is not None:
+            state += f" ({rebuilt})"
         running = state.startswith("running")
         any_running = any_running or running
         if progress is None or not (args.run_dirs or running or now - progress["time"] <= args.recent * 60):

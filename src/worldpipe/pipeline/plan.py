@@ -199,9 +199,11 @@ def launch_overrides(run: Run) -> list[str]:
             f"data.manifest={run.dataset.dir}/{paths.MANIFEST_NAME}"]
 
 
-def comparison_id(runs: Mapping[str, Run]) -> str:
-    """Directory name of a comparison of these runs: an edit and its undo return to the same name."""
-    return paths.short(canonical_hash({"runs": sorted((r.experiment, r.run_hash, r.eval_hash) for r in runs.values())}))
+def comparison_id(runs: Mapping[str, Run], control: bool = False) -> str:
+    """Directory name of a comparison of these runs' evaluations (``control``: their closed-loop ones): an edit
+    and its undo return to the same name."""
+    evaluation = (lambda r: r.control_hash) if control else (lambda r: r.eval_hash)
+    return paths.short(canonical_hash({"runs": sorted((r.experiment, r.run_hash, evaluation(r)) for r in runs.values())}))
 
 
 def _pipeline_configs(conf: Path, experiment: str | None) -> list[tuple[Path, dict[str, Any]]]:

@@ -181,6 +181,34 @@ def experiment_runs(experiment_dir: Path) -> list[RunInfo]:
     return sorted(runs, key=lambda run: (run.record.get("started_at", ""), run.path.name))
 
 
+def rebuilt_line(record: dict[str, Any], with_verdict: bool = True) -> str | None:
+    """What a rebuilt run (`worldpipe rerun` / `resume`) rebuilt, and the rerun's verdict; None for any other run."""
+    rebuilt = record.get("rebuilt")
+    if not rebuilt:
+        return None
+    source = Path(rebuilt["of_run_dir"]).name if rebuilt.get("of_run_dir") else "a run"
+    kind = "rerun" if rebuilt.get("kind") == "rerun" else f"resumed at step {rebuilt.get('at_step')}"
+    if not with_verdict:
+        return f"{kind} of {source}"
+    verdict = f": {rebuilt['verdict']}" if rebuilt.get("verdict") else ""
+    return f"{kind} of {source} (mlflow {rebuilt.get('of_mlflow_run_id')}){verdict}"
+
+
+def control_line(run_dir: Path) -> str | None:
+    """The newest closed-loop evaluation of a run in one line: the planner's return with its 95% CI, the score
+    and where the record is; None where the run has none."""
+    records = sorted((run_dir / paths.CONTROL_DIR).glob("*/control.json"), key=lambda p: p.stat().st_mtime)
+    record = _read_json(records[-1]) if records else None
+    if not record:
+        return None
+    planner = record["contenders"]["planner"]
+    low, high = planner["ci95"]
+    score = record.get("score")
+    scored = "" if score is None else f", score {score:.3f}"
+    return (f"control: return {planner['mean']:.1f} [95% CI {low:.1f}, {high:.1f}] over {planner['episodes']} "
+            f"episodes{scored} ({paths.CONTROL_DIR}/{records[-1].parent.name})")
+
+
 def config_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     """`key: old -> new` for the identity keys (and the dataset) that differ from the previous run."""
     if previous is None:

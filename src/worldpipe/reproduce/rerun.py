@@ -33,9 +33,11 @@ from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
 from worldpipe.reproduce.drift import RerunError, check_code
 from worldpipe.reproduce.launching import (
     default_run_dir,
+    end_rebuilt,
     launch,
     new_run_id,
     prepare_run_dir,
+    rebuilt_of,
     training_config,
 )
 from worldpipe.tracking.history import (
@@ -156,14 +158,16 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
         tags = {"worldpipe.rerun_of": run_id}
         if drift:
             tags["worldpipe.code_drift"] = drift[:5000]
-        prepare_run_dir(target, tags)
+        prepare_run_dir(target, tags, rebuilt_of(recorded, "rerun"))
         name = f"{recorded.run.info.run_name or 'run'} (rerun of {run_id[:8]})"
         config = training_config(recorded, target.resolve(), store, manifest, uri, name)
         code = launch(config, target)
+        end_rebuilt(target, code)
         if code != 0:
             raise RerunError(f"rerun training exited with {code} (run dir {target})")
         result = compare_runs(client, run_id, new_run_id(target))
         code, message = _verdict(client, recorded, result, target, (store, manifest), tolerance)
+        end_rebuilt(target, 0, message[:300])
     except (RerunError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
