@@ -60,6 +60,8 @@ REFUSALS: dict[str, tuple[list[str], list[str]]] = {
                    ["{tmp}/none.json"]),
     "plan": (["experiment=smoke"], ["world_size", "required"]),
     "bench": (["nope"], ["nope"]),
+    "figures": (["--configfile", "{tmp}/none.yaml", "--out", "{tmp}/figures"],
+                ["--configfile {tmp}/none.yaml: cannot read it"]),
 }
 
 

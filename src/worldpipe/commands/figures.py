@@ -65,7 +65,14 @@ def _figures(args) -> int:
     from worldpipe.evaluate.open_loop import plot_models_vs_baseline
     from worldpipe.pipeline.plan import plan
 
-    _, runs = plan(yaml.safe_load(Path(args.configfile).read_text()))
+    try:
+        config = yaml.safe_load(Path(args.configfile).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        from worldpipe.core.errors import UsageError
+
+        raise UsageError(f"--configfile {args.configfile}: cannot read it ({getattr(err, 'strerror', None) or err}); "
+                         "give a pipeline config (conf/pipeline/*.yaml)") from None
+    _, runs = plan(config)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     made = {"command": f"worldpipe figures --configfile {args.configfile}", "config": args.configfile}
