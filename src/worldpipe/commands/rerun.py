@@ -22,7 +22,7 @@ def _common() -> list[click.Parameter]:
 def register(cli: click.Group) -> None:
     cli.add_command(command("rerun", _rerun, "Retrain a recorded run from MLflow alone and compare: bit-identical? "
                             "On another numerics environment, judged within tolerance. (exit 0 identical, 1 "
-                            "different, 2 error, 3 equivalent on a different numerics environment)", [
+                            "different or failed, 2 cannot be rerun as recorded, 3 equivalent on a different numerics environment)", [
         *_common(),
         click.Option(["--rtol"], type=click.FloatRange(min=0), default=numerics.DEFAULT_RTOL, show_default=True,
                      help="on another numerics environment: largest relative difference of any metric value"),

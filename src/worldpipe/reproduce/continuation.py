@@ -14,7 +14,7 @@ from worldpipe.config import paths
 from worldpipe.core.atomic import fsync_tree, publish_dir
 from worldpipe.core.locations import local_path, open_filesystem
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
-from worldpipe.reproduce.drift import RerunError, check_code
+from worldpipe.reproduce.drift import RerunError, RerunTrainingFailed, check_code
 from worldpipe.reproduce.launching import (
     default_run_dir,
     end_rebuilt,
@@ -93,10 +93,10 @@ def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: boo
         code = launch(training_config(recorded, target, store, manifest, uri, name), target, list(overrides))
         end_rebuilt(target, code)
         if code != 0:
-            raise RerunError(f"resumed training exited with {code} (run dir {target})")
+            raise RerunTrainingFailed(f"resumed training exited with {code} (run dir {target})")
         new_run = new_run_id(target)
     except (RerunError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        return getattr(err, "exit_code", EXIT_ERROR)
     print(f"resumed {run_id} from step {step}: new run {new_run} in {target}")
     return 0

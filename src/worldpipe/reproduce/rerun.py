@@ -8,7 +8,7 @@ A rerun trains the recorded config from scratch into a new run directory and a n
 ``worldpipe.rerun_of``, then compares metric histories (clock-measured metrics excluded) and the final
 checkpoint digests: ``bit-identical`` (exit 0) or the first differing step and metric (exit 1). Anything that
 prevents a faithful rerun (code drift without ``--allow-code-drift``, a dataset that cannot be found or
-regenerated with the recorded hash, a failed training) exits 2.
+regenerated with the recorded hash) exits 2; a retraining that fails exits 1, as a failed training does.
 
 Bits depend on the numerics environment too (CPU type, MKL code path, ...: :mod:`worldpipe.core.numerics`). Before
 training, the rerun names every field in which this machine differs from the recorded one. Then a bitwise match
@@ -30,7 +30,7 @@ from worldpipe.core import numerics
 from worldpipe.core.errors import EXIT_EQUIVALENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from worldpipe.core.locations import local_path
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
-from worldpipe.reproduce.drift import RerunError, check_code
+from worldpipe.reproduce.drift import RerunError, RerunTrainingFailed, check_code
 from worldpipe.reproduce.launching import (
     default_run_dir,
     end_rebuilt,
@@ -164,13 +164,13 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
         code = launch(config, target)
         end_rebuilt(target, code)
         if code != 0:
-            raise RerunError(f"rerun training exited with {code} (run dir {target})")
+            raise RerunTrainingFailed(f"rerun training exited with {code} (run dir {target})")
         result = compare_runs(client, run_id, new_run_id(target))
         code, message = _verdict(client, recorded, result, target, (store, manifest), tolerance)
         end_rebuilt(target, 0, message[:300])
     except (RerunError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        return getattr(err, "exit_code", EXIT_ERROR)
     client.set_tag(result.new_run_id, "worldpipe.rerun_result", message[:5000])
     if recorded.run.info.status != "FINISHED":
         print(f"note: the original run's status is {recorded.run.info.status}", file=sys.stderr)
