@@ -44,6 +44,11 @@ def test_default_pipeline_beats_repeat_last_observation(repo, env_with_venv, tmp
     assert record["http_takes_the_in_process_actions"] is True
     assert (control / "returns.png").stat().st_size > 0 and (control / "control_loop.png").stat().st_size > 0
     _the_headline_figure_shows_this_run(repo, tmp_path, metrics)
+    # In the MLflow UI, the closed loop's score is charted across the experiment's runs (a real browser).
+    shot = subprocess.run(["python", str(repo / "workflow/scripts/screenshot_mlflow_ui.py"), "--charts", "--expect",
+                           "control/score", "--out", str(tmp_path / "charts.png")], cwd=tmp_path, env=env_with_venv,
+                          capture_output=True, text=True, timeout=600)
+    assert shot.returncode == 0, shot.stdout[-2000:] + shot.stderr[-2000:]
 
 
 def _the_headline_figure_shows_this_run(repo, tmp_path, metrics):
