@@ -120,7 +120,9 @@ def _short(help_text: str) -> str:
 
 def run_click(command: click.Command, argv: list[str], prog: str) -> int:
     """Run a click command (the whole tree, or one benchmark as a script); its usage errors end as one line
-    (exit 2), its --help exits 0, and the handler's exit status comes back."""
+    (exit 2), its --help exits 0, and the handler's exit status comes back. Click's own refusals are mapped here;
+    every other error's status is its class's (errors.classify, via :func:`guarded`): the one convention of
+    :mod:`worldpipe.core.errors`."""
     try:
         # Not standalone: the handler's exit status comes back, and errors reach guarded / errors.report.
         return command.main(argv, prog_name=prog, standalone_mode=False)
