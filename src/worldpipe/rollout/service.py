@@ -81,6 +81,10 @@ class RolloutService:
 
     def __init__(self, checkpoint_path: str, config: ServiceConfig = ServiceConfig(), device: str = "cpu") -> None:
         self.config = config
+        # The intra-op thread count of the thread that builds the service (`worldpipe serve --threads`). It is per
+        # OS thread (OpenMP, MKL): a request computed on a web worker thread would otherwise run every core.
+        self.threads = torch.get_num_threads()
+        self._thread_state = threading.local()
         self.registry = ModelRegistry(checkpoint_path, device)
         self.registry.refresh()
         self.cache = ResultCache(config.cache_entries, config.cache_bytes)
@@ -176,6 +180,7 @@ class RolloutService:
             raise InputError(("candidates",), f"must be [N, H, act_dim] with 1 <= N <= "
                                               f"{self.config.limits.max_candidates}, got {list(candidates.shape)}")
         self._check_actions(served, candidates[0])
+        self._own_threads()
         started = time.perf_counter()
         model = served.model
         with torch.no_grad():
@@ -184,6 +189,17 @@ class RolloutService:
             _, rewards = imagine_sequences(model, state, candidates)
         return {"model_version": served.version, "checkpoint_step": served.step, "rewards": rewards,
                 "timing": {"model_s": time.perf_counter() - started}}
+
+    def _own_threads(self) -> None:
+        """Give the calling thread the service's intra-op thread count, once per thread.
+
+        Model work done on the caller's thread (not the batcher's) must use the same kernels as everywhere else:
+        with MKL on as many threads as cores, a small matrix product splits differently and its last bits
+        change, so a planner's candidates scored here would differ from the same scores in-process.
+        """
+        if getattr(self._thread_state, "threads", None) != self.threads:
+            torch.set_num_threads(self.threads)
+            self._thread_state.threads = self.threads
 
     # ---- sessions ----
     def open_session(self, context_obs: torch.Tensor, context_action: torch.Tensor, sampling: Sampling,
