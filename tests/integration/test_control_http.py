@@ -10,11 +10,13 @@ real threads, a real RSSM checkpoint.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
-from worldpipe.control.dynamics import LearnedDynamics
+from serve_support import ServerProcess
+from worldpipe.control.dynamics import LearnedDynamics, ServedDynamics
 from worldpipe.rollout.demo import publish_demo_checkpoint
 from worldpipe.rollout.service import RolloutService
 
@@ -64,3 +66,26 @@ def test_candidates_scored_on_a_server_worker_thread_equal_the_in_process_scores
         service.close()
     assert differing == [], f"windows whose served scores differ (window, max abs difference): {differing}"
     assert service.threads == 1
+
+
+def test_a_served_round_trip_splits_into_the_wire_and_the_apps_own_time(tmp_path, env_with_venv, one_thread):
+    publish_demo_checkpoint(tmp_path / "ckpt", model_cfg=MODEL, obs_dim=3, act_dim=1)
+    server = ServerProcess(tmp_path / "ckpt", tmp_path / "srv", env_with_venv, "--threads", "1")
+    try:
+        dynamics = ServedDynamics(server.url, context=4, act_dim=1)
+        dynamics.observe(torch.zeros(4, 3), torch.zeros(3, 1))
+        started = time.perf_counter()
+        rewards = dynamics.imagine(torch.zeros(32, 5, 1))
+        round_trip = time.perf_counter() - started
+        timing = dynamics.take_timing()
+        answer = server.post("/imagine/candidates", {"context": {"obs": [[0.0] * 3] * 4, "action": [[0.0]] * 4},
+                                                     "candidates": [[[0.0]] * 5] * 32})
+    finally:
+        assert server.stop() == 0
+    assert rewards.shape == (32, 5)
+    header = answer.headers["server-timing"]
+    app_ms = float(header.split("dur=")[1])
+    assert header.startswith("app;dur=") and app_ms * 1000 >= answer.json()["timing"]["handler_s"] * 1e6 > 0
+    # Transport is the round trip less the app's time; the app's time beyond the model is output.
+    assert 0 < timing["transport"] < round_trip and timing["output"] > 0 and timing["model"] > 0
+    assert abs(sum(timing.values()) - round_trip) < round_trip * 0.5

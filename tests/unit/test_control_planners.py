@@ -110,3 +110,15 @@ def test_planner_settings_compose_from_conf_with_typed_overrides(repo):
     assert config["horizon"] == 7 and config["momentum"] == 0.0 and isinstance(config["momentum"], float)
     planner = build_planner(config, -2.0, 2.0)
     assert isinstance(planner, CEM) and planner.horizon == 7 and planner.action_high == 2.0
+
+
+def test_the_heap_loaded_before_the_episodes_is_out_of_the_collectors_sight_while_they_run():
+    import gc
+
+    from worldpipe.control.evaluation import long_lived_heap_frozen
+
+    loaded = [object() for _ in range(10)]  # what the evaluation loaded before its episodes
+    assert gc.get_freeze_count() == 0
+    with long_lived_heap_frozen():
+        assert gc.get_freeze_count() >= len(loaded)
+    assert gc.get_freeze_count() == 0

@@ -61,8 +61,8 @@ class ServedDynamics:
     iteration, carrying the context window and every candidate (the server filters and imagines in one batch).
 
     Timing of each round trip, by part: ``prepare`` (the JSON body), ``transport`` (request and response on the
-    wire and in the server's queue: the round trip less the server's handler time), ``model`` (the server's model
-    work), ``output`` (the server's parsing and serialising, and decoding the answer here).
+    wire: the round trip less the server app's time, its ``Server-Timing`` header), ``model`` (the server's model
+    work), ``output`` (the server's reading, parsing, queueing and serialising, and decoding the answer here).
     """
 
     def __init__(self, url: str, context: int, act_dim: int, timeout_s: float = 60.0) -> None:
@@ -94,9 +94,11 @@ class ServedDynamics:
         rewards = torch.tensor(answer["rewards"], dtype=torch.float32)
         t3 = time.perf_counter()
         server = answer["timing"]
-        for part, seconds in (("prepare", t1 - t0), ("transport", (t2 - t1) - server["handler_s"]),
+        # A server without the header: its handler time is all that can be told apart from the wire.
+        app_s = _app_seconds(response.headers.get("server-timing")) or server["handler_s"]
+        for part, seconds in (("prepare", t1 - t0), ("transport", (t2 - t1) - app_s),
                               ("model", server["model_s"]),
-                              ("output", server["handler_s"] - server["model_s"] + (t3 - t2))):
+                              ("output", app_s - server["model_s"] + (t3 - t2))):
             self.timing[part] = self.timing.get(part, 0.0) + seconds
         return rewards
 
@@ -104,6 +106,18 @@ class ServedDynamics:
         """Seconds by part since the last call (and start again)."""
         timing, self.timing = self.timing, {}
         return timing
+
+
+def _app_seconds(server_timing: str | None) -> float | None:
+    """The served app's seconds in a ``Server-Timing: app;dur=<ms>`` header (None without one)."""
+    for metric in (server_timing or "").split(","):
+        name, _, params = metric.strip().partition(";")
+        if name == "app":
+            for param in params.split(";"):
+                key, _, value = param.strip().partition("=")
+                if key == "dur":
+                    return float(value) / 1000
+    return None
 
 
 def _angle_normalize(theta: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,9 @@ compares bit for bit.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -184,6 +187,22 @@ def pixel_size_of(model) -> int | None:
     return int(round((model.obs_dim // 3) ** 0.5))
 
 
+@contextmanager
+def long_lived_heap_frozen() -> Iterator[None]:
+    """Keep what is loaded before the episodes (torch, the model, SciPy, MLflow) out of the garbage collector's
+    full collections while they run, and give it back after.
+
+    A full collection walks every tracked object; with the whole heap in view it pauses one decision of the
+    control loop far beyond the environment's period, a tail that measures the collector, not the planner.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | None = None,
                      gif: str | None = None) -> dict[str, Any]:
     """Run every contender on the held-out seeds; the result :func:`rerun_control` can repeat.
@@ -197,12 +216,13 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     model.eval()
     digest = state_digest(CheckpointManager(checkpoints).load(identity["step"]))
     run_seed = int(identity["config"].get("seed", 0))
-    contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
-                  for name in CONTENDERS}
-    if settings.http_episodes > 0:
-        with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here
-            contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
-                                                       pixel_size_of(model), url)
+    with long_lived_heap_frozen():
+        contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
+                      for name in CONTENDERS}
+        if settings.http_episodes > 0:
+            with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here
+                contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
+                                                           pixel_size_of(model), url)
     result = control_result(settings, identity, digest, run_seed, contenders)
     if gif is not None and write_episode_gif(contenders["planner"]["pictured"], pixel_size_of(model), gif):
         result["pictures"] = [gif]
