@@ -6,11 +6,15 @@ uses) four contenders act, each on the same seeds:
     random        uniform random actions: the floor
     behaviour     the scripted policy that collected the training data
     planner       the configured planner with the trained model as its simulator
-    ceiling       the same planner with the true simulator as its model
+    ceiling       the same planner with the true simulator as its model, at the budget more compute cannot beat
+                  (``settings.ceiling``, measured by :mod:`worldpipe.control.yardstick`)
 
 Returns are summarised as mean with a 95% confidence interval (Student t over episodes) and as the normalised
-score ``(R - R_random) / (R_behaviour - R_random)``. The planner's control loop is timed per real step, by part
-(:mod:`worldpipe.control.episodes`), against the environment's control period.
+score ``(R - R_random) / (R_ceiling - R_random)``, every contender on the same scale, beside the env's best known
+return. The planner's control loop is timed per real step, by part (:mod:`worldpipe.control.episodes`), against the
+environment's control period; with ``http_episodes`` the planner also plays its first episodes with the model behind
+``worldpipe serve``: a latency probe of the loop over HTTP (and a check that it takes the same actions), not a
+contender.
 
 Everything an evaluation depends on is in its result (checkpoint step and digest, settings, seeds, streams), and
 every episode records the SHA-256 of its actions, so :func:`rerun_control` repeats it from the record alone and
@@ -35,6 +39,7 @@ from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_epi
 from worldpipe.control.planners import Planner
 from worldpipe.control.report import write_episode_gif
 from worldpipe.control.served import served_model
+from worldpipe.control.yardstick import best_known, score
 from worldpipe.data.environments import make_env
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
@@ -43,7 +48,9 @@ from worldpipe.measure.energy import EnergyMeter
 from worldpipe.rollout.streams import StreamId
 
 CONTENDERS = ("random", "behaviour", "planner", "ceiling")
-HTTP_CONTENDER = "planner_http"  # the planner with the model behind `worldpipe serve` (settings.http_episodes)
+# The planner with the model behind `worldpipe serve` (settings.http_episodes): a latency probe, not a contender.
+HTTP_CONTENDER = "planner_http"
+HTTP_PROBE = "http_probe"
 STREAM_PREFIX = "control"
 
 
@@ -61,6 +68,9 @@ class ControlSettings:
     # Episodes the planner also plays through `worldpipe serve` (one HTTP request per planner iteration), on the
     # first seeds: the control loop with transport, and whether it takes the in-process planner's actions.
     http_episodes: int = 0
+    # The ceiling's planner config: the planner's own at the budget the yardstick chose (empty: the planner's, as
+    # records written before the yardstick had one).
+    ceiling: dict[str, Any] = field(default_factory=dict)
 
 
 def build_planner(config: dict[str, Any], low: float, high: float) -> Planner:
@@ -111,10 +121,9 @@ def summarize(returns: list[float]) -> dict[str, Any]:
             "episodes": len(values)}
 
 
-def normalised_score(value: float, random: float, behaviour: float) -> float | None:
-    """(R - R_random) / (R_behaviour - R_random): 0 is random, 1 the behaviour policy; None if they tie."""
-    span = behaviour - random
-    return None if abs(span) < 1e-9 else (value - random) / span
+def normalised_score(value: float, random: float, ceiling: float) -> float | None:
+    """(R - R_random) / (R_ceiling - R_random): 0 is random, 1 the ceiling; None if they tie (see yardstick.score)."""
+    return score(value, random, ceiling)[0]
 
 
 def loop_split(timings: list[dict[str, list[float]]], period_s: float | None) -> dict[str, Any]:
@@ -150,7 +159,8 @@ def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float]
     # Over HTTP the planner draws what it draws in-process: the same stream, so the same actions if the bits agree.
     stream_name = "planner" if name == HTTP_CONTENDER else name
     stream = StreamId(run_seed, f"{STREAM_PREFIX}/{stream_name}/{settings.seed}/{episode}")
-    return PlannerAgent(build_planner(settings.planner, *box), _dynamics(name, settings, model, url), stream)
+    planner = (settings.ceiling or settings.planner) if name == "ceiling" else settings.planner
+    return PlannerAgent(build_planner(planner, *box), _dynamics(name, settings, model, url), stream)
 
 
 def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pixel_size: int | None = None,
@@ -231,9 +241,11 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
 
 def control_result(settings: ControlSettings, identity: dict, digest: str, run_seed: int,
                    contenders: dict[str, dict]) -> dict[str, Any]:
-    """The JSON record of an evaluation: settings, identity, per-contender returns and summaries, loop split."""
+    """The JSON record of an evaluation: settings, identity, per-contender returns, summaries and scores on the
+    yardstick, the loop split, and the HTTP latency probe where one ran."""
+    probe = contenders.pop(HTTP_CONTENDER, None)
     summaries = {name: summarize(c["returns"]) for name, c in contenders.items()}
-    random, behaviour = summaries["random"]["mean"], summaries["behaviour"]["mean"]
+    floor, ceiling = summaries["random"]["mean"], summaries["ceiling"]["mean"]
     period = control_period_s(settings.env_id)
     out = {
         "settings": asdict(settings),
@@ -248,16 +260,36 @@ def control_result(settings: ControlSettings, identity: dict, digest: str, run_s
     for name, c in contenders.items():
         out["contenders"][name] = {
             **summaries[name],
-            "score": normalised_score(summaries[name]["mean"], random, behaviour),
+            "score": score(summaries[name]["mean"], floor, ceiling)[0],
             "returns": c["returns"], "actions_sha256": c["actions_sha256"], "energy": c["energy"],
             "control_loop": loop_split(c["timings"], period),
         }
-    if HTTP_CONTENDER in contenders:
-        served = contenders[HTTP_CONTENDER]["actions_sha256"]
-        out["http_takes_the_in_process_actions"] = served == contenders["planner"]["actions_sha256"][:len(served)]
     out["score"] = out["contenders"]["planner"]["score"]
     out["ceiling_score"] = out["contenders"]["ceiling"]["score"]
+    out["behaviour_score"] = out["contenders"]["behaviour"]["score"]
+    out["yardstick"] = yardstick_record(settings, floor, ceiling)
+    if probe is not None:
+        served = probe["actions_sha256"]
+        out["http_takes_the_in_process_actions"] = served == contenders["planner"]["actions_sha256"][:len(served)]
+        out[HTTP_PROBE] = {
+            "episodes": len(served), "returns": probe["returns"], "actions_sha256": served,
+            "takes_the_in_process_actions": out["http_takes_the_in_process_actions"], "energy": probe["energy"],
+            "control_loop": loop_split(probe["timings"], period),
+        }
     return out
+
+
+def yardstick_record(settings: ControlSettings, floor: float, ceiling: float) -> dict[str, Any]:
+    """What the scores are measured against: the floor and ceiling returns, the ceiling's budget, why there is no
+    score where they tie, and the env's best known return on the same scale."""
+    planner = settings.ceiling or settings.planner
+    _, reason = score(ceiling, floor, ceiling)
+    record = {"score": "(R - R_random) / (R_ceiling - R_random)", "floor_return": floor, "ceiling_return": ceiling,
+              "ceiling_budget": {key: planner.get(key) for key in ("samples", "iterations", "horizon")},
+              "no_score_reason": reason, "best_known": best_known(settings.env_id)}
+    if record["best_known"] is not None:
+        record["best_known"]["score"] = score(record["best_known"]["return"], floor, ceiling)[0]
+    return record
 
 
 def settings_from_record(record: dict[str, Any]) -> ControlSettings:
@@ -287,4 +319,6 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 break
         if then["returns"] != now.get("returns"):
             differences.append(f"{name}: returns differ")
+    if HTTP_PROBE in old and old[HTTP_PROBE]["actions_sha256"] != new.get(HTTP_PROBE, {}).get("actions_sha256"):
+        differences.append(f"{HTTP_PROBE}: actions over HTTP differ")
     return differences
