@@ -36,14 +36,18 @@ def test_budget_levels_double_samples_and_iterations_together():
 
 
 def test_the_ceiling_is_the_first_level_no_later_level_beats_on_the_same_seeds():
-    base = [-300.0, -200.0, -150.0, -400.0, -250.0]
-    better = [r + 20 + d for r, d in zip(base, [0.5, -0.5, 1.0, -1.0, 0.0], strict=True)]  # +20 on every seed
-    same = [r + d for r, d in zip(better, [0.5, -0.5, 1.0, -1.0, 0.0], strict=True)]       # noise, no gain
-    assert choose_level([base, better, same]) == 1
-    assert choose_level([base, same]) == 1  # 'same' is base + 20 + noise: a gain, so the last level
-    assert choose_level([better, same, same]) == 0
+    noise = [0.5, -0.5, 1.0, -1.0, 0.0]
+    base = [-300.0, -200.0, -150.0, -400.0, -250.0]  # mean -260; random -1260: a scale of 1000
+    better = [r + 20 + d for r, d in zip(base, noise, strict=True)]  # +20 on every seed: 2% of the scale
+    same = [r + d for r, d in zip(better, noise[::-1], strict=True)]  # noise, no gain
+    assert choose_level([base, better, same], random=-1260.0) == 1
+    assert choose_level([better, same, same], random=-1260.0) == 0
     # A gain that only shows two doublings later still counts against the earlier level.
-    assert choose_level([base, [r + d for r, d in zip(base, [1.0, -1.0, 0.5, -0.5, 0.0], strict=True)], better]) == 2
+    assert choose_level([base, [r + d for r, d in zip(base, noise, strict=True)], better], random=-1260.0) == 2
+    # +3 on every seed is certain but immaterial (0.3% of the scale): the cheaper level stays the ceiling.
+    slightly = [r + 3 + d / 10 for r, d in zip(base, noise, strict=True)]
+    assert choose_level([base, slightly], random=-1260.0) == 0
+    assert choose_level([base, slightly], random=-1260.0, material=0.0) == 1
 
 
 def test_a_budget_curve_with_the_true_simulator_on_held_out_seeds(tmp_path):

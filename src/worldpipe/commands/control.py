@@ -139,7 +139,8 @@ def _print_summary(result: dict) -> None:
               f"{wire}")
     if "http_probe" in result:
         probe = result["http_probe"]
-        print(f"over HTTP ({probe['episodes']} episodes, a latency probe) the planner takes the in-process actions: "
+        episodes = f"{probe['episodes']} episode{'s' if probe['episodes'] != 1 else ''}"
+        print(f"over HTTP (a latency probe, {episodes}) the planner takes the in-process actions: "
               f"{result['http_takes_the_in_process_actions']}")
 
 

@@ -2,8 +2,9 @@
 
 The ceiling is the planner imagining with the true simulator at a budget more compute cannot beat: along a curve
 that doubles the candidates (``samples``) and the refits (``iterations``) together from the planner's own budget,
-the first level that no later level beats on the same held-out seeds (a paired 95% confidence interval of the
-per-episode difference that lies above zero). :func:`budget_curve` measures that curve; the pipeline config records
+the first level that no later level beats on the same held-out seeds. A later level beats it when the paired 95%
+confidence interval of the per-episode gain lies above :data:`MATERIAL_GAIN` of the scale (random's return to the
+level's): a gain the score's third decimal would not show is no reason to spend twice the compute. :func:`budget_curve` measures that curve; the pipeline config records
 the chosen budget (``control: ceiling_overrides``), and every evaluation plays its ceiling at that budget.
 
 Beside it stands the best return known for the env from outside the project (:data:`BEST_KNOWN`), on the same
@@ -30,6 +31,8 @@ BEST_KNOWN: dict[str, dict[str, Any]] = {
         "agents": {"TD3": {"mean": -152.0, "std": 90.0}, "SAC": {"mean": -157.0, "std": 89.0}},
     },
 }
+# The least gain, as a fraction of the scale from random to a level, that makes a later level beat it.
+MATERIAL_GAIN = 0.005
 # The noise stream the curve's episodes draw from: the ceiling contender's, under run seed 0.
 CURVE_RUN_SEED = 0
 
@@ -64,10 +67,12 @@ def paired_gain(better: list[float], base: list[float]) -> dict[str, Any]:
     return {"mean": summary["mean"], "ci95": summary["ci95"]}
 
 
-def choose_level(returns: list[list[float]]) -> int:
-    """The first level no later level beats: none whose paired gain over it has a 95% CI above zero."""
+def choose_level(returns: list[list[float]], random: float, material: float = MATERIAL_GAIN) -> int:
+    """The first level no later level beats: none whose paired gain over it has a 95% CI above ``material`` of
+    the scale from ``random``'s mean return to the level's."""
     for k, base in enumerate(returns):
-        if all(paired_gain(later, base)["ci95"][0] <= 0 for later in returns[k + 1:]):
+        least = material * max(float(np.mean(base)) - random, 0.0)
+        if all(paired_gain(later, base)["ci95"][0] <= least for later in returns[k + 1:]):
             return k
     return len(returns) - 1
 
@@ -107,14 +112,16 @@ def budget_curve(env_id: str, planner: dict[str, Any], episodes: int, max_steps:
         all_returns.append(returns)
         if progress is not None:
             progress(point)
-    chosen = choose_level(all_returns)
     random = [run_episode(env_id, max_steps, *episode_seeds(seed, i),
                           PolicyAgent(get_policy(env_id, "random"))).episode_return for i in range(episodes)]
+    chosen = choose_level(all_returns, float(np.mean(random)))
     return {
         "env_id": env_id, "episodes": episodes, "max_steps": max_steps, "seed": seed, "run_seed": CURVE_RUN_SEED,
         "planner": planner, "levels": points, "chosen_level": chosen,
         "ceiling_overrides": [f"{key}={points[chosen][key]}" for key in ("samples", "iterations")],
-        "criterion": "the first level that no later level beats: no paired 95% CI of the per-episode gain above 0",
+        "criterion": ("the first level no later level beats: no paired 95% CI of the per-episode gain above "
+                      f"{MATERIAL_GAIN:g} of the scale from random's return to the level's"),
+        "material_gain": MATERIAL_GAIN,
         "random": summarize(random), "best_known": best_known(env_id),
     }
 
