@@ -112,3 +112,16 @@ def test_the_http_run_is_a_latency_probe_beside_the_contenders_not_one_of_them()
     changed = json.loads(json.dumps(record))
     changed["http_probe"]["actions_sha256"] = ["0" * 64]
     assert record_differences(changed, record) == ["http_probe: actions over HTTP differ"]
+
+
+def test_mlflow_gets_every_score_and_the_http_probe_as_timing_only():
+    from worldpipe.tracking.control import CLOCK_METRICS, summary_metrics
+
+    record = _record({"random": _contender([-1200.0, -1000.0]), "behaviour": _contender([-190.0, -170.0]),
+                      "planner": _contender([-300.0, -200.0]), "ceiling": _contender([-200.0, -180.0]),
+                      HTTP_CONTENDER: _contender([-300.0])})
+    metrics = summary_metrics(record)
+    assert {"control/score", "control/ceiling_score", "control/behaviour_score"} <= set(metrics)
+    assert metrics["control/score"] == record["score"] and metrics["control/ceiling_score"] == 1.0
+    assert set(CLOCK_METRICS) <= set(metrics)
+    assert not [key for key in metrics if "planner_http" in key or ("http_probe" in key and "decision" not in key)]
