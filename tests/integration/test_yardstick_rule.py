@@ -35,3 +35,15 @@ def test_the_yardstick_rule_measures_the_curve_with_the_closed_loops_settings(dr
 def test_every_closed_loop_plays_its_ceiling_at_the_recorded_budget(dry_run):
     (command,) = [line for line in dry_run.splitlines() if "worldpipe control evaluate" in line]
     assert "--ceiling-set=samples=32 --ceiling-set=iterations=4" in command, command
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--env-id", "Bogus-v9"], "--env-id Bogus-v9: the ceiling needs the env's true simulator"),
+    (["--episodes", "1"], "--episodes must be >= 2"),
+])
+def test_a_yardstick_it_cannot_measure_is_one_line_and_exit_2(args, needle, env_with_venv, tmp_path):
+    proc = subprocess.run(["worldpipe", "control", "yardstick", *args, "--out", str(tmp_path / "curve.json")],
+                          env=env_with_venv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr, (proc.returncode, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "unexpected" not in proc.stderr
+    assert not (tmp_path / "curve.json").exists()

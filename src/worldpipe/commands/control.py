@@ -162,11 +162,14 @@ def _track(result: dict, args, root: str) -> int:
 def _yardstick(args) -> int:
     from worldpipe.config.paths import conf_dir
     from worldpipe.config.planner import planner_config
+    from worldpipe.control.dynamics import TRUE_SIMULATORS
     from worldpipe.control.yardstick import budget_curve, plot_budget_curve
+    from worldpipe.core.errors import UsageError
 
+    if args.env_id not in TRUE_SIMULATORS:
+        raise UsageError(f"control yardstick --env-id {args.env_id}: the ceiling needs the env's true simulator, "
+                         f"which the project has for {', '.join(TRUE_SIMULATORS)} only")
     if args.episodes < 2 or args.max_steps < 1:
-        from worldpipe.core.errors import UsageError
-
         raise UsageError("control yardstick: --episodes must be >= 2 (a confidence interval) and --max-steps >= 1")
     planner = planner_config(args.planner, list(args.planner_overrides), conf_dir())
 
