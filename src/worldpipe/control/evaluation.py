@@ -243,6 +243,7 @@ def control_result(settings: ControlSettings, identity: dict, digest: str, run_s
                    contenders: dict[str, dict]) -> dict[str, Any]:
     """The JSON record of an evaluation: settings, identity, per-contender returns, summaries and scores on the
     yardstick, the loop split, and the HTTP latency probe where one ran."""
+    contenders = dict(contenders)
     probe = contenders.pop(HTTP_CONTENDER, None)
     summaries = {name: summarize(c["returns"]) for name, c in contenders.items()}
     floor, ceiling = summaries["random"]["mean"], summaries["ceiling"]["mean"]
@@ -311,6 +312,8 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         differences.append(f"checkpoint digest: recorded {old['checkpoint_digest'][:16]}, "
                            f"now {new['checkpoint_digest'][:16]}")
     for name, then in old["contenders"].items():
+        if name == HTTP_CONTENDER:  # a record from before the HTTP run became a probe: compared as the probe
+            continue
         now = new["contenders"].get(name, {})
         for i, (a, b) in enumerate(zip(then["actions_sha256"], now.get("actions_sha256", []), strict=False)):
             if a != b:
@@ -319,6 +322,7 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 break
         if then["returns"] != now.get("returns"):
             differences.append(f"{name}: returns differ")
-    if HTTP_PROBE in old and old[HTTP_PROBE]["actions_sha256"] != new.get(HTTP_PROBE, {}).get("actions_sha256"):
+    served = (old.get(HTTP_PROBE) or old["contenders"].get(HTTP_CONTENDER) or {}).get("actions_sha256")
+    if served is not None and served != new.get(HTTP_PROBE, {}).get("actions_sha256"):
         differences.append(f"{HTTP_PROBE}: actions over HTTP differ")
     return differences
