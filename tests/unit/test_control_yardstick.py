@@ -9,15 +9,15 @@ import pytest
 
 from worldpipe.config.paths import conf_dir
 from worldpipe.config.planner import planner_config
-from worldpipe.control.evaluation import HTTP_CONTENDER, ControlSettings, control_result, record_differences
-from worldpipe.control.yardstick import (
+from worldpipe.control.evaluation import (
     BEST_KNOWN,
-    budget_curve,
-    budget_levels,
-    choose_level,
-    plot_budget_curve,
+    HTTP_CONTENDER,
+    ControlSettings,
+    control_result,
+    record_differences,
     score,
 )
+from worldpipe.control.yardstick import budget_curve, budget_levels, choose_level, plot_budget_curve
 
 
 def test_a_score_runs_from_random_to_the_ceiling_and_says_why_when_they_meet():

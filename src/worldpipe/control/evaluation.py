@@ -39,7 +39,6 @@ from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_epi
 from worldpipe.control.planners import Planner
 from worldpipe.control.report import write_episode_gif
 from worldpipe.control.served import served_model
-from worldpipe.control.yardstick import best_known, score
 from worldpipe.data.environments import make_env
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
@@ -71,6 +70,31 @@ class ControlSettings:
     # The ceiling's planner config: the planner's own at the budget the yardstick chose (empty: the planner's, as
     # records written before the yardstick had one).
     ceiling: dict[str, Any] = field(default_factory=dict)
+
+
+# Published returns of well-tuned agents (mean ± std over their evaluation episodes), beside the ceiling.
+BEST_KNOWN: dict[str, dict[str, Any]] = {
+    "Pendulum-v1": {
+        "return": -150.0,
+        "source": "rl-baselines3-zoo benchmark table (TD3 -152 ± 90, SAC -157 ± 89)",
+        "agents": {"TD3": {"mean": -152.0, "std": 90.0}, "SAC": {"mean": -157.0, "std": 89.0}},
+    },
+}
+
+
+def best_known(env_id: str) -> dict[str, Any] | None:
+    """The best return known for ``env_id`` and where it comes from, None where the project has none."""
+    known = BEST_KNOWN.get(env_id)
+    return None if known is None else dict(known)
+
+
+def score(value: float, floor: float, ceiling: float) -> tuple[float | None, str | None]:
+    """(R - R_floor) / (R_ceiling - R_floor) and None, or None and why there is no score (floor meets ceiling)."""
+    span = ceiling - floor
+    if abs(span) < 1e-9:
+        return None, (f"no score: the ceiling's mean return ({ceiling:.6g}) equals random's ({floor:.6g}), so the "
+                      "scale has no length; more episodes or a longer episode separate them")
+    return (value - floor) / span, None
 
 
 def build_planner(config: dict[str, Any], low: float, high: float) -> Planner:
@@ -122,7 +146,7 @@ def summarize(returns: list[float]) -> dict[str, Any]:
 
 
 def normalised_score(value: float, random: float, ceiling: float) -> float | None:
-    """(R - R_random) / (R_ceiling - R_random): 0 is random, 1 the ceiling; None if they tie (see yardstick.score)."""
+    """(R - R_random) / (R_ceiling - R_random): 0 is random, 1 the ceiling; None if they tie (see :func:`score`)."""
     return score(value, random, ceiling)[0]
 
 

@@ -7,8 +7,9 @@ confidence interval of the per-episode gain lies above :data:`MATERIAL_GAIN` of 
 level's): a gain the score's third decimal would not show is no reason to spend twice the compute. :func:`budget_curve` measures that curve; the pipeline config records
 the chosen budget (``control: ceiling_overrides``), and every evaluation plays its ceiling at that budget.
 
-Beside it stands the best return known for the env from outside the project (:data:`BEST_KNOWN`), on the same
-scale, so a reader sees how far the ceiling itself is from the state of the art.
+Beside it stands the best return known for the env from outside the project
+(:data:`worldpipe.control.evaluation.BEST_KNOWN`), on the same scale, so a reader sees how far the ceiling itself
+is from the state of the art.
 """
 
 from __future__ import annotations
@@ -19,37 +20,16 @@ import numpy as np
 
 from worldpipe.control.dynamics import true_simulator
 from worldpipe.control.episodes import PlannerAgent, PolicyAgent, run_episode
+from worldpipe.control.evaluation import STREAM_PREFIX, action_box, best_known, build_planner, summarize
+from worldpipe.core.figures import save_figure
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
 from worldpipe.rollout.streams import StreamId
 
-# Published returns of well-tuned agents (mean ± std over their evaluation episodes), beside the ceiling.
-BEST_KNOWN: dict[str, dict[str, Any]] = {
-    "Pendulum-v1": {
-        "return": -150.0,
-        "source": "rl-baselines3-zoo benchmark table (TD3 -152 ± 90, SAC -157 ± 89)",
-        "agents": {"TD3": {"mean": -152.0, "std": 90.0}, "SAC": {"mean": -157.0, "std": 89.0}},
-    },
-}
 # The least gain, as a fraction of the scale from random to a level, that makes a later level beat it.
 MATERIAL_GAIN = 0.005
 # The noise stream the curve's episodes draw from: the ceiling contender's, under run seed 0.
 CURVE_RUN_SEED = 0
-
-
-def best_known(env_id: str) -> dict[str, Any] | None:
-    """The best return known for ``env_id`` and where it comes from, None where the project has none."""
-    known = BEST_KNOWN.get(env_id)
-    return None if known is None else dict(known)
-
-
-def score(value: float, floor: float, ceiling: float) -> tuple[float | None, str | None]:
-    """(R - R_floor) / (R_ceiling - R_floor) and None, or None and why there is no score (floor meets ceiling)."""
-    span = ceiling - floor
-    if abs(span) < 1e-9:
-        return None, (f"no score: the ceiling's mean return ({ceiling:.6g}) equals random's ({floor:.6g}), so the "
-                      "scale has no length; more episodes or a longer episode separate them")
-    return (value - floor) / span, None
 
 
 def budget_levels(samples: int, iterations: int, levels: int) -> list[dict[str, int]]:
@@ -61,8 +41,6 @@ def budget_levels(samples: int, iterations: int, levels: int) -> list[dict[str, 
 
 def paired_gain(better: list[float], base: list[float]) -> dict[str, Any]:
     """Mean per-episode difference ``better - base`` on the same seeds and its 95% CI (Student t)."""
-    from worldpipe.control.evaluation import summarize  # the evaluation's own summary of returns
-
     summary = summarize([b - a for a, b in zip(base, better, strict=True)])
     return {"mean": summary["mean"], "ci95": summary["ci95"]}
 
@@ -80,8 +58,6 @@ def choose_level(returns: list[list[float]], random: float, material: float = MA
 def ceiling_returns(env_id: str, planner: dict[str, Any], box: tuple[float, float], episodes: int, max_steps: int,
                     seed: int, run_seed: int = CURVE_RUN_SEED) -> list[float]:
     """Returns of the planner with the true simulator on the held-out seeds, drawing the ceiling's streams."""
-    from worldpipe.control.evaluation import STREAM_PREFIX, build_planner
-
     returns = []
     for i in range(episodes):
         reset_seed, rng = episode_seeds(seed, i)
@@ -95,9 +71,7 @@ def budget_curve(env_id: str, planner: dict[str, Any], episodes: int, max_steps:
                  levels: int, progress=None) -> dict[str, Any]:
     """The ceiling's return (mean, 95% CI) at each budget level, the paired gain of each doubling, and the level
     chosen as the ceiling with its planner overrides; random's return on the same seeds for the scale."""
-    import torch
-
-    from worldpipe.control.evaluation import action_box, summarize
+    import torch  # start-up: torch loads only where the curve is measured
 
     torch.set_num_threads(1)  # as the evaluation: its bits must not depend on the machine's cores
     box = action_box(env_id)
@@ -133,8 +107,6 @@ def plot_budget_curve(curve: dict[str, Any], path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from worldpipe.core.figures import save_figure
 
     points = curve["levels"]
     x = np.arange(len(points))
