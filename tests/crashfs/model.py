@@ -23,7 +23,6 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -397,12 +396,14 @@ def image_key(image: Image) -> str:
 
 @dataclass(frozen=True)
 class CrashState:
-    """One state a power cut can leave: after operation ``index`` of the log, of a given ``kind``
-    ("durable", "eager-names" or "torn-<bytes>"), with the persistence points passed so far."""
+    """One state a power cut can leave, of a given ``kind`` ("durable", "eager-names" or "torn-<bytes>"), first
+    reached after operation ``index`` of the log. ``done``: the latest cut that leaves it, as the number of
+    operations that completed before it (a durable state lasts until the next persistence point), so everything
+    a workload saw return by then must be in it."""
 
     index: int
     kind: str
-    persisted: int  # persistence points (fsync, fdatasync, directory fsync) before the cut
+    done: int
     image: Image
     key: str
 
@@ -425,28 +426,32 @@ def _torn_prefixes(offset: int, length: int) -> list[int]:
     return sorted(ends)
 
 
-def crash_states(initial: Image, log: list[tuple], torn: bool = True, eager: bool = True) -> Iterator[CrashState]:
-    """Replay ``log`` on a model of ``initial`` and yield every distinct state a power cut could leave, in log
-    order: after each persistence point; where a write follows, that write torn at each boundary on top of what is
-    durable; and, after each name change, the eager-names state."""
+def crash_states(initial: Image, log: list[tuple], torn: bool = True, eager: bool = True) -> list[CrashState]:
+    """Replay ``log`` on a model of ``initial``: every distinct state a power cut could leave, in log order. The
+    durable state after each persistence point; where a write follows, that write torn at each boundary on top of
+    what is durable; after each name change, the eager-names state. A state reached by several cuts is listed
+    once, with the latest of them (``done``)."""
     model = Model(initial)
-    model.handles = {}
-    seen: set[str] = set()
-    persisted = 0
+    found: dict[str, CrashState] = {}
+    pending: Image | None = None  # the durable image since the last persistence point
+    pending_index = -1
 
-    def fresh(index: int, kind: str, image: Image) -> Iterator[CrashState]:
+    def add(index: int, kind: str, done: int, image: Image) -> None:
         key = image_key(image)
-        if key not in seen:
-            seen.add(key)
-            yield CrashState(index, kind, persisted, image, key)
+        old = found.get(key)
+        if old is None:
+            found[key] = CrashState(index, kind, done, image, key)
+        elif done > old.done:
+            found[key] = CrashState(old.index, old.kind, done, image, key)
 
-    yield from fresh(-1, "durable", model.durable_image())
+    pending = model.durable_image()
     for index, op in enumerate(log):
+        if is_persistence_point(op):
+            add(pending_index, "durable", index, pending)  # cut just before this point
         with contextlib.suppress(FsError):  # one that failed when recorded fails again: nothing changed
             model.apply(op)
         if is_persistence_point(op):
-            persisted += 1
-            yield from fresh(index, "durable", model.durable_image())
+            pending, pending_index = model.durable_image(), index
         elif op[0] == "write" and torn:
             node = model.handles.get(op[1])
             paths = model.durable_paths_of(node) if node is not None else []
@@ -461,9 +466,11 @@ def crash_states(initial: Image, log: list[tuple], torn: bool = True, eager: boo
                     old[offset:end] = data[:cut]
                     for path in paths:
                         image[path] = ("f", bytes(old))
-                    yield from fresh(index, f"torn-{cut}", image)
+                    add(index, f"torn-{cut}", index + 1, image)
         elif eager and op[0] in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename"):
-            yield from fresh(index, "eager-names", model.eager_names_image())
+            add(index, "eager-names", index + 1, model.eager_names_image())
+    add(pending_index, "durable", len(log), pending)
+    return sorted(found.values(), key=lambda state: (state.index, state.done))
 
 
 def persistence_points(log: list[tuple]) -> int:

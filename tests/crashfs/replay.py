@@ -55,9 +55,8 @@ def sweep(recording: dict, check: Callable[[Path, CrashState], None], workdir: P
         try:
             check(root / subdir if subdir else root, state)
         except AssertionError as exc:
-            raise AssertionError(f"crash state after operation {state.index} ({state.kind}, "
-                                 f"{state.persisted} persistence points, op {_op_text(recording, state)}): {exc}"
-                                 ) from exc
+            raise AssertionError(f"crash state after operation {state.index} ({state.kind}, a cut before "
+                                 f"operation {state.done}; op {_op_text(recording, state)}): {exc}") from exc
         result.checked += 1
         result.kinds[_kind(state)] += 1
     shutil.rmtree(root, ignore_errors=True)

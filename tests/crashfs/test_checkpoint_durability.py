@@ -32,7 +32,7 @@ def check_checkpoints(acked: dict[int, int]):
     expected = {step: state_digest(example_state(seed=step)) for step in STEPS}
 
     def check(root, state) -> None:
-        durable = [s for s, at in acked.items() if at <= state.index + 1]
+        durable = [s for s, at in acked.items() if at <= state.done]
         manager = CheckpointManager(root / "checkpoints", keep_last=2, verify="sha256")
         step = manager.latest_loadable()
         if durable:

@@ -27,7 +27,7 @@ def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_
     assert all(expected.values())
 
     def check(run, state) -> None:
-        durable = [s for s, at in acked.items() if at <= state.index + 1]
+        durable = [s for s, at in acked.items() if at <= state.done]
         manager = CheckpointManager(run / "checkpoints", keep_last=3, verify="sha256")
         step = manager.latest_loadable()
         if durable:
