@@ -31,7 +31,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worldpipe.core.atomic import append_durably, fsync_dir, write_file_durably, write_text_atomic
+from worldpipe.core.atomic import (
+    append_durably,
+    fsync_dir,
+    makedirs_durably,
+    write_file_durably,
+    write_text_atomic,
+)
 
 TRACKING_DIR = "tracking"
 JOURNAL_NAME = "journal.jsonl"
@@ -79,7 +85,8 @@ class Spool:
 
         Separate locks let the training thread append while a delivery (network calls) is in progress.
         """
-        self.dir.mkdir(parents=True, exist_ok=True)
+        # Durably: a power cut must not lose the directory (and every record in it) by losing its name.
+        makedirs_durably(self.dir)
         fd = os.open(self.dir / f".{kind}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -92,7 +99,7 @@ class Spool:
         """Mark a live writer (the training process) until release_active or process exit."""
         if self._active_fd is not None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
+        makedirs_durably(self.dir)
         fd = os.open(self.dir / ".active", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
