@@ -229,7 +229,7 @@ class Spool:
             shutil.rmtree(blob)
         for relpath, data in files.items():
             target = blob / relpath
-            target.parent.mkdir(parents=True, exist_ok=True)
+            makedirs_durably(target.parent)  # blobs/ itself may be new: the journal line will vouch for it
             write_file_durably(target, [data])
             fsync_dir(target.parent)
         fsync_dir(blob.parent)
