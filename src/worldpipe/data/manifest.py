@@ -9,7 +9,7 @@ from typing import Any
 import fsspec
 
 from worldpipe.config.paths import STORE_NAME, dataset_dir
-from worldpipe.core.atomic import fsync_tree, write_atomic
+from worldpipe.core.atomic import fsync_ancestors, fsync_tree, write_atomic
 from worldpipe.core.errors import UserError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.core.locations import list_files, local_path, open_filesystem
@@ -89,6 +89,7 @@ def _write_manifest(manifest_path: str, data: bytes, storage_options: dict[str, 
     path = local_path(manifest_path)
     if path is not None:
         write_atomic(path, data)
+        fsync_ancestors(path)  # the dataset's directories were made by zarr and the workflow, none durably
     else:
         # Object stores publish a single PUT atomically; there is no rename to do.
         fs, target = fsspec.core.url_to_fs(manifest_path, **dict(storage_options or {}))
@@ -106,6 +107,7 @@ def seal_dataset(url: str, manifest_path: str, storage_options: dict[str, Any] |
         # zarr's LocalStore renames files into place but never fsyncs: make the data durable before the
         # manifest that vouches for it is.
         fsync_tree(store_root)
+        fsync_ancestors(store_root)
     manifest = build_manifest(url, storage_options)
     text = json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
     _write_manifest(manifest_path, text.encode(), storage_options)
