@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 import fsspec
@@ -89,7 +90,6 @@ def _write_manifest(manifest_path: str, data: bytes, storage_options: dict[str, 
     path = local_path(manifest_path)
     if path is not None:
         write_atomic(path, data)
-        fsync_ancestors(path)  # the dataset's directories were made by zarr and the workflow, none durably
     else:
         # Object stores publish a single PUT atomically; there is no rename to do.
         fs, target = fsspec.core.url_to_fs(manifest_path, **dict(storage_options or {}))
@@ -107,10 +107,15 @@ def seal_dataset(url: str, manifest_path: str, storage_options: dict[str, Any] |
         # zarr's LocalStore renames files into place but never fsyncs: make the data durable before the
         # manifest that vouches for it is.
         fsync_tree(store_root)
+        # ... and the names leading to it: zarr and the workflow make the dataset's directories without fsyncing
+        # their parents, so a power cut could lose a sealed dataset whole.
         fsync_ancestors(store_root)
     manifest = build_manifest(url, storage_options)
     text = json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
     _write_manifest(manifest_path, text.encode(), storage_options)
+    manifest_dir = local_path(os.path.dirname(manifest_path))
+    if manifest_dir is not None and os.path.abspath(manifest_dir) != os.path.dirname(os.path.abspath(store_root or "")):
+        fsync_ancestors(manifest_dir)  # a manifest kept apart from its store: its own names too
     return manifest
 
 
