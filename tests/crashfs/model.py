@@ -473,6 +473,15 @@ def crash_states(initial: Image, log: list[tuple], torn: bool = True, eager: boo
     return sorted(found.values(), key=lambda state: (state.index, state.done))
 
 
+def durable_after(initial: Image, log: list[tuple]) -> Image:
+    """What a power cut right after the last operation of ``log`` leaves."""
+    model = Model(initial)
+    for op in log:
+        with contextlib.suppress(FsError):
+            model.apply(op)
+    return model.durable_image()
+
+
 def persistence_points(log: list[tuple]) -> int:
     """How many persistence points a log holds."""
     return sum(1 for op in log if is_persistence_point(op))
