@@ -85,3 +85,22 @@ def test_a_live_power_cut_mid_run_remounts_and_resumes_to_the_uninterrupted_dige
         assert checkpoint_digest(mount.path / "run" / "checkpoints") == reference, (
             f"seed {seed}: the run cut after persistence point {cut_after} resumed to other bits")
     assert subprocess.run(["mountpoint", "-q", str(workdir / "mnt")]).returncode != 0
+
+
+def test_a_full_disk_mid_run_stops_it_in_one_line_and_it_resumes_once_there_is_space(crashfs, smoke_runs,
+                                                                                     smoke_dataset, env_with_venv):
+    reference = checkpoint_digest(smoke_runs.straight().dir / "checkpoints")
+    crashfs.faults(space=500_000)  # a smoke checkpoint is ~340 kB: step 10 fits, step 20 does not
+    run_dir = crashfs.path / "run"
+    full = run_train(run_dir, smoke_dataset, env_with_venv)
+    assert full.returncode != 0, "the run went on with a full disk"
+    errors = [line for line in full.stderr.splitlines() if "No space left on device" in line]
+    assert len(errors) == 1 and "step 20" in errors[0], full.stderr[-3000:]
+    assert "Traceback" not in full.stderr, full.stderr[-3000:]
+    manager = CheckpointManager(run_dir / "checkpoints", verify="sha256")
+    assert manager.latest_loadable() == 10 and manager.store.read_latest() == 10
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if ".partial" in p.name] == []
+    crashfs.faults(space=None)
+    resumed = run_train(run_dir, smoke_dataset, env_with_venv)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert checkpoint_digest(run_dir / "checkpoints") == reference
