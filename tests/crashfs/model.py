@@ -441,8 +441,10 @@ def crash_states(initial: Image, log: list[tuple], torn: bool = True, eager: boo
         old = found.get(key)
         if old is None:
             found[key] = CrashState(index, kind, done, image, key)
-        elif done > old.done:
-            found[key] = CrashState(old.index, old.kind, done, image, key)
+        elif done > old.done or (kind == "durable" and old.kind != "durable"):
+            # Named by its plainest kind: a durable state that an eager or torn cut also reaches is durable.
+            found[key] = CrashState(old.index, "durable" if kind == "durable" else old.kind,
+                                    max(done, old.done), image, key)
 
     pending = model.durable_image()
     for index, op in enumerate(log):

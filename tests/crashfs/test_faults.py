@@ -8,8 +8,8 @@ from __future__ import annotations
 import errno
 
 import pytest
-from checkpoint_states import example_state
 
+from checkpoint_states import example_state
 from crashfs.model import durable_after, write_image
 from worldpipe.checkpoint.digest import state_digest
 from worldpipe.checkpoint.errors import CheckpointWriteError

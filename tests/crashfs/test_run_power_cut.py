@@ -11,12 +11,12 @@ import random
 import subprocess
 
 import pytest
-from forked_ranks import train_on_ranks
-from smoke_runs import run_train, train_cmd
 
 from crashfs.model import crash_states, write_image
 from crashfs.mount import CrashMount
 from crashfs.replay import checkpoint_acks, sweep
+from forked_ranks import train_on_ranks
+from smoke_runs import run_train, train_cmd
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 
 pytestmark = [pytest.mark.crash, pytest.mark.integration, pytest.mark.slow]

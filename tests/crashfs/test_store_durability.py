@@ -25,32 +25,39 @@ REPO = Path(__file__).resolve().parents[2]
 BLOB = bytes(range(256)) * 300  # binary and over the inline limit: journaled as a blob file
 
 
-def record_spool(crashfs) -> tuple[dict, dict[int, tuple[int, dict]]]:
-    """Records appended to a run's spool (a params record, staged metrics, a commit with a blob artifact, an
-    acknowledgement); per sequence number, the log length at which its append returned and the record."""
+def spool_entries(count: int) -> list[tuple]:
+    """``count`` records as a training run appends them: params, staged metrics of growing size (lines that cross
+    512 B and 4 KiB boundaries, so a cut can tear them), commits carrying a blob artifact."""
+    entries = [("params", None, {"params": {"trainer.lr": "0.001"}})]
+    for i in range(1, count):
+        if i % 3 == 2:
+            entries.append(("commit", {f"ckpt/{i}.bin": BLOB[i:] + BLOB[:i]}, {"step": i}))
+        else:
+            entries.append(("metrics", None, {"gate": i, "metrics": [[i, "loss", 1.0 / i, 1000 + i]] * (1 + 7 * i % 90)}))
+    return entries
+
+
+def record_spool(crashfs, count: int) -> tuple[dict, dict, list[tuple[int, int]]]:
+    """The entries appended to a run's spool, its acknowledgement state saved after every fourth; per sequence
+    number, the log length at which its append returned and the record; and (log length, acked) per state saved."""
     spool = Spool(crashfs.path / "run")
-    acked = {}
-    entries = [
-        ("params", None, {"params": {"trainer.lr": "0.001"}}),
-        ("metrics", None, {"gate": 1, "metrics": [[1, "loss", 0.5, 1000]]}),
-        ("commit", {"ckpt/model.bin": BLOB}, {"step": 1}),
-        ("metrics", None, {"gate": 2, "metrics": [[2, "loss", 0.25, 2000]] * 40}),
-        ("commit", {"ckpt/big.bin": BLOB[::-1]}, {"step": 2}),
-    ]
-    for op, files, fields in entries:
+    acked, states = {}, []
+    for op, files, fields in spool_entries(count):
         (seq,) = spool.append_many([(op, files, fields)])
         acked[seq] = (crashfs.length(), {"op": op, **fields}, files or {})
-        if seq == 3:
+        if seq % 4 == 3:
             with spool.locked():
                 state = spool.state()
-                state.update(acked=2, offset=spool.read()[1][1], run_id="r1")
+                state.update(acked=seq - 1, offset=spool.read()[seq - 2][1], run_id="r1")
                 spool.save_state(state)
-            acked_state = crashfs.length()
-    return crashfs.recording(), acked, acked_state
+            states.append((crashfs.length(), seq - 1))
+    return crashfs.recording(), acked, states
 
 
-def test_every_cut_of_the_spool_keeps_every_acknowledged_record(crashfs, tmp_path):
-    recording, acked, acked_state = record_spool(crashfs)
+@pytest.mark.parametrize("count", [pytest.param(5, id="5-records"),
+                                   pytest.param(60, id="60-records", marks=pytest.mark.slow)])
+def test_every_cut_of_the_spool_keeps_every_acknowledged_record(crashfs, tmp_path, count):
+    recording, acked, states = record_spool(crashfs, count)
 
     def check(run, state) -> None:
         spool = Spool(run)
@@ -63,13 +70,14 @@ def test_every_cut_of_the_spool_keeps_every_acknowledged_record(crashfs, tmp_pat
             for name, data in files.items():
                 blob = spool.blob_dir(seq) / name
                 assert blob.is_file() and blob.read_bytes() == data, f"blob {name} of record {seq} lost"
-        if acked_state <= state.done:
-            assert spool.state()["acked"] == 2, "the acknowledgement state was saved durably, but it is lost"
+        saved = [n for at, n in states if at <= state.done]
+        if saved:
+            assert spool.state()["acked"] >= max(saved), "the acknowledgement state was saved durably, but is lost"
         spool.state()  # never torn: parses whatever survived
         assert spool.append("params", params={"after": "crash"}) == max(records, default=0) + 1
 
     result = sweep(recording, check, tmp_path, subdir="run")
-    print(result.summary())
+    print(f"crashfs tracking spool, {count} records: {result.summary()}")
 
 
 def test_every_cut_of_a_run_start_keeps_its_record_latest_and_first_checkpoint(crashfs, tmp_path, monkeypatch):
@@ -111,7 +119,7 @@ def test_every_cut_of_a_run_start_keeps_its_record_latest_and_first_checkpoint(c
                 pass
 
     result = sweep(recording, check, tmp_path)
-    print(result.summary())
+    print(f"crashfs run index, run lock and first checkpoint: {result.summary()}")
 
 
 TINY_SPEC = {"name": "tiny", "env_id": "Pendulum-v1", "policy": "noisy_controller", "episodes": 4, "max_steps": 8,
@@ -140,4 +148,4 @@ def test_every_cut_of_a_dataset_build_leaves_it_sealed_and_verified_or_unsealed(
             TrajectoryStore.open(str(store), manifest=load_manifest(str(manifest))).read_episodes(0, 4)
 
     result = sweep(recording, check, tmp_path)
-    print(result.summary())
+    print(f"crashfs data store, build and seal: {result.summary()}")
