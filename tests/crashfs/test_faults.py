@@ -6,11 +6,13 @@ intact and loadable, nothing is reported durable that is not, and no descriptor 
 from __future__ import annotations
 
 import errno
+from multiprocessing.connection import Client
 
 import pytest
 
 from checkpoint_states import example_state
 from crashfs.model import durable_after, write_image
+from forked_ranks import run_on_ranks
 from worldpipe.checkpoint.digest import state_digest
 from worldpipe.checkpoint.errors import CheckpointWriteError
 from worldpipe.checkpoint.manager import CheckpointManager
@@ -83,6 +85,55 @@ def test_an_fsync_that_fails_with_eio_fails_the_save_and_is_never_retried(crashf
     crashfs.faults(eio_fsync=0)
     assert_previous_survives(CheckpointManager(root, verify="sha256"))
     assert_previous_survives(after_power_cut(recording, tmp_path / "cut"))
+
+
+def two_sharded_saves_the_second_on_a_full_disk(root: str, control: str, budget: int) -> str | None:
+    """On every forked rank: an FSDP2 model saved sharded as step 1, then (the disk filled to ``budget`` more
+    bytes by rank 0 through the control socket) as step 2; the error line of step 2's save, if it failed."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from sharded_support import fsdp_toy_model
+    from worldpipe.checkpoint import capture_rng
+    from worldpipe.checkpoint.sharded_saver import ShardedSaver
+
+    model, optimizer = fsdp_toy_model()
+    saver = ShardedSaver(CheckpointManager(root, keep_last=2))
+
+    def state(step: int) -> dict:
+        return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer),
+                "progress": {"step": step, "epoch": 0, "samples_seen": step, "tokens_seen": 0},
+                "sampler": {"cursor": step}, "rng": [capture_rng()], "identity": {"layout": "fsdp2"}}
+
+    try:
+        saver.save(1, state(1), optimizer)
+        dist.barrier()
+        if dist.get_rank() == 0:
+            with Client(control, family="AF_UNIX") as conn:
+                conn.send(("faults", {"space": budget}))
+                conn.recv()
+        dist.barrier()
+        try:
+            saver.save(2, state(2), optimizer)
+        except CheckpointWriteError as exc:
+            return one_line(exc)
+        return None
+    finally:
+        saver.close()
+
+
+@pytest.mark.parametrize("budget", [100, 3000], ids=["first-shard", "part-way"])
+def test_a_full_file_system_mid_sharded_save_fails_every_rank_and_keeps_the_previous_step(crashfs, tmp_path, budget):
+    root = crashfs.path / "run" / "checkpoints"
+    lines = run_on_ranks(2, two_sharded_saves_the_second_on_a_full_disk, str(root), crashfs.control, budget,
+                         tmp=tmp_path / "ranks")
+    assert all(line is not None and "step 2" in line for line in lines), lines
+    assert any("No space left on device" in line for line in lines), lines
+    crashfs.faults(space=None)
+    for manager in (CheckpointManager(root, verify="sha256"),
+                    after_power_cut(crashfs.recording(), tmp_path / "cut")):
+        assert manager.latest_loadable() == 1 and manager.store.read_latest() == 1
+    assert [n.name for n in root.iterdir() if n.name.startswith(".step-")] == [], "the failed step left its files"
 
 
 def test_a_journal_append_on_a_full_disk_fails_and_loses_no_acknowledged_record(crashfs, tmp_path):
