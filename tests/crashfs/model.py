@@ -4,7 +4,7 @@ Every file has volatile data (what reads return) and durable data (what survives
 volatile names and durable names. The fault model (docs/durability.md):
 
 * a file's data becomes durable at its ``fsync``/``fdatasync`` (the whole file as it is then);
-* a directory's names (create, rename, unlink, symlink, mkdir, rmdir) become durable at that directory's ``fsync``;
+* a directory's names (create, rename, link, unlink, symlink, mkdir, rmdir) become durable at that directory's ``fsync``;
 * a cut keeps only what is durable, and may tear the last write that was not yet durable: a prefix of it, cut at a
   512 B or 4 KiB boundary of the file, reaches the disk;
 * it may also persist names before data (a journal that commits a rename ahead of the file's pages: the "eager
@@ -219,6 +219,15 @@ class Model:
         new_parent.names[new_name] = node
         if node.kind == "d":
             node.parent = new_parent
+
+    def _op_link(self, existing: str, new: str) -> None:
+        node = self.lookup(existing)
+        if node.kind == "d":
+            raise FsError(errno.EPERM, existing)
+        parent, name = self._parent(new)
+        if name in parent.names:
+            raise FsError(errno.EEXIST, new)
+        parent.names[name] = node
 
     def _op_write(self, fh: int, offset: int, data: bytes) -> int:
         node = self.handle(fh)
@@ -469,7 +478,7 @@ def crash_states(initial: Image, log: list[tuple], torn: bool = True, eager: boo
                     for path in paths:
                         image[path] = ("f", bytes(old))
                     add(index, f"torn-{cut}", index + 1, image)
-        elif eager and op[0] in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename"):
+        elif eager and op[0] in ("create", "mkdir", "symlink", "link", "unlink", "rmdir", "rename"):
             add(index, "eager-names", index + 1, model.eager_names_image())
     add(pending_index, "durable", len(log), pending)
     return sorted(found.values(), key=lambda state: (state.index, state.done))

@@ -230,6 +230,11 @@ class CrashFs(fuse.Operations):
         self._apply(("symlink", _rel(target), source))
         return 0
 
+    def link(self, target: str, source: str) -> int:
+        """``ln source target``: the hard link ``target`` to the file ``source``."""
+        self._apply(("link", _rel(source), _rel(target)))
+        return 0
+
     def chmod(self, path: str, mode: int) -> int:  # noqa: D102
         self._apply(("chmod", _rel(path), mode))
         return 0

@@ -53,7 +53,7 @@ def test_random_cuts_of_a_whole_run_resume_to_the_uninterrupted_digest(crashfs, 
     acked = checkpoint_acks(recording["log"], "run/checkpoints")
     assert sorted(acked) == [10, 20, 30]
     result = sweep(recording, check_run(acked, digests), tmp_path, subdir="run")
-    print(result.summary())
+    print(f"crashfs whole smoke run (2 ranks, 30 steps): {result.summary()}")
 
     seed = int.from_bytes(os.urandom(4), "little")
     states = crash_states(recording["initial"], recording["log"])

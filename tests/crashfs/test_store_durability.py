@@ -149,3 +149,24 @@ def test_every_cut_of_a_dataset_build_leaves_it_sealed_and_verified_or_unsealed(
 
     result = sweep(recording, check, tmp_path)
     print(f"crashfs data store, build and seal: {result.summary()}")
+
+
+@pytest.mark.slow  # MLflow makes its tables in ~40 s on the file system in Python
+def test_every_cut_of_the_mlflow_store_creation_leaves_no_store_or_a_whole_one(crashfs, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from worldpipe.tracking.delivery import create_sqlite_store
+
+    db = Path("results/mlflow.db")
+    create_sqlite_store(crashfs.path / db)
+    created = crashfs.length()
+    recording = crashfs.recording()
+
+    def check(root, state) -> None:
+        if created <= state.done:
+            assert (root / db).is_file(), "the store was created, but a cut lost it"
+        if (root / db).is_file():  # whole: MLflow opens it and finds its tables
+            MlflowClient(tracking_uri=f"sqlite:///{root / db}").search_experiments(max_results=1)
+
+    result = sweep(recording, check, tmp_path)
+    print(f"crashfs MLflow SQLite store creation: {result.summary()}")
