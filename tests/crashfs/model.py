@@ -422,16 +422,23 @@ def is_persistence_point(op: tuple) -> bool:
     return op[0] in ("fsync", "fsyncdir")
 
 
+MAX_TEARS = 64  # torn variants of one write at most (a long write's 4 KiB boundaries are then sampled evenly)
+
+
 def _torn_prefixes(offset: int, length: int) -> list[int]:
-    """Lengths of the prefixes of a write at ``offset`` that end on a 512 B or 4 KiB boundary of the file:
-    the first of each size and the last (what a cut mid-write can leave)."""
-    ends = set()
+    """Lengths of the prefixes of a write at ``offset`` that a cut mid-write can leave: those ending on a 4 KiB
+    boundary of the file (at most MAX_TEARS, evenly spaced), the first and last ending on a 512 B one, and the
+    whole write (persisted while an earlier unsynced write to the file was not: writes reordered between
+    flushes)."""
+    ends = {length}
     for sector in SECTOR_SIZES:
         first = (offset // sector + 1) * sector
         last = ((offset + length - 1) // sector) * sector
-        for end in (first, last):
-            if offset < end < offset + length:
-                ends.add(end - offset)
+        ends.update(end - offset for end in (first, last) if offset < end < offset + length)
+    pages = list(range((offset // 4096 + 1) * 4096, offset + length, 4096))
+    if len(pages) > MAX_TEARS:
+        pages = [pages[i * len(pages) // MAX_TEARS] for i in range(MAX_TEARS)]
+    ends.update(end - offset for end in pages)
     return sorted(ends)
 
 

@@ -247,8 +247,7 @@ class CrashFs(fuse.Operations):
         return 0
 
 
-def _serve_control(fs: CrashFs, address: str) -> None:
-    listener = Listener(address, family="AF_UNIX")
+def _serve_control(fs: CrashFs, listener: Listener) -> None:
     while True:
         with listener.accept() as conn:
             try:
@@ -292,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     args.backing.mkdir(parents=True, exist_ok=True)
     args.state.mkdir(parents=True, exist_ok=True)
     fs = CrashFs(Model(read_image(args.backing)), args.backing, args.state, args.cut_after)
-    threading.Thread(target=_serve_control, args=(fs, args.control), daemon=True).start()
+    listener = Listener(args.control, family="AF_UNIX")  # listening before the mount reports ready
+    threading.Thread(target=_serve_control, args=(fs, listener), daemon=True).start()
     fuse.FUSE(fs, args.mount, foreground=True, nothreads=True, fsname="crashfs")
     return 0
 

@@ -25,32 +25,41 @@ REPO = Path(__file__).resolve().parents[2]
 BLOB = bytes(range(256)) * 300  # binary and over the inline limit: journaled as a blob file
 
 
-def spool_entries(count: int) -> list[tuple]:
-    """``count`` records as a training run appends them: params, staged metrics of growing size (lines that cross
-    512 B and 4 KiB boundaries, so a cut can tear them), commits carrying a blob artifact."""
-    entries = [("params", None, {"params": {"trainer.lr": "0.001"}})]
+def spool_batches(count: int) -> list[list[tuple]]:
+    """``count`` batches of records as a training run appends them (one journal write and fsync each): params,
+    staged metrics of growing size (lines that cross 512 B and 4 KiB boundaries, so a cut can tear them), commits
+    carrying a blob artifact, and a checkpoint's commit, inline artifacts and tags whose lines together are longer
+    than one write (the file system gets them in two: a cut may keep a part of the second only)."""
+    batches = [[("params", None, {"params": {"trainer.lr": "0.001"}})]]
     for i in range(1, count):
-        if i % 3 == 2:
-            entries.append(("commit", {f"ckpt/{i}.bin": BLOB[i:] + BLOB[:i]}, {"step": i}))
+        if i == 4:
+            views = {f"ckpt/view-{k}.txt": f"{k}".encode() * 60_000 for k in range(3)}
+            batches.append([("commit", None, {"step": i}), ("artifacts", views, {"path": "ckpt"}),
+                            ("tags", None, {"tags": {"step": str(i)}})])
+        elif i % 3 == 2:
+            batches.append([("commit", {f"ckpt/{i}.bin": BLOB[i:] + BLOB[:i]}, {"step": i})])
         else:
-            entries.append(("metrics", None, {"gate": i, "metrics": [[i, "loss", 1.0 / i, 1000 + i]] * (1 + 7 * i % 90)}))
-    return entries
+            batches.append([("metrics", None, {"gate": i, "metrics": [[i, "loss", 1.0 / i, 1000 + i]] * (1 + 7 * i % 90)})])
+    return batches
 
 
 def record_spool(crashfs, count: int) -> tuple[dict, dict, list[tuple[int, int]]]:
-    """The entries appended to a run's spool, its acknowledgement state saved after every fourth; per sequence
-    number, the log length at which its append returned and the record; and (log length, acked) per state saved."""
+    """The batches appended to a run's spool, its acknowledgement state saved now and then; per sequence number,
+    the log length at which its append returned, the record's fields and files; and (log length, acked) per
+    state saved."""
     spool = Spool(crashfs.path / "run")
     acked, states = {}, []
-    for op, files, fields in spool_entries(count):
-        (seq,) = spool.append_many([(op, files, fields)])
-        acked[seq] = (crashfs.length(), {"op": op, **fields}, files or {})
-        if seq % 4 == 3:
+    for batch in spool_batches(count):
+        seqs = spool.append_many(batch)
+        for seq, (op, files, fields) in zip(seqs, batch, strict=True):
+            acked[seq] = (crashfs.length(), {"op": op, **fields}, files or {})
+        if len(acked) % 4 == 3:
+            last = max(acked)
             with spool.locked():
                 state = spool.state()
-                state.update(acked=seq - 1, offset=spool.read()[seq - 2][1], run_id="r1")
+                state.update(acked=last - 1, offset=spool.read()[last - 2][1], run_id="r1")
                 spool.save_state(state)
-            states.append((crashfs.length(), seq - 1))
+            states.append((crashfs.length(), last - 1))
     return crashfs.recording(), acked, states
 
 
@@ -68,6 +77,9 @@ def test_every_cut_of_the_spool_keeps_every_acknowledged_record(crashfs, tmp_pat
             assert seq in records, f"record {seq} ({fields['op']}) was appended durably, but the journal lost it"
             assert {k: records[seq].get(k) for k in fields} == fields, f"record {seq} came back changed"
             for name, data in files.items():
+                if name in records[seq].get("inline", {}):
+                    assert records[seq]["inline"][name].encode() == data, f"{name} of record {seq} changed"
+                    continue
                 blob = spool.blob_dir(seq) / name
                 assert blob.is_file() and blob.read_bytes() == data, f"blob {name} of record {seq} lost"
         saved = [n for at, n in states if at <= state.done]
