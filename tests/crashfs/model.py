@@ -6,7 +6,7 @@ volatile names and durable names. The fault model (docs/durability.md):
 * a file's data becomes durable at its ``fsync``/``fdatasync`` (the whole file as it is then);
 * a directory's names (create, rename, link, unlink, symlink, mkdir, rmdir) become durable at that directory's ``fsync``;
 * a cut keeps only what is durable, and may tear the last write that was not yet durable: a prefix of it, cut at a
-  512 B or 4 KiB boundary of the file, reaches the disk;
+  512 B or 4 KiB boundary of the file, or all of it, reaches the disk without the unsynced writes before it;
 * it may also persist names before data (a journal that commits a rename ahead of the file's pages: the "eager
   names" crash state), never data that was not written.
 
