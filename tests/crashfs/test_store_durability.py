@@ -139,10 +139,13 @@ TINY_SPEC = {"name": "tiny", "env_id": "Pendulum-v1", "policy": "noisy_controlle
 
 
 def test_every_cut_of_a_dataset_build_leaves_it_sealed_and_verified_or_unsealed(crashfs, tmp_path):
+    from omegaconf import OmegaConf
+
     from worldpipe.data.build import build_dataset
     from worldpipe.data.manifest import load_manifest, verify_dataset
     from worldpipe.data.spec import DatasetSpec
     from worldpipe.data.store import TrajectoryStore
+    from worldpipe.launch.preflight import DataMismatch, check_data
 
     where = Path("results/data/tiny/0123abcd")
     build_dataset(str(crashfs.path / where / "store.zarr"), DatasetSpec.from_dict(TINY_SPEC),
@@ -154,7 +157,11 @@ def test_every_cut_of_a_dataset_build_leaves_it_sealed_and_verified_or_unsealed(
         store, manifest = root / where / "store.zarr", root / where / "manifest.json"
         if sealed <= state.done:
             assert manifest.is_file(), "the dataset was sealed, but its manifest is lost"
-        if manifest.is_file():
+        if not manifest.is_file():  # unsealed: training refuses it in one line (the pipeline's rule rebuilds it)
+            data = OmegaConf.create({"data": {"store": str(store), "manifest": str(manifest)}})
+            with pytest.raises(DataMismatch, match="no dataset manifest"):
+                check_data(data)
+        else:
             bad = [r for r in verify_dataset(str(store), str(manifest)) if r["status"] != "ok"]
             assert not bad, f"a sealed dataset does not verify: {bad[:3]}"
             TrajectoryStore.open(str(store), manifest=load_manifest(str(manifest))).read_episodes(0, 4)
