@@ -13,8 +13,9 @@ import pytest
 # promise in-process (tests/unit/test_control_planners.py: the same stream gives the same actions).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TINY = ["--episodes", "2", "--max-steps", "12", "--context", "4", "--set", "horizon=4", "--set", "samples=8",
-        "--set", "iterations=2"]
+# Context 8: windows of 5 to 7 steps are where a server thread left on every core changed the last bits.
+TINY = ["--episodes", "2", "--max-steps", "12", "--context", "8", "--set", "horizon=4", "--set", "samples=8",
+        "--set", "iterations=2", "--ceiling-set", "samples=16", "--http-episodes", "1"]
 
 
 def _worldpipe(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
@@ -51,11 +52,23 @@ def test_the_record_holds_every_contender_on_the_same_seeds_with_its_loop_split(
         loop = contender["control_loop"]
         assert loop["steps"] == 24 and loop["period_ms"] == 50.0
         assert set(loop["parts"]) == {"capture", "prepare", "transport", "model", "output", "decision", "actuation"}
-    assert record["contenders"]["random"]["score"] == 0.0 and record["contenders"]["behaviour"]["score"] == 1.0
+    assert record["contenders"]["random"]["score"] == 0.0 and record["contenders"]["ceiling"]["score"] == 1.0
+    assert record["score"] == record["contenders"]["planner"]["score"] and record["ceiling_score"] == 1.0
+    assert record["behaviour_score"] == record["contenders"]["behaviour"]["score"]
+    assert record["settings"]["ceiling"]["samples"] == 16 and record["settings"]["ceiling"]["horizon"] == 4
+    assert record["yardstick"]["ceiling_budget"] == {"samples": 16, "iterations": 2, "horizon": 4}
+    assert record["yardstick"]["best_known"]["return"] == -150.0
+    # Over HTTP: a latency probe of one episode that takes exactly the in-process planner's actions.
+    probe = record["http_probe"]
+    assert probe["episodes"] == 1 and probe["control_loop"]["steps"] == 12
+    assert record["http_takes_the_in_process_actions"] is True, (probe["returns"], record["contenders"]["planner"])
+    assert probe["control_loop"]["parts"]["transport"]["p50_ms"] > 0
     assert record["contenders"]["planner"]["control_loop"]["parts"]["model"]["p50_ms"] > 0
     assert record["settings"]["planner"]["_target_"].endswith("MPPI") and record["settings"]["planner"]["horizon"] == 4
     assert len(record["checkpoint_digest"]) == 64 and record["checkpoint_step"] == 10
-    assert "planner decision p50" in evaluated["proc"].stdout
+    out = evaluated["proc"].stdout
+    assert "planner decision p50" in out and "best known return of Pendulum-v1: -150" in out
+    assert "over HTTP (a latency probe, 1 episode) the planner takes the in-process actions: True" in out
     assert (evaluated["root"] / "returns.png").stat().st_size > 0 and (evaluated["root"] / "loop.png").stat().st_size > 0
 
 

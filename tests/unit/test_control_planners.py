@@ -82,9 +82,9 @@ def test_summaries_and_scores():
     summary = summarize([-100.0, -200.0, -300.0])
     assert summary["mean"] == -200.0 and summary["ci95"][0] < -200.0 < summary["ci95"][1]
     assert summary["ci95"][1] - summary["ci95"][0] == pytest.approx(2 * 4.302653 * 100 / 3 ** 0.5, rel=1e-5)
-    assert normalised_score(-150.0, random=-1000.0, behaviour=-150.0) == 1.0
-    assert normalised_score(-1000.0, random=-1000.0, behaviour=-150.0) == 0.0
-    assert normalised_score(-5.0, random=-5.0, behaviour=-5.0) is None
+    assert normalised_score(-150.0, random=-1000.0, ceiling=-150.0) == 1.0
+    assert normalised_score(-1000.0, random=-1000.0, ceiling=-150.0) == 0.0
+    assert normalised_score(-5.0, random=-5.0, ceiling=-5.0) is None
 
 
 def test_envs_without_a_true_simulator_are_refused_in_one_line():
@@ -110,3 +110,15 @@ def test_planner_settings_compose_from_conf_with_typed_overrides(repo):
     assert config["horizon"] == 7 and config["momentum"] == 0.0 and isinstance(config["momentum"], float)
     planner = build_planner(config, -2.0, 2.0)
     assert isinstance(planner, CEM) and planner.horizon == 7 and planner.action_high == 2.0
+
+
+def test_the_heap_loaded_before_the_episodes_is_out_of_the_collectors_sight_while_they_run():
+    import gc
+
+    from worldpipe.control.evaluation import long_lived_heap_frozen
+
+    loaded = [object() for _ in range(10)]  # what the evaluation loaded before its episodes
+    assert gc.get_freeze_count() == 0
+    with long_lived_heap_frozen():
+        assert gc.get_freeze_count() >= len(loaded)
+    assert gc.get_freeze_count() == 0

@@ -141,6 +141,28 @@ def control_options(wildcards):
         if key in settings
     ]
     options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
+    options += [f"--ceiling-set={override}" for override in settings.get("ceiling_overrides", [])]
+    return " ".join(shlex.quote(option) for option in options)
+
+
+def yardstick_settings():
+    """Per env the closed loop evaluates, the control settings its ceiling's budget curve is measured with."""
+    envs = {}
+    for run in RUNS_PLANNED.values():
+        settings = control_settings(config, run.dataset) if run.control_hash else None
+        if settings:
+            envs.setdefault(settings["env_id"], settings)
+    return envs
+
+
+def yardstick_options(wildcards):
+    """`worldpipe control yardstick`'s options for one env: the closed loop's seeds, episodes and planner."""
+    settings = yardstick_settings().get(wildcards.env_id)
+    if settings is None:
+        raise WorkflowError(f"control yardstick {wildcards.env_id}: no run's closed loop evaluates that env "
+                            f"(envs: {', '.join(sorted(yardstick_settings())) or 'none'})")
+    options = [f"--{key.replace('_', '-')}={settings[key]}" for key in ("max_steps", "episodes", "seed", "planner")]
+    options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
     return " ".join(shlex.quote(option) for option in options)
 
 

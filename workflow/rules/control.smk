@@ -73,3 +73,38 @@ rule plot_control_overview:
         f"{RULE_BENCHMARKS}/plot_control_overview/{CONTROL_OVERVIEW_HASH}.tsv"
     script:
         "../scripts/plot_control_overview.py"
+
+
+# The ceiling's return against its budget (`worldpipe control yardstick`): the curve behind `control:
+# ceiling_overrides`, per env the closed loop evaluates; the planner with the true simulator, no model. Not part of
+# `all` (minutes of episodes): `snakemake --cores 2 control_yardstick`.
+YARDSTICK = f"{RESULTS}/control/yardstick"
+
+
+rule measure_yardstick:
+    output:
+        curve=f"{YARDSTICK}/{{env_id}}.json",
+        plot=report(
+            f"{YARDSTICK}/{{env_id}}.png",
+            caption="../report/control_yardstick.rst",
+            category="Control yardstick",
+            labels={"env": "{env_id}", "figure": "ceiling vs budget"},
+        ),
+    params:
+        options=yardstick_options,
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("measure_yardstick"),
+    log:
+        f"{LOGS}/measure_yardstick/{{env_id}}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/measure_yardstick/{{env_id}}.tsv"
+    shell:
+        "worldpipe control yardstick --env-id {wildcards.env_id} {params.options}"
+        " --out {output.curve} --plot {output.plot} > {log} 2>&1"
+
+
+rule control_yardstick:
+    input:
+        [f"{YARDSTICK}/{env_id}.json" for env_id in sorted(yardstick_settings())],

@@ -40,8 +40,12 @@ def register(cli: click.Group) -> None:
         click.Option(["--planner"], default="mppi", show_default=True, help="conf/planner/<name>.yaml"),
         click.Option(["--set", "planner_overrides"], multiple=True, metavar="KEY=VALUE",
                      help="planner setting (repeatable), e.g. --set horizon=20"),
+        click.Option(["--ceiling-set", "ceiling_overrides"], multiple=True, metavar="KEY=VALUE",
+                     help="the ceiling's planner setting over the planner's (repeatable): its budget, measured by "
+                          "`worldpipe control yardstick`, e.g. --ceiling-set samples=512"),
         click.Option(["--http-episodes"], type=int, default=0, show_default=True,
-                     help="episodes the planner also plays with the model behind `worldpipe serve` (over HTTP)"),
+                     help="episodes the planner also plays with the model behind `worldpipe serve` (over HTTP): "
+                          "a latency probe of the loop, not a score"),
         click.Option(["--out"], required=True, help="metrics JSON to write"),
         click.Option(["--plot"], help="returns bar chart (PNG) to write"),
         click.Option(["--loop-plot"], help="control-loop split (PNG) to write"),
@@ -55,6 +59,22 @@ def register(cli: click.Group) -> None:
                                 "record's; a step folder must be that one).", [
         click.Argument(["record"]), run_argument(required=False), checkpoints_option(),
         click.Option(["--out"], help="write the repeated evaluation's JSON here"),
+    ]))
+    control.add_command(command("yardstick", _yardstick, "Measure the ceiling's return against its budget: the "
+                                "planner with the true simulator on the held-out seeds, doubling samples and "
+                                "iterations from the planner's own, and the budget where doubling stops raising the "
+                                "return (what `control: ceiling_overrides` records).", [
+        click.Option(["--env-id"], default="Pendulum-v1", show_default=True, help="Gymnasium env"),
+        click.Option(["--max-steps"], type=int, default=200, show_default=True, help="steps per episode"),
+        click.Option(["--episodes"], type=int, default=20, show_default=True, help="held-out seeds"),
+        click.Option(["--seed"], type=int, default=5000, show_default=True, help="root of the held-out episode seeds"),
+        click.Option(["--planner"], default="mppi", show_default=True, help="conf/planner/<name>.yaml"),
+        click.Option(["--set", "planner_overrides"], multiple=True, metavar="KEY=VALUE",
+                     help="planner setting (repeatable): the curve's first level"),
+        click.Option(["--levels"], type=click.IntRange(2, 8), default=5, show_default=True,
+                     help="budget levels, each doubling samples and iterations"),
+        click.Option(["--out"], required=True, help="curve JSON to write"),
+        click.Option(["--plot"], help="curve PNG to write"),
     ]))
     cli.add_command(control)
 
@@ -70,11 +90,14 @@ def _evaluate(args) -> int:
     # Refused before any episode runs, cheapest first (each one line naming the option, exit 2).
     check_counts(args.max_steps, args.episodes, args.context, args.http_episodes)
     planner = planner_config(args.planner, list(args.planner_overrides), conf_dir())
+    # The ceiling: the same planner and settings at its own budget (empty where none is set: the planner's).
+    ceiling = (planner_config(args.planner, [*args.planner_overrides, *args.ceiling_overrides], conf_dir())
+               if args.ceiling_overrides else {})
     identity = recorded_identity(where)
     env_id, policy = settled_env(args.env_id, args.behaviour_policy, recorded_env(identity))
     check_env(env_id, policy, identity)
     settings = ControlSettings(env_id, policy, args.max_steps, args.episodes, args.seed, args.context, planner,
-                               args.http_episodes)
+                               args.http_episodes, ceiling)
     gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
     if args.pictures:
         Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model
@@ -99,15 +122,35 @@ def _write(result: dict, out: str, plot: str | None, loop_plot: str | None) -> N
 def _print_summary(result: dict) -> None:
     for name, c in result["contenders"].items():
         low, high = c["ci95"]
-        score = "" if c["score"] is None else f"  score {c['score']:.2f}"
+        score = "" if c["score"] is None else f"  score {c['score']:.3f}"
         print(f"{name:>10}: return {c['mean']:9.1f}  95% CI [{low:.1f}, {high:.1f}]{score}")
-    for name in ("planner", "planner_http"):
-        if name in result["contenders"]:
-            loop = result["contenders"][name]["control_loop"]
-            period = "" if loop["period_ms"] is None else f" of a {loop['period_ms']:g} ms control period"
-            print(f"{name} decision p50 {loop['decision_p50_ms']:.1f} ms, p99 {loop['decision_p99_ms']:.1f} ms{period}")
-    if "http_takes_the_in_process_actions" in result:
-        print(f"over HTTP the planner takes the in-process actions: {result['http_takes_the_in_process_actions']}")
+    yardstick = result.get("yardstick") or {}
+    budget = yardstick.get("ceiling_budget") or {}
+    if budget:
+        print(f"score: (R - R_random) / (R_ceiling - R_random); ceiling: {budget.get('samples')} samples x "
+              f"{budget.get('iterations')} iterations, horizon {budget.get('horizon')}, with the true simulator")
+    if yardstick.get("no_score_reason"):
+        print(yardstick["no_score_reason"])
+    known = yardstick.get("best_known")
+    if known is not None:
+        known_score = "" if known.get("score") is None else f", score {known['score']:.3f} on this scale"
+        print(f"best known return of {result['settings']['env_id']}: {known['return']:g}{known_score} "
+              f"({known['source']})")
+    loops = {"planner": result["contenders"]["planner"]["control_loop"]}
+    if "http_probe" in result:
+        loops["planner over HTTP"] = result["http_probe"]["control_loop"]
+    for name, loop in loops.items():
+        period = "" if loop["period_ms"] is None else f" of a {loop['period_ms']:g} ms control period"
+        transport = loop["parts"]["transport"]
+        wire = "" if name == "planner" else (f" (transport p50 {transport['p50_ms']:.2f} ms, "
+                                              f"p99 {transport['p99_ms']:.2f} ms)")
+        print(f"{name} decision p50 {loop['decision_p50_ms']:.1f} ms, p99 {loop['decision_p99_ms']:.1f} ms{period}"
+              f"{wire}")
+    if "http_probe" in result:
+        probe = result["http_probe"]
+        episodes = f"{probe['episodes']} episode{'s' if probe['episodes'] != 1 else ''}"
+        print(f"over HTTP (a latency probe, {episodes}) the planner takes the in-process actions: "
+              f"{result['http_takes_the_in_process_actions']}")
 
 
 def _track(result: dict, args, root: str) -> int:
@@ -122,6 +165,42 @@ def _track(result: dict, args, root: str) -> int:
         return 1
     if where:
         print(f"logged to MLflow run {where}")
+    return 0
+
+
+def _yardstick(args) -> int:
+    from worldpipe.config.paths import conf_dir
+    from worldpipe.config.planner import planner_config
+    from worldpipe.control.dynamics import TRUE_SIMULATORS
+    from worldpipe.control.yardstick import budget_curve, plot_budget_curve
+    from worldpipe.core.errors import UsageError
+
+    if args.env_id not in TRUE_SIMULATORS:
+        raise UsageError(f"control yardstick --env-id {args.env_id}: the ceiling needs the env's true simulator, "
+                         f"which the project has for {', '.join(TRUE_SIMULATORS)} only")
+    if args.episodes < 2 or args.max_steps < 1:
+        raise UsageError("control yardstick: --episodes must be >= 2 (a confidence interval) and --max-steps >= 1")
+    planner = planner_config(args.planner, list(args.planner_overrides), conf_dir())
+
+    def progress(point: dict) -> None:
+        low, high = point["ci95"]
+        gain = point.get("gain_over_previous")
+        more = "" if gain is None else (f"  gain over the previous level {gain['mean']:+.1f} "
+                                        f"[{gain['ci95'][0]:+.1f}, {gain['ci95'][1]:+.1f}]")
+        print(f"{point['samples']:>6} samples x {point['iterations']:>3} iterations: return {point['mean']:8.1f}  "
+              f"95% CI [{low:.1f}, {high:.1f}]{more}", flush=True)
+
+    curve = budget_curve(args.env_id, planner, args.episodes, args.max_steps, args.seed, args.levels, progress)
+    write_text_atomic(Path(args.out), json.dumps(curve, indent=1))
+    if args.plot:
+        plot_budget_curve(curve, args.plot)
+    chosen = curve["levels"][curve["chosen_level"]]
+    print(f"ceiling: {chosen['samples']} samples x {chosen['iterations']} iterations, return {chosen['mean']:.1f} "
+          f"(random {curve['random']['mean']:.1f}); in the pipeline config: "
+          f"control: {{ceiling_overrides: [{', '.join(curve['ceiling_overrides'])}]}}")
+    known = curve["best_known"]
+    if known is not None:
+        print(f"best known return of {args.env_id}: {known['return']:g} ({known['source']})")
     return 0
 
 

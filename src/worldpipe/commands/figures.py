@@ -31,8 +31,9 @@ def register(cli: click.Group) -> None:
     ], short="draw the documentation's figures again from the runs they name"))
 
 
-def run_entry(run, record_path: Path) -> dict[str, Any]:
-    """What a figure's JSON says of one run: its address, its MLflow run, its checkpoint and numerics."""
+def run_entry(run, record_path: Path, evaluation_hash: str) -> dict[str, Any]:
+    """What a figure's JSON says of one run: its address, the evaluation drawn (by its hash), its MLflow run, its
+    checkpoint and numerics."""
     from worldpipe.checkpoint.layout import latest_identity
     from worldpipe.config import paths
     from worldpipe.core import numerics
@@ -41,6 +42,7 @@ def run_entry(run, record_path: Path) -> dict[str, Any]:
     identity = latest_identity(paths.checkpoints_dir(run.dir))
     env = identity.get(numerics.IDENTITY_KEY) or {}
     return {"experiment": run.experiment, "run_hash": paths.short(run.run_hash), "run_dir": run.dir,
+            "evaluation_hash": paths.short(evaluation_hash),
             "mlflow_run_id": done.get("mlflow_run_id"), "checkpoint_digest": done.get("digest"),
             "record": str(record_path), "numerics": env,
             "numerics_summary": f"{numerics.summary(env)} ({env.get('cpu.model', '?')})"}
@@ -81,7 +83,7 @@ def _figures(args) -> int:
     for run in runs.values():
         path = Path(run.dir) / paths.EVAL_DIR / paths.short(run.eval_hash) / "metrics.json"
         open_loop[f"{run.experiment} ({paths.short(run.run_hash)})"] = _record(path, "held-out evaluation")
-        entries[run.experiment] = run_entry(run, path)
+        entries[run.experiment] = run_entry(run, path, run.eval_hash)
     plot_models_vs_baseline(open_loop, out / f"{OPEN_LOOP_FIGURE}.png")
     values = {run.experiment: {"ratio": result["ratio"], "one_step_ratio": result["one_step_ratio"]}
               for run, result in zip(runs.values(), open_loop.values(), strict=True)}
@@ -95,7 +97,7 @@ def _figures(args) -> int:
         for run in controlled:
             path = Path(run.dir) / paths.CONTROL_DIR / paths.short(run.control_hash) / "control.json"
             records[f"{run.experiment} ({paths.short(run.run_hash)})"] = _record(path, "closed-loop evaluation")
-            entries[run.experiment] = run_entry(run, path)
+            entries[run.experiment] = run_entry(run, path, run.control_hash)
         drawn = plot_control_overview(records, out / f"{CLOSED_LOOP_FIGURE}.png")
         values = {run.experiment: drawn[label] for run, label in zip(controlled, records, strict=True)}
         write_text_atomic(out / f"{CLOSED_LOOP_FIGURE}.json",

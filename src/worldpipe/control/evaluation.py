@@ -6,11 +6,15 @@ uses) four contenders act, each on the same seeds:
     random        uniform random actions: the floor
     behaviour     the scripted policy that collected the training data
     planner       the configured planner with the trained model as its simulator
-    ceiling       the same planner with the true simulator as its model
+    ceiling       the same planner with the true simulator as its model, at the budget more compute cannot beat
+                  (``settings.ceiling``, measured by :mod:`worldpipe.control.yardstick`)
 
 Returns are summarised as mean with a 95% confidence interval (Student t over episodes) and as the normalised
-score ``(R - R_random) / (R_behaviour - R_random)``. The planner's control loop is timed per real step, by part
-(:mod:`worldpipe.control.episodes`), against the environment's control period.
+score ``(R - R_random) / (R_ceiling - R_random)``, every contender on the same scale, beside the env's best known
+return. The planner's control loop is timed per real step, by part (:mod:`worldpipe.control.episodes`), against the
+environment's control period; with ``http_episodes`` the planner also plays its first episodes with the model behind
+``worldpipe serve``: a latency probe of the loop over HTTP (and a check that it takes the same actions), not a
+contender.
 
 Everything an evaluation depends on is in its result (checkpoint step and digest, settings, seeds, streams), and
 every episode records the SHA-256 of its actions, so :func:`rerun_control` repeats it from the record alone and
@@ -19,6 +23,9 @@ compares bit for bit.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,7 +47,9 @@ from worldpipe.measure.energy import EnergyMeter
 from worldpipe.rollout.streams import StreamId
 
 CONTENDERS = ("random", "behaviour", "planner", "ceiling")
-HTTP_CONTENDER = "planner_http"  # the planner with the model behind `worldpipe serve` (settings.http_episodes)
+# The planner with the model behind `worldpipe serve` (settings.http_episodes): a latency probe, not a contender.
+HTTP_CONTENDER = "planner_http"
+HTTP_PROBE = "http_probe"
 STREAM_PREFIX = "control"
 
 
@@ -58,6 +67,34 @@ class ControlSettings:
     # Episodes the planner also plays through `worldpipe serve` (one HTTP request per planner iteration), on the
     # first seeds: the control loop with transport, and whether it takes the in-process planner's actions.
     http_episodes: int = 0
+    # The ceiling's planner config: the planner's own at the budget the yardstick chose (empty: the planner's, as
+    # records written before the yardstick had one).
+    ceiling: dict[str, Any] = field(default_factory=dict)
+
+
+# Published returns of well-tuned agents (mean ± std over their evaluation episodes), beside the ceiling.
+BEST_KNOWN: dict[str, dict[str, Any]] = {
+    "Pendulum-v1": {
+        "return": -150.0,
+        "source": "rl-baselines3-zoo benchmark table (TD3 -152 ± 90, SAC -157 ± 89)",
+        "agents": {"TD3": {"mean": -152.0, "std": 90.0}, "SAC": {"mean": -157.0, "std": 89.0}},
+    },
+}
+
+
+def best_known(env_id: str) -> dict[str, Any] | None:
+    """The best return known for ``env_id`` and where it comes from, None where the project has none."""
+    known = BEST_KNOWN.get(env_id)
+    return None if known is None else dict(known)
+
+
+def score(value: float, floor: float, ceiling: float) -> tuple[float | None, str | None]:
+    """(R - R_floor) / (R_ceiling - R_floor) and None, or None and why there is no score (floor meets ceiling)."""
+    span = ceiling - floor
+    if abs(span) < 1e-9:
+        return None, (f"no score: the ceiling's mean return ({ceiling:.6g}) equals random's ({floor:.6g}), so the "
+                      "scale has no length; more episodes or a longer episode separate them")
+    return (value - floor) / span, None
 
 
 def build_planner(config: dict[str, Any], low: float, high: float) -> Planner:
@@ -108,10 +145,9 @@ def summarize(returns: list[float]) -> dict[str, Any]:
             "episodes": len(values)}
 
 
-def normalised_score(value: float, random: float, behaviour: float) -> float | None:
-    """(R - R_random) / (R_behaviour - R_random): 0 is random, 1 the behaviour policy; None if they tie."""
-    span = behaviour - random
-    return None if abs(span) < 1e-9 else (value - random) / span
+def normalised_score(value: float, random: float, ceiling: float) -> float | None:
+    """(R - R_random) / (R_ceiling - R_random): 0 is random, 1 the ceiling; None if they tie (see :func:`score`)."""
+    return score(value, random, ceiling)[0]
 
 
 def loop_split(timings: list[dict[str, list[float]]], period_s: float | None) -> dict[str, Any]:
@@ -147,7 +183,8 @@ def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float]
     # Over HTTP the planner draws what it draws in-process: the same stream, so the same actions if the bits agree.
     stream_name = "planner" if name == HTTP_CONTENDER else name
     stream = StreamId(run_seed, f"{STREAM_PREFIX}/{stream_name}/{settings.seed}/{episode}")
-    return PlannerAgent(build_planner(settings.planner, *box), _dynamics(name, settings, model, url), stream)
+    planner = (settings.ceiling or settings.planner) if name == "ceiling" else settings.planner
+    return PlannerAgent(build_planner(planner, *box), _dynamics(name, settings, model, url), stream)
 
 
 def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pixel_size: int | None = None,
@@ -184,6 +221,22 @@ def pixel_size_of(model) -> int | None:
     return int(round((model.obs_dim // 3) ** 0.5))
 
 
+@contextmanager
+def long_lived_heap_frozen() -> Iterator[None]:
+    """Keep what is loaded before the episodes (torch, the model, SciPy, MLflow) out of the garbage collector's
+    full collections while they run, and give it back after.
+
+    A full collection walks every tracked object; with the whole heap in view it pauses one decision of the
+    control loop far beyond the environment's period, a tail that measures the collector, not the planner.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | None = None,
                      gif: str | None = None) -> dict[str, Any]:
     """Run every contender on the held-out seeds; the result :func:`rerun_control` can repeat.
@@ -197,12 +250,13 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     model.eval()
     digest = state_digest(CheckpointManager(checkpoints).load(identity["step"]))
     run_seed = int(identity["config"].get("seed", 0))
-    contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
-                  for name in CONTENDERS}
-    if settings.http_episodes > 0:
-        with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here
-            contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
-                                                       pixel_size_of(model), url)
+    with long_lived_heap_frozen():
+        contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
+                      for name in CONTENDERS}
+        if settings.http_episodes > 0:
+            with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here
+                contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
+                                                           pixel_size_of(model), url)
     result = control_result(settings, identity, digest, run_seed, contenders)
     if gif is not None and write_episode_gif(contenders["planner"]["pictured"], pixel_size_of(model), gif):
         result["pictures"] = [gif]
@@ -211,9 +265,12 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
 
 def control_result(settings: ControlSettings, identity: dict, digest: str, run_seed: int,
                    contenders: dict[str, dict]) -> dict[str, Any]:
-    """The JSON record of an evaluation: settings, identity, per-contender returns and summaries, loop split."""
+    """The JSON record of an evaluation: settings, identity, per-contender returns, summaries and scores on the
+    yardstick, the loop split, and the HTTP latency probe where one ran."""
+    contenders = dict(contenders)
+    probe = contenders.pop(HTTP_CONTENDER, None)
     summaries = {name: summarize(c["returns"]) for name, c in contenders.items()}
-    random, behaviour = summaries["random"]["mean"], summaries["behaviour"]["mean"]
+    floor, ceiling = summaries["random"]["mean"], summaries["ceiling"]["mean"]
     period = control_period_s(settings.env_id)
     out = {
         "settings": asdict(settings),
@@ -228,16 +285,36 @@ def control_result(settings: ControlSettings, identity: dict, digest: str, run_s
     for name, c in contenders.items():
         out["contenders"][name] = {
             **summaries[name],
-            "score": normalised_score(summaries[name]["mean"], random, behaviour),
+            "score": score(summaries[name]["mean"], floor, ceiling)[0],
             "returns": c["returns"], "actions_sha256": c["actions_sha256"], "energy": c["energy"],
             "control_loop": loop_split(c["timings"], period),
         }
-    if HTTP_CONTENDER in contenders:
-        served = contenders[HTTP_CONTENDER]["actions_sha256"]
-        out["http_takes_the_in_process_actions"] = served == contenders["planner"]["actions_sha256"][:len(served)]
     out["score"] = out["contenders"]["planner"]["score"]
     out["ceiling_score"] = out["contenders"]["ceiling"]["score"]
+    out["behaviour_score"] = out["contenders"]["behaviour"]["score"]
+    out["yardstick"] = yardstick_record(settings, floor, ceiling)
+    if probe is not None:
+        served = probe["actions_sha256"]
+        out["http_takes_the_in_process_actions"] = served == contenders["planner"]["actions_sha256"][:len(served)]
+        out[HTTP_PROBE] = {
+            "episodes": len(served), "returns": probe["returns"], "actions_sha256": served,
+            "takes_the_in_process_actions": out["http_takes_the_in_process_actions"], "energy": probe["energy"],
+            "control_loop": loop_split(probe["timings"], period),
+        }
     return out
+
+
+def yardstick_record(settings: ControlSettings, floor: float, ceiling: float) -> dict[str, Any]:
+    """What the scores are measured against: the floor and ceiling returns, the ceiling's budget, why there is no
+    score where they tie, and the env's best known return on the same scale."""
+    planner = settings.ceiling or settings.planner
+    _, reason = score(ceiling, floor, ceiling)
+    record = {"score": "(R - R_random) / (R_ceiling - R_random)", "floor_return": floor, "ceiling_return": ceiling,
+              "ceiling_budget": {key: planner.get(key) for key in ("samples", "iterations", "horizon")},
+              "no_score_reason": reason, "best_known": best_known(settings.env_id)}
+    if record["best_known"] is not None:
+        record["best_known"]["score"] = score(record["best_known"]["return"], floor, ceiling)[0]
+    return record
 
 
 def settings_from_record(record: dict[str, Any]) -> ControlSettings:
@@ -259,6 +336,8 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         differences.append(f"checkpoint digest: recorded {old['checkpoint_digest'][:16]}, "
                            f"now {new['checkpoint_digest'][:16]}")
     for name, then in old["contenders"].items():
+        if name == HTTP_CONTENDER:  # a record from before the HTTP run became a probe: compared as the probe
+            continue
         now = new["contenders"].get(name, {})
         for i, (a, b) in enumerate(zip(then["actions_sha256"], now.get("actions_sha256", []), strict=False)):
             if a != b:
@@ -267,4 +346,7 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 break
         if then["returns"] != now.get("returns"):
             differences.append(f"{name}: returns differ")
+    served = (old.get(HTTP_PROBE) or old["contenders"].get(HTTP_CONTENDER) or {}).get("actions_sha256")
+    if served is not None and served != new.get(HTTP_PROBE, {}).get("actions_sha256"):
+        differences.append(f"{HTTP_PROBE}: actions over HTTP differ")
     return differences

@@ -12,8 +12,8 @@ from worldpipe.core.figures import save_figure
 from worldpipe.evaluate.pictures import side_by_side_gif, to_frames
 
 LABELS = {"random": "random", "behaviour": "behaviour policy", "planner": "planner + model",
-          "ceiling": "planner + true simulator", "planner_http": "planner + served model (HTTP)"}
-# The contenders whose returns are compared (the HTTP one plays a few episodes, for its timing only).
+          "ceiling": "planner + true simulator", "http_probe": "planner + served model (HTTP)"}
+# The contenders whose returns are compared (the HTTP probe plays a few episodes, for its timing only).
 COMPARED = ("random", "behaviour", "planner", "ceiling")
 
 
@@ -31,11 +31,15 @@ def plot_returns(result: dict[str, Any], path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(range(len(names)), means, yerr=[lows, highs], capsize=6, color=[COLORS[n] for n in names])
     ax.set_xticks(range(len(names)), [LABELS.get(n, n) for n in names], rotation=15)
+    known = (result.get("yardstick") or {}).get("best_known")
+    if known is not None:
+        ax.axhline(known["return"], color="#36c", linestyle="--", linewidth=1, label=f"best known {known['return']:g}")
+        ax.legend(fontsize=8, loc="lower right")
     ax.set_ylabel("episode return (mean, 95% CI)")
     settings = result["settings"]
     score = result.get("score")
     ax.set_title(f"{result.get('experiment')}: {settings['env_id']}, {settings['episodes']} held-out seeds"
-                 + ("" if score is None else f", score {score:.2f}"))
+                 + ("" if score is None else f", score {score:.3f} (0 random, 1 ceiling)"), fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
 
@@ -69,30 +73,39 @@ def plot_control_overview(records: dict[str, dict[str, Any]], path: str | Path) 
         if score is not None:
             ax.annotate(f"score {score:.2f}", (1.0, row), xycoords=("axes fraction", "data"), xytext=(6, 0),
                         textcoords="offset points", va="center", fontsize=9)
+    first_record = next(iter(records.values()))
+    best = first_record.get("yardstick", {}).get("best_known")
+    if best is not None:  # the env's best known return (a published table), on the same axis
+        ax.axvline(best["return"], color="black", linestyle=":", linewidth=1,
+                   label=f"best known ({best['return']:g})")
+        drawn["best_known_return"] = best["return"]
     ax.set_yticks(range(len(records)), list(records))
     ax.invert_yaxis()
-    first = next(iter(records.values()))
-    settings = first["settings"]
+    settings = first_record["settings"]
     ax.set_xlabel(f"episode return on {settings['episodes']} held-out seeds (mean, 95% CI)")
     ax.set_title(f"Closed loop in {settings['env_id']}: the planner with each model, beside its yardsticks")
-    fig.legend(loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
     save_figure(fig, path, dpi=100, bbox_inches="tight")
     return drawn
 
 
 def plot_control_loop(result: dict[str, Any], path: str | Path) -> None:
-    """p50 and p99 of each part of one real step (planner + model, planner + true simulator) against the env's
-    control period."""
+    """p50 and p99 of each part of one real step (planner + model, in-process and over HTTP where probed, planner +
+    true simulator) against the env's control period."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ("planner", "planner_http", "ceiling") if n in result["contenders"]]
-    parts = list(result["contenders"][names[0]]["control_loop"]["parts"])
+    loops = {name: result["contenders"][name]["control_loop"] for name in ("planner", "ceiling")}
+    if "http_probe" in result:
+        loops = {"planner": loops["planner"], "http_probe": result["http_probe"]["control_loop"],
+                 "ceiling": loops["ceiling"]}
+    names = list(loops)
+    parts = list(loops["planner"]["parts"])
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
-        loop = result["contenders"][name]["control_loop"]
+        loop = loops[name]
         x = np.arange(len(parts))
         ax.bar(x - 0.2, [loop["parts"][p]["p50_ms"] for p in parts], 0.4, label="p50")
         ax.bar(x + 0.2, [loop["parts"][p]["p99_ms"] for p in parts], 0.4, label="p99")

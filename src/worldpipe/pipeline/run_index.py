@@ -22,7 +22,7 @@ from worldpipe.checkpoint.layout import LATEST_NAME, latest_identity, parse_step
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
 from worldpipe.core import numerics
-from worldpipe.core.atomic import remove_atomic, symlink_atomic, write_text_atomic
+from worldpipe.core.atomic import makedirs_durably, remove_atomic, symlink_atomic, write_text_atomic
 from worldpipe.core.errors import UsageError
 from worldpipe.launch.run_lock import RunLock
 from worldpipe.pipeline.plan import compose, run_hash
@@ -79,7 +79,8 @@ def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequenc
         "config": flatten(to_container(cfg)), "started_at": _now(), "attempts": [],
     }
     record["attempts"].append({"started_at": _now(), "exit_code": None})
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # Durably: the run's record, `latest` and every checkpoint below it are only as durable as these names.
+    makedirs_durably(run_dir)
     invalidate_results(run_dir)
     write_text_atomic(run_dir / paths.RUN_RECORD, json.dumps(record, indent=2, default=str))
     point_latest(run_dir)

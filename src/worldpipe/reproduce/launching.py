@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from worldpipe.config import paths
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.atomic import makedirs_durably, write_text_atomic
 from worldpipe.launch.launcher import launch_training
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
@@ -60,7 +60,7 @@ def rebuilt_of(recorded: RecordedRun, kind: str, **extra) -> dict:
 
 
 def _write_record(run_dir: Path, record: dict) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    makedirs_durably(run_dir)
     write_text_atomic(run_dir / paths.RUN_RECORD, json.dumps(record, indent=2, default=str))
 
 

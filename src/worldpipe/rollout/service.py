@@ -98,6 +98,10 @@ class RolloutService:
 
     def __init__(self, checkpoint_path: str, config: ServiceConfig = ServiceConfig(), device: str = "cpu") -> None:
         self.config = config
+        # The intra-op thread count of the thread that builds the service (`worldpipe serve --threads`). It is per
+        # OS thread (OpenMP, MKL): a request computed on a web worker thread would otherwise run every core.
+        self.threads = torch.get_num_threads()
+        self._thread_state = threading.local()
         self.registry = ModelRegistry(checkpoint_path, device)
         self.registry.refresh()
         self.cache = ResultCache(config.cache_entries, config.cache_bytes)
@@ -192,6 +196,7 @@ class RolloutService:
         served = self._model(model_version)
         self._check_context(served, context_obs, context_action)
         candidates = self._candidates(served, candidates)
+        self._own_threads()
         started = time.perf_counter()
         model = served.model
         with torch.no_grad():
@@ -218,6 +223,17 @@ class RolloutService:
         if not bool(torch.isfinite(tensor).all()):
             raise InputError(("candidates",), "contain NaN or infinity")
         return tensor
+
+    def _own_threads(self) -> None:
+        """Give the calling thread the service's intra-op thread count, once per thread.
+
+        Model work done on the caller's thread (not the batcher's) must use the same kernels as everywhere else:
+        with MKL on as many threads as cores, a small matrix product splits differently and its last bits
+        change, so a planner's candidates scored here would differ from the same scores in-process.
+        """
+        if getattr(self._thread_state, "threads", None) != self.threads:
+            torch.set_num_threads(self.threads)
+            self._thread_state.threads = self.threads
 
     # ---- sessions ----
     def open_session(self, context_obs: torch.Tensor, context_action: torch.Tensor, sampling: Sampling,

@@ -4,8 +4,9 @@ A control evaluation goes to a nested child run of the training run (``<run>-con
 is the held-out episode, so ``control/<contender>/return`` at step i is episode i's return (the training run keeps
 training steps on its axis). The training run gets the summaries at the evaluated checkpoint's step
 (``control/<contender>/return_mean``, ``.../return_ci95_low``, ``.../return_ci95_high``, ``control/score``,
-``control/ceiling_score``, ``control/decision_p99_ms``), and so does the logged model of the checkpoint, where one
-exists, together with the planner's per-episode returns. Idempotent per evaluation key (checkpoint digest and
+``control/ceiling_score``, ``control/behaviour_score``, ``control/decision_p99_ms`` and, where the loop was probed
+over HTTP, ``control/http_probe/decision_p99_ms``), and so does the logged model of the checkpoint, where one
+exists, together with the planner's per-episode returns. The HTTP probe is timing, never a return or a score. Idempotent per evaluation key (checkpoint digest and
 settings): the same evaluation logged twice adds nothing.
 """
 
@@ -25,7 +26,7 @@ COMPLETE_TAG = "worldpipe.control.complete"
 DIGEST_TAG = "worldpipe.control.checkpoint_digest"
 ARTIFACT_DIR = "control"
 # Measured by the clock (they differ run to run); every other control metric is a function of the records.
-CLOCK_METRICS = (f"{PREFIX}decision_p99_ms",)
+CLOCK_METRICS = (f"{PREFIX}decision_p99_ms", f"{PREFIX}http_probe/decision_p99_ms")
 
 
 def control_key(result: Mapping[str, Any]) -> str:
@@ -40,11 +41,13 @@ def summary_metrics(result: Mapping[str, Any]) -> dict[str, float]:
     for name, c in result["contenders"].items():
         values[f"{PREFIX}{name}/return_mean"] = c["mean"]
         values[f"{PREFIX}{name}/return_ci95_low"], values[f"{PREFIX}{name}/return_ci95_high"] = c["ci95"]
-    for key in ("score", "ceiling_score"):
+    for key in ("score", "ceiling_score", "behaviour_score"):
         if result.get(key) is not None:
             values[f"{PREFIX}{key}"] = result[key]
-    (clock,) = CLOCK_METRICS
-    values[clock] = result["contenders"]["planner"]["control_loop"]["decision_p99_ms"]
+    decision, probe = CLOCK_METRICS
+    values[decision] = result["contenders"]["planner"]["control_loop"]["decision_p99_ms"]
+    if "http_probe" in result:
+        values[probe] = result["http_probe"]["control_loop"]["decision_p99_ms"]
     return values
 
 

@@ -89,6 +89,31 @@ class BodyLimit:
         await response({"type": "http"}, None, send)
 
 
+class ServerTiming:
+    """ASGI middleware: a ``Server-Timing: app;dur=<ms>`` response header, the app's time from receiving a request
+    to starting its answer (reading and parsing the body, queueing for a worker thread, the handler, serialising).
+
+    A client subtracts it from its round trip to see the transport alone: the wire and HTTP framing, both ways.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+
+        async def timed_send(message):
+            if message["type"] == "http.response.start":
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                headers = [*message.get("headers", []), (b"server-timing", f"app;dur={elapsed_ms:.3f}".encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return await self.app(scope, receive, timed_send)
+
+
 def create_app(make_service: Callable[[], RolloutService]) -> FastAPI:
     """The app; ``make_service`` runs at startup and the service is closed (queue drained) at shutdown."""
 

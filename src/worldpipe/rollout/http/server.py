@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import logging
 import os
@@ -14,7 +15,7 @@ import uvicorn
 from worldpipe.core.atomic import write_text_atomic
 from worldpipe.core.errors import UsageError
 from worldpipe.rollout.contexts import HeldoutContexts
-from worldpipe.rollout.http.app import BodyLimit, create_app
+from worldpipe.rollout.http.app import BodyLimit, ServerTiming, create_app
 from worldpipe.rollout.service import RolloutService, ServiceConfig
 
 log = logging.getLogger("worldpipe.rollout.http")
@@ -88,9 +89,13 @@ def serve(checkpoint_path: str, host: str = "127.0.0.1", port: int = 8000, confi
         raise
     fastapi_app = create_app(lambda: service)
     fastapi_app.state.heldout = contexts
-    app = BodyLimit(fastapi_app, config.limits.max_request_bytes)
+    app = ServerTiming(BodyLimit(fastapi_app, config.limits.max_request_bytes))
     server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None))
     server.port_file = Path(port_file) if port_file else None
+    # Everything loaded so far (torch, FastAPI, the model) lives as long as the server: out of the collector's
+    # sight, a full collection walks only what requests allocate, instead of pausing a request for the whole heap.
+    gc.collect()
+    gc.freeze()
     try:
         server.run(sockets=[sock])
     finally:
