@@ -28,6 +28,8 @@ REFUSALS: dict[str, tuple[list[str], list[str]]] = {
     "evaluate": (["{tmp}/none", "--store", "{tmp}/s", "--manifest", "{tmp}/m.json", "--out", "{tmp}/o.json"],
                  ["{tmp}/none", "no such directory"]),
     "control evaluate": (["{tmp}/none", "--out", "{tmp}/o.json"], ["{tmp}/none", "no such directory"]),
+    "control yardstick": (["--env-id", "Bogus-v9", "--out", "{tmp}/o.json"],
+                          ["--env-id Bogus-v9", "true simulator"]),
     "control rerun": (["{tmp}/none.json", "{tmp}"], ["{tmp}/none.json", "not a readable control evaluation record"]),
     "data init": (["--spec", "{{bad", "--store", "{tmp}/s"], ["--spec", "not a dataset spec"]),
     "data write": (["--spec", "{{}}", "--store", "{tmp}/s", "--shards", "0:1"], ["--spec", "not a dataset spec"]),
