@@ -56,3 +56,13 @@ def test_the_closed_loop_has_its_own_section_score_first_in_every_rendering():
     assert "control (closed loop)" in comparison_table(comparison) and "0.995" in comparison_table(comparison)
     assert ["control (closed loop)", "control/score", "0.91", "0.995"] in list(
         csv.reader(io.StringIO(comparison_csv(comparison))))
+
+
+def test_a_reference_to_a_missing_file_is_one_line_and_opens_no_store(tmp_path, monkeypatch, capsys):
+    from worldpipe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["compare", str(tmp_path / "gone" / "train_done.json")]) == 2
+    assert "train_done.json: no such file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no results/mlflow.db made for a comparison that cannot start

@@ -148,12 +148,14 @@ def _compare(args) -> int:
         comparison_table,
         plot_comparison,
         resolve,
+        run_ids_of,
     )
     from worldpipe.tracking.history import client_for
 
     if args.as_json and args.as_csv:
         raise ComparisonError("--json and --csv exclude each other")
-    comparison = resolve(client_for(args.tracking_uri), args.run_ids)  # ComparisonError: a usage error (exit 2)
+    run_ids = run_ids_of(args.run_ids)  # a missing file is named before a tracking store is opened (or created)
+    comparison = resolve(client_for(args.tracking_uri), run_ids)  # ComparisonError: a usage error (exit 2)
     render = comparison_json if args.as_json else comparison_csv if args.as_csv else comparison_table
     table = render(comparison)
     if args.plot:

@@ -46,9 +46,17 @@ class Comparison:
     swept: list[str]  # keys that vary (from the sweep, else the differing params)
 
 
+def run_ids_of(refs: Sequence[str]) -> list[str]:
+    """The run ids the references name (a JSON file read for its run id); ComparisonError for a JSON file that
+    is not there, before any tracking store is opened."""
+    return [_run_id(ref) for ref in refs]
+
+
 def _run_id(ref: str) -> str:
     path = Path(ref)
-    if ref.endswith(".json") and path.is_file():
+    if ref.endswith(".json") and not path.is_file():
+        raise ComparisonError(f"{ref}: no such file (a run's train_done.json or a sweep's parent.json)")
+    if ref.endswith(".json"):
         record = json.loads(path.read_text())
         run_id = record.get("run_id") or record.get("mlflow_run_id")
         if not run_id:
