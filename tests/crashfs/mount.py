@@ -16,6 +16,8 @@ import sys
 from multiprocessing.connection import Client
 from pathlib import Path
 
+from worldpipe.core.children import start_child
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -61,7 +63,8 @@ class CrashMount:
             argv += ["--cut-after", str(self.cut_after)]
         env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         with open(self.workdir / "server.log", "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+            # Dies with the test process however it dies; libfuse's auto_unmount then takes the mount away too.
+            self.process = start_child(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
         line = self.process.stdout.readline()
         if line.strip() != "ready":
             self.stop_server()

@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     fs = CrashFs(Model(read_image(args.backing)), args.backing, args.state, args.cut_after)
     listener = Listener(args.control, family="AF_UNIX")  # listening before the mount reports ready
     threading.Thread(target=_serve_control, args=(fs, listener), daemon=True).start()
-    fuse.FUSE(fs, args.mount, foreground=True, nothreads=True, fsname="crashfs")
+    fuse.FUSE(fs, args.mount, foreground=True, nothreads=True, fsname="crashfs", auto_unmount=True)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Sharded checkpoints (every rank writes its own shards, rank 0 commits) under a simulated power cut: saves of
 2 forked gloo ranks recorded on the crash-simulating file system, every state a cut could leave then resumed.
-The default tier sweeps 3 saves per layout; the slow tier 6 (retention deleting the oldest between them)."""
+FSDP2 saves sync and async (published on every rank's writer thread), DDP sync. The default tier sweeps 3 saves
+each; the slow tier 6 (retention deleting the oldest between them)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ SIZES = [pytest.param(3, id="3-saves"), pytest.param(6, id="6-saves", marks=pyte
 
 
 @pytest.mark.parametrize("saves", SIZES)
-@pytest.mark.parametrize("layout", ["fsdp2", "ddp"])
-def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_path, layout, saves):
+@pytest.mark.parametrize(("layout", "mode"), [("fsdp2", "sync"), ("fsdp2", "async"), ("ddp", "sync")])
+def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_path, layout, mode, saves):
     root = crashfs.path / "run" / "checkpoints"
     save_at = tuple(range(1, saves + 1))
     on_forked_ranks(2, "train", root, tmp_path / "out.json", "--layout", layout, "--steps", str(saves),
-                    "--save-at", ",".join(map(str, save_at)), tmp=tmp_path)
+                    "--save-at", ",".join(map(str, save_at)), *(["--async-save"] if mode == "async" else []),
+                    tmp=tmp_path)
     recording = crashfs.recording()
     acked = checkpoint_acks(recording["log"], "run/checkpoints")
     assert sorted(acked) == list(save_at)
@@ -41,4 +43,4 @@ def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_
                 f"step {step} resumes from another manifest than the one committed")
 
     result = sweep(recording, check, tmp_path, subdir="run")
-    print(f"crashfs sharded checkpoints, {layout}, {saves} saves: {result.summary()}")
+    print(f"crashfs sharded checkpoints, {layout}, {mode}, {saves} saves: {result.summary()}")
