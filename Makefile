@@ -6,7 +6,7 @@ PROFILE ?= workflow/profiles/workstation
 CONFIGFILE ?=
 SNAKE_ARGS := --profile $(PROFILE) $(if $(CONFIGFILE),--configfile $(CONFIGFILE),)
 
-.PHONY: install system-deps pipeline report test lint docs gpu-check
+.PHONY: install system-deps pipeline report figures test lint docs gpu-check
 
 $(BIN)/worldpipe: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ pipeline: install
 # CONFIGFILE=..., that config's results instead.
 report: install
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake $(if $(CONFIGFILE),--configfile $(CONFIGFILE),) --report results/report.html
+
+# The docs' figures (docs/assets/*.png and the JSON naming their runs), drawn again from the current config's runs
+# that `make pipeline` left in results/.
+figures: install
+	$(BIN)/worldpipe figures
 
 # --no-skips: a tier that cannot run here (no SLURM cluster, no strace, ...) fails the target instead of skipping.
 # Two xdist workers: most slow tests wait (on servers, schedulers, fsync, a peer's checkpoint) more than they

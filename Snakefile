@@ -5,6 +5,8 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
+from worldpipe.pipeline.config_check import refuse, schema_problem
+
 min_version("9.0")
 
 
@@ -16,7 +18,11 @@ configfile: os.path.join(workflow.basedir, "conf", "pipeline", "default.yaml")
 # out keeps the defaults').
 if "control" in config and config["control"] is None:
     del config["control"]
-validate(config, "workflow/schemas/config.schema.yaml")
+# One line naming the key, else Snakemake's validate (which also fills in the schema's defaults).
+CONFIG_SCHEMA = "workflow/schemas/config.schema.yaml"
+if problem := schema_problem(config, os.path.join(workflow.basedir, CONFIG_SCHEMA)):
+    refuse(f"pipeline config: {problem}")
+validate(config, CONFIG_SCHEMA)
 
 
 report: "workflow/report/workflow.rst"
@@ -58,5 +64,6 @@ rule all:
             for output in (rules.evaluate_control.output.returns, rules.evaluate_control.output.loop)
         ],
         [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
+        [rules.plot_control_overview.output.plot] if CONTROLLED_RUNS else [],
         [rules.summarize_rounds.output.plot] if ROUNDS else [],
         sweep_targets(config.get("sweep"), Path(CONF_DIR)),

@@ -11,6 +11,8 @@ command -v dot >/dev/null || needed+=(graphviz)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || needed+=(postgresql)
 # a real SLURM cluster on localhost for tests/slurm (slurmctld, slurmd, client commands) and its auth daemon
 { command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null || needed+=(slurm-wlm)
+# FUSE for the crash-simulating file system of tests/crashfs (libfuse3 and fusermount3)
+{ command -v fusermount3 && compgen -G "/usr/lib/*/libfuse3.so.3"; } >/dev/null || needed+=(fuse3)
 { command -v munged && command -v munge; } >/dev/null || needed+=(munge)
 if [ ${#needed[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then

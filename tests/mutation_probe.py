@@ -105,6 +105,19 @@ MUTANTS = (
            "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n    try:\n        os.fsync(fd)",
            "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)\n    try:\n        pass",
            ("tests/unit/test_checkpoint_syscalls.py",)),
+    Mutant("ckpt_manifest_dir_unsynced", "a published checkpoint survives a power cut: the partial directory is "
+           "fsynced once its manifest is written (`_PartialDir.stage_manifest`)",
+           "write_file_durably(self.path(layout.MANIFEST_NAME), [data])\n        fsync_dir(self.dir)",
+           "write_file_durably(self.path(layout.MANIFEST_NAME), [data])\n        pass",
+           ("tests/crashfs/test_checkpoint_durability.py",)),
+    Mutant("seal_dirs_unsynced", "a sealed dataset survives a power cut: sealing fsyncs the directories above "
+           "the store (`seal_dataset`)",
+           "        fsync_ancestors(store_root)\n", "        pass\n",
+           ("tests/crashfs/test_store_durability.py::test_every_cut_of_a_dataset_build_leaves_it_sealed_and_verified_or_unsealed",)),
+    Mutant("spool_append_unsynced", "an appended record survives a power cut: the journal is fsynced before "
+           "append returns (`append_durably`)",
+           "        write_all(fd, data)\n        os.fsync(fd)\n", "        write_all(fd, data)\n",
+           ("tests/crashfs/test_store_durability.py::test_every_cut_of_the_spool_keeps_every_acknowledged_record",)),
     Mutant("causal_mask_dropped", "the transformer attends causally (no step sees its future)",
            "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
            "F.scaled_dot_product_attention(q, k, v, is_causal=False)",

@@ -14,6 +14,7 @@ from worldpipe.commands import (
     ckpt,
     control,
     data,
+    figures,
     guarded,
     plan,
     rerun,
@@ -32,7 +33,7 @@ from worldpipe.core.process_exit import exit_process
 # MLflow prints "View run NAME at: URL" whenever a run ends on a server; that URL opens the UI's GenAI layout.
 # Every command prints its own links instead (worldpipe.tracking.links: the Model training view).
 QUIET_MLFLOW_LINKS = ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-GROUPS = (run, control, data, rounds, ckpt, tracking, rerun, runs, bench, serve, sweep, plan)
+GROUPS = (run, control, data, rounds, ckpt, tracking, rerun, runs, bench, serve, sweep, plan, figures)
 PROG = "worldpipe"
 
 

@@ -133,7 +133,7 @@ def test_verify_of_a_directory_without_checkpoints_says_so(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for target, text in ((tmp_path / "empty", "no checkpoints"), (tmp_path / "missing", "no such directory")):
         rc, out = _verify(capsys, target)
-        assert rc == 1
+        assert rc == 2  # RUN names no checkpoint: bad input
         lines = out.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0] and str(target) in lines[0]
 
@@ -146,7 +146,7 @@ def test_digest_of_a_run_with_nothing_loadable_is_one_error(tmp_path, capsys, ca
     with caplog.at_level(logging.WARNING, logger="worldpipe.checkpoint"):
         rc = cli(["ckpt", "digest", str(root)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1
+    assert rc == 2  # RUN names no loadable checkpoint: bad input, as `serve` says too
     assert len(err) == 1 and err[0].startswith("error: ") and "no loadable checkpoint" in err[0]
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"skipping checkpoint {root}/step-000010"]
 

@@ -56,6 +56,11 @@ def test_a_hand_run_resumes_its_config_and_trains_a_changed_value_into_a_new_run
     assert json.loads((run / "train_done.json").read_text())["final_step"] == 20
     assert [a["exit_code"] for a in json.loads((run / "run.json").read_text())["attempts"]] == [0, 0]
 
+    shorter = _train(tmp_path, smoke_dataset, env_with_venv, "trainer.steps=5")  # the same address, 20 steps done
+    assert shorter.returncode == 0, shorter.stderr[-3000:]
+    assert "is at step 20, past trainer.steps=5; nothing to train" in shorter.stderr, shorter.stderr[-3000:]
+    assert len(json.loads((run / "run.json").read_text())["attempts"]) == 2  # not reopened
+
     escape = _train(tmp_path, smoke_dataset, env_with_venv, "trainer.steps=10", "run_dir=results/by-hand")
     assert escape.returncode == 0, escape.stderr[-3000:]
     assert (tmp_path / "results/by-hand/train_done.json").is_file() and _run_dirs(tmp_path) == dirs

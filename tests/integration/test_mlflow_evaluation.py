@@ -208,3 +208,14 @@ def test_closed_loop_returns_are_on_a_child_run_per_episode_and_summarised_on_th
                       if m.key == "control/planner/return")
     assert on_model == list(enumerate(planner["returns"]))
     assert "logged to MLflow run" in controlled["second"].stdout
+
+
+def test_every_run_ends_with_a_status_and_an_end_time(controlled, evaluated):
+    """The training run, the evaluation's child run and the closed loop's child run: none is left RUNNING."""
+    client, run_id = evaluated["client"], evaluated["run_id"]
+    experiment_id = client.get_run(run_id).info.experiment_id
+    runs = client.search_runs([experiment_id])
+    assert {r.info.run_name.rsplit("-", 1)[-1] for r in runs} >= {"MPPI", "000020"}  # both kinds of child
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.info.end_time, (run.info.run_name, run.info.status)
+

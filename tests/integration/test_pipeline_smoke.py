@@ -157,6 +157,36 @@ def test_mlflow_run_has_every_config_key(pipeline_dir, tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 40
 
 
+def test_every_mlflow_run_the_pipeline_opened_has_ended(pipeline_dir):
+    """Training, evaluation and control runs alike: FINISHED with an end time (the UI shows a duration, not a
+    spinner), read through the MLflow client as a user's UI would."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert any(r.info.run_name.endswith("-control-MPPI") for r in runs)
+    assert [(r.info.run_name, r.info.status) for r in runs if r.info.status != "FINISHED" or not r.info.end_time] == []
+
+
+def test_the_control_score_is_in_compare_and_runs_list(pipeline_dir, env_with_venv):
+    """The closed loop's score where runs are compared: `worldpipe compare --json` and `worldpipe runs list`."""
+    record = json.loads((pipeline_dir / RUN / "train_done.json").read_text())
+    (control,) = (pipeline_dir / RUN / paths.CONTROL_DIR).glob("*/control.json")
+    result = json.loads(control.read_text())
+    env = dict(env_with_venv, MLFLOW_TRACKING_URI=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")
+    compare = subprocess.run(["worldpipe", "compare", "--json", record["mlflow_run_id"]], cwd=pipeline_dir, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert compare.returncode == 0, compare.stderr
+    section = json.loads(compare.stdout)["sections"]["control (closed loop)"]
+    assert section["control/score"] == [result["score"]]
+    assert section["control/planner/return_mean"] == [result["contenders"]["planner"]["mean"]]
+    assert list(section)[0] == "control/score"
+    listed = subprocess.run(["worldpipe", "runs", "list"], cwd=pipeline_dir, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert f"score {result['score']:.3f} ({paths.CONTROL_DIR}/{control.parent.name})" in listed.stdout, listed.stdout
+
+
 def test_short_run_has_several_system_metric_samples_and_progress_records(pipeline_dir):
     from mlflow.tracking import MlflowClient
 
@@ -190,6 +220,9 @@ def test_report_renders_the_last_run_with_no_config_and_every_plot_two_clicks_de
                if path.startswith(str(run)) or "models_vs_baseline" in path}
     assert {"loss_curve.png", "error_vs_horizon.png", "returns.png", "control_loop.png"} <= set(figures), sorted(clicks)
     assert any("models_vs_baseline" in path for path in clicks), sorted(clicks)
+    overview = [path for path in clicks if "control_overview" in path]  # the closed loop beside the open loop
+    assert len(overview) == 1 and clicks[overview[0]][1] == clicks[next(p for p in clicks if "models_vs_baseline" in p)][1]
+    assert "Closed loop" in html and "score" in html
     too_deep = {path: depth for path, (depth, _, _) in clicks.items() if depth > 2}
     assert not too_deep, f"plots more than two clicks deep: {too_deep}"
     for name in ("loss_curve.png", "error_vs_horizon.png", "returns.png", "control_loop.png"):

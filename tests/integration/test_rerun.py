@@ -54,12 +54,13 @@ def test_sqlite_run_records_every_config_key_and_keeps_artifacts_beside_the_data
 def test_rerun_from_records_alone_is_bit_identical(recorded, env_with_venv):
     root = recorded["root"]
     proc = _run(["worldpipe", "rerun", recorded["run_id"], "--tracking-uri", recorded["uri"],
-                 "--run-dir", str(root / "runs" / "rerun"), "--data-dir", str(root / "regenerated")],
-                env_with_venv, root)
+                 "--data-dir", str(root / "regenerated")], env_with_venv, root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "regenerated" in proc.stdout and "bit-identical" in proc.stdout
+    # The default run directory: beside the experiment's config-addressed runs, named as a rerun of its source.
+    (rerun_dir,) = (root / "results" / "runs" / "smoke").glob(f"rerun-{recorded['run_id'][:8]}-*")
     client = MlflowClient(recorded["uri"])
-    new_id = json.loads((root / "runs" / "rerun" / "train_done.json").read_text())["mlflow_run_id"]
+    new_id = json.loads((rerun_dir / "train_done.json").read_text())["mlflow_run_id"]
     new = client.get_run(new_id)
     assert new.data.tags["worldpipe.rerun_of"] == recorded["run_id"]
     assert new.data.tags["worldpipe.rerun_result"].startswith("bit-identical")
@@ -72,6 +73,13 @@ def test_rerun_from_records_alone_is_bit_identical(recorded, env_with_venv):
     assert compare.returncode == 0, compare.stderr
     assert "param differences: none" in compare.stdout and "identity differences: none" in compare.stdout
     assert "loss/total" in compare.stdout
+
+    listed = _run(["worldpipe", "runs", "list"], env_with_venv, root)
+    assert listed.returncode == 0, listed.stderr
+    assert f"rerun of original (mlflow {recorded['run_id']}): bit-identical" in listed.stdout, listed.stdout
+    status = _run(["worldpipe", "runs", "status"], env_with_venv, root)
+    assert f"{rerun_dir.name}" in status.stdout and "finished at step 20 (rerun of original)" in status.stdout, (
+        status.stdout)
 
 
 def test_resume_from_a_recorded_checkpoint_continues_into_a_new_run(recorded, env_with_venv):

@@ -309,3 +309,33 @@ def test_request_over_the_size_limit_is_413(server):
     body = request(seed=6, horizon=200, context=200)
     body["padding"] = "x" * (1 << 20)
     assert server.post("/rollout", body).status_code == 413
+
+
+def _candidates_body(candidates: list, context: int = 4) -> dict:
+    body = request(seed=8, context=context)
+    return {"context": body["context"], "candidates": candidates}
+
+
+@pytest.mark.parametrize("candidates, obs, loc, needles", [
+    ([[[0.1]] * 5, [[0.2]] * 5, [[0.3, 0.4]] + [[0.3]] * 4], None, ["body", "candidates", 2],
+     ["candidate 2 step 0 has 2 values", "acts with 1"]),
+    ([[[0.1]] * 5, [[0.2]] * 4], None, ["body", "candidates", 1], ["candidate 1 has 4 steps, candidate 0 has 5"]),
+    ([[[0.1]] * 5, []], None, ["body", "candidates", 1], ["candidate 1 is empty"]),
+    ([], None, ["body", "candidates"], ["has 0 candidates"]),
+    ([[[0.1]] * 5], [], ["body", "context", "obs"], ["is empty"]),
+])
+def test_bad_candidates_are_a_422_naming_the_candidate_and_the_width(server, candidates, obs, loc, needles):
+    body = _candidates_body(candidates)
+    if obs is not None:
+        body["context"]["obs"] = obs
+    response = server.post("/imagine/candidates", body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == loc and all(needle in detail["msg"] for needle in needles), detail
+    assert "reshape" not in detail["msg"] and "tensor" not in detail["msg"]
+
+
+def test_good_candidates_are_scored(server):
+    response = server.post("/imagine/candidates", _candidates_body([[[0.1]] * 5, [[-0.2]] * 5]))
+    assert response.status_code == 200, response.text
+    assert np.asarray(response.json()["rewards"]).shape == (2, 5)

@@ -14,13 +14,14 @@ BENCHMARKS = ["bench activations", "bench checkpoint", "bench comm", "bench comp
               "bench numerics", "bench pipeline", "bench plan", "bench rollout", "bench startup", "bench step"]
 COMMANDS = ["bench", *BENCHMARKS, "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare",
             "control", "control evaluate", "control rerun", "control yardstick", "data", "data info", "data init",
-            "data seal", "data verify", "data write", "evaluate", "plan", "rerun", "resume", "rollout", "rounds",
+            "data seal", "data verify", "data write", "evaluate", "figures", "plan", "rerun", "resume", "rollout", "rounds",
             "rounds summarize", "runs",
             "runs begin", "runs end", "runs list", "runs status", "serve", "sweep", "sweep link", "sweep open",
             "sweep points", "sweep summarize", "tracking", "tracking server", "tracking status", "tracking sync"]
 # The commands with defaulted options (numbers, names): their help shows each default.
 # Every benchmark has defaulted options: `worldpipe bench NAME --help` shows each default.
-DEFAULTED = {"control evaluate", "control yardstick", "evaluate", "plan", "rerun", "rounds summarize", "runs status", "serve", "tracking server", *BENCHMARKS}
+DEFAULTED = {"control evaluate", "control yardstick", "evaluate", "figures", "plan", "rerun", "rounds summarize",
+             "runs status", "serve", "tracking server", *BENCHMARKS}
 
 
 def _tree(command: click.Command, path: tuple[str, ...] = ()) -> dict[str, click.Command]:
@@ -111,6 +112,9 @@ def test_shell_completion_script_and_answers(monkeypatch, capsys):
     # worldpipe train's arguments: Hydra's completion of config keys.
     keys = _complete(monkeypatch, capsys, "bash_complete", words="worldpipe train trainer.l")
     assert "plain,trainer.lr=" in keys.split()
+    # A group's schema is what its options extend, never offered as one.
+    options = _complete(monkeypatch, capsys, "bash_complete", words="worldpipe train numerics=").split()
+    assert options == ["plain,numerics=native", "plain,numerics=portable"], options
 
 
 def test_plumbing_the_rules_call_is_left_out_of_users_help(capsys):

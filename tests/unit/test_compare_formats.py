@@ -41,3 +41,28 @@ def test_json_and_csv_carry_the_same_sections_and_values():
     assert rows[0] == ["section", "key", "a" * 32, "b" * 32]
     assert ["param differences", "model._target_", LONG, "short"] in rows
     assert ["training (final)", "loss/total", "1.5", "1.25"] in rows
+
+
+def test_the_closed_loop_has_its_own_section_score_first_in_every_rendering():
+    runs = [_run("a" * 32, "short", "AUTO", 1.5), _run("b" * 32, "short", "AUTO", 1.25)]
+    for run, (score, mean) in zip(runs, [(0.91, -273.9), (0.995, -185.2)], strict=True):
+        run.data.metrics.update({"control/planner/return_mean": mean, "control/planner/return_ci95_low": mean - 50,
+                                 "control/ceiling_score": 0.99, "control/score": score,
+                                 "control/random/return_mean": -1270.2, "control/planner/return": mean})
+    comparison = Comparison(runs, [])
+    section = json.loads(comparison_json(comparison))["sections"]["control (closed loop)"]
+    assert list(section)[:3] == ["control/score", "control/ceiling_score", "control/planner/return_ci95_low"]
+    assert section["control/score"] == [0.91, 0.995] and "control/planner/return" not in section
+    assert "control (closed loop)" in comparison_table(comparison) and "0.995" in comparison_table(comparison)
+    assert ["control (closed loop)", "control/score", "0.91", "0.995"] in list(
+        csv.reader(io.StringIO(comparison_csv(comparison))))
+
+
+def test_a_reference_to_a_missing_file_is_one_line_and_opens_no_store(tmp_path, monkeypatch, capsys):
+    from worldpipe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["compare", str(tmp_path / "gone" / "train_done.json")]) == 2
+    assert "train_done.json: no such file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no results/mlflow.db made for a comparison that cannot start

@@ -122,3 +122,30 @@ def test_every_group_option_starts_from_its_schema():
     for group in GROUP_SCHEMAS:
         for option in (CONF_DIR / group).glob("*.yaml"):
             assert "- schema" in option.read_text(), f"{option} does not start from its schema"
+
+
+# ---- issue 51: a group's schema is never an option; planner is a group like the others ----
+
+SCHEMA_GROUPS = ("data", "trainer", "parallel", "checkpoint", "tracking", "numerics")
+
+
+@pytest.mark.parametrize("group", SCHEMA_GROUPS)
+@pytest.mark.parametrize("spelling", ["{group}=schema", "+{group}=schema", "{group}=bogus"])
+def test_a_groups_schema_is_neither_offered_nor_accepted(group, spelling):
+    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    override = spelling.format(group=group)
+    with pytest.raises(ConfigError) as refused:
+        compose_config(["experiment=smoke", override])
+    line = str(refused.value)
+    assert line == f"config group '{group}': no option '{override.rpartition('=')[2]}'; available: {', '.join(options)}"
+    assert "schema" not in line.rpartition("available:")[2]
+
+
+def test_planner_is_a_group_like_the_others_outside_the_run_identity():
+    plain = compose_config(["experiment=smoke"])
+    cem = compose_config(["experiment=smoke", "planner=cem", "planner.horizon=4"])
+    assert "planner" not in plain
+    assert cem.planner["_target_"].endswith("CEM") and cem.planner.horizon == 4
+    assert config_hash(cem) == config_hash(plain)  # training does not read it
+    with pytest.raises(ConfigError, match=r"^config group 'planner': no option 'bogus'; available: cem, mppi$"):
+        compose_config(["experiment=smoke", "planner=bogus"])

@@ -86,8 +86,8 @@ COMPOSES = pytest.mark.slow  # the refusal comes after round 0's config is compo
 
 @pytest.mark.parametrize(("change", "needle"), [
     (lambda c: c.pop("control"), "rounds: needs the pipeline config's `control:` section"),
-    pytest.param(lambda c: c["rounds"].update(planner="nope"), "rounds: no planner 'nope' in", marks=COMPOSES),
-    pytest.param(lambda c: c["rounds"].update(planner_overrides=["horizn=3"]), "rounds: planner override 'horizn=3'",
+    pytest.param(lambda c: c["rounds"].update(planner="nope"), "rounds.planner: no planner 'nope' in", marks=COMPOSES),
+    pytest.param(lambda c: c["rounds"].update(planner_overrides=["horizn=3"]), "rounds.planner_overrides: planner override 'horizn=3'",
                  marks=COMPOSES),
     pytest.param(lambda c: c["datasets"]["pendulum"].update(pixels=True), "collection rounds plan in "
                  "continuous-action envs from state observations", marks=COMPOSES),

@@ -81,7 +81,29 @@ def test_runs_list_shows_each_run_with_what_changed(workdir, capsys):
     assert [row.split()[0] for row in rows] == [first.name, second.name]
     assert rows[1].endswith("<- latest")
     assert "      trainer.lr: 0.001 -> 0.0003" in out
-    assert main(["runs", "list", "no_such_experiment"]) == 1
+    assert main(["runs", "list", "no_such_experiment"]) == 2  # bad input
+
+
+def test_runs_list_shows_a_runs_closed_loop_and_a_rerun_as_a_rerun_of_its_source(workdir, capsys):
+    first = start(planned_run())
+    control = first / paths.CONTROL_DIR / "016b08a5c025"
+    control.mkdir(parents=True)
+    control.joinpath("control.json").write_text(json.dumps({"score": 0.7619, "contenders": {
+        "planner": {"mean": -144.75, "ci95": [-205.13, -84.37], "episodes": 2}}}))
+    rebuilt = first.parent / "rerun-8009c254-20261206-101653"  # as `worldpipe rerun` lays it out
+    rebuilt.mkdir()
+    rebuilt.joinpath(paths.RUN_RECORD).write_text(json.dumps({
+        "experiment": first.parent.name, "started_at": "9999", "attempts": [{"exit_code": 0}],
+        "rebuilt": {"kind": "rerun", "of_mlflow_run_id": "8009c254904e", "of_run_dir": str(first),
+                    "verdict": "bit-identical (58 metrics)"}}))
+    rebuilt.joinpath(paths.COMPLETION_RECORD).write_text('{"final_step": 40}')
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("  ") and not line.startswith("      ")]
+    assert [row.split()[0] for row in rows] == [first.name, rebuilt.name]
+    assert "      control: return -144.8 [95% CI -205.1, -84.4] over 2 episodes, score 0.762 (control/016b08a5c025)" in out
+    assert f"      rerun of {first.name} (mlflow 8009c254904e): bit-identical (58 metrics)" in out
+    assert "(same identity as the previous run)" not in "\n".join(out)
 
 
 def _finished(run_dir: Path) -> None:
@@ -120,7 +142,7 @@ def test_begin_refuses_a_run_another_process_trains_in_and_changes_nothing(workd
         before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
         rc = main(["runs", "begin", str(run_dir), "--dataset-spec-hash", run.dataset.spec_hash,
                    *launch_overrides(run)])
-        assert rc == 2
+        assert rc == 1  # in use, as `worldpipe train` says it (docs/troubleshooting.md#exit-statuses)
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and f"in use by pid {holder.pid} " in err[0]
         assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
@@ -164,7 +186,7 @@ def test_runs_status_shows_running_and_recent_runs_from_their_progress_records(w
         assert str(old.relative_to(workdir)) in capsys.readouterr().out
     finally:
         spool.release_active()
-    assert main(["runs", "status", str(workdir / "nothing")]) == 1
+    assert main(["runs", "status", str(workdir / "nothing")]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no progress record" in err and "nothing" in err
 

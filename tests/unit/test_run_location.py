@@ -81,7 +81,7 @@ def test_rollout_and_serve_take_the_same_forms(run, tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message", "code"), [
     (["evaluate"], "error: worldpipe evaluate: missing RUN (a run directory, its checkpoints/ folder", 2),
     (["evaluate", "{run}", "--checkpoints", "{run}"], "error: worldpipe evaluate: give RUN once", 2),
-    (["control", "evaluate", "{run}/nowhere"], "error: {run}/nowhere: no such directory (RUN: ", 1),
+    (["control", "evaluate", "{run}/nowhere"], "error: {run}/nowhere: no such directory (RUN: ", 2),
     (["ckpt", "digest", "{run}/checkpoints/step-000001", "--step", "2"],
      "error: worldpipe ckpt digest: RUN {run}/checkpoints/step-000001 is step 1, --step says 2", 2),
 ])

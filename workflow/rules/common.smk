@@ -25,6 +25,7 @@ from worldpipe.config import paths
 from worldpipe.launch import slurm
 from worldpipe.pipeline.sweep import format_value, sweep_targets
 from worldpipe.pipeline import report_config
+from worldpipe.pipeline.config_check import refuse
 from worldpipe.pipeline.rounds import plan_rounds, rounds_id
 from worldpipe.pipeline.plan import (
     PipelineError,
@@ -60,7 +61,7 @@ try:
     # Collection rounds (config `rounds`): their datasets join DATASETS; round 0 is the experiment's own run.
     ROUNDS = plan_rounds(config, DATASETS, Path(CONF_DIR))
 except PipelineError as err:
-    raise WorkflowError(f"pipeline config: {err}") from None
+    refuse(f"pipeline config: {err}")
 # Every run the DAG may train, by experiment and short run hash: the experiments' current runs and the rounds'.
 RUNS_BY_HASH = {
     (run.experiment, paths.short(run.run_hash)): run

@@ -46,6 +46,35 @@ rule evaluate_control:
         " > {log} 2>&1"
 
 
+# Every experiment's closed loop on one figure, in the report's all-experiments category beside the open-loop one.
+CONTROLLED_RUNS = {name: run for name, run in RUNS_PLANNED.items() if run.control_hash}
+CONTROL_OVERVIEW_HASH = comparison_id(CONTROLLED_RUNS, control=True)
+
+
+rule plot_control_overview:
+    input:
+        records=[run_file(rules.evaluate_control.output.record, run) for run in CONTROLLED_RUNS.values()],
+    output:
+        plot=report(
+            f"{RESULTS}/control_overview/{CONTROL_OVERVIEW_HASH}.png",
+            caption="../report/control_overview.rst",
+            category=ALL_EXPERIMENTS,
+            labels={"figure": "closed loop vs yardsticks", "experiments": ", ".join(CONTROLLED_RUNS)},
+        ),
+    params:
+        labels=[f"{run.experiment} ({paths.short(run.run_hash)})" for run in CONTROLLED_RUNS.values()],
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("plot_control_overview"),
+    log:
+        f"{LOGS}/plot_control_overview/{CONTROL_OVERVIEW_HASH}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/plot_control_overview/{CONTROL_OVERVIEW_HASH}.tsv"
+    script:
+        "../scripts/plot_control_overview.py"
+
+
 # The ceiling's return against its budget (`worldpipe control yardstick`): the curve behind `control:
 # ceiling_overrides`, per env the closed loop evaluates; the planner with the true simulator, no model. Not part of
 # `all` (minutes of episodes): `snakemake --cores 2 control_yardstick`.

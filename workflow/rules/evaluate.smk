@@ -85,7 +85,7 @@ rule plot_models_vs_baseline:
             labels={"figure": "models vs baseline", "experiments": ", ".join(RUNS_PLANNED)},
         ),
     params:
-        experiments=list(RUNS_PLANNED),
+        labels=[f"{run.experiment} ({paths.short(run.run_hash)})" for run in RUNS_PLANNED.values()],
     conda:
         "../envs/worldpipe.yaml"
     resources:

@@ -18,7 +18,7 @@ try:
                   Path(CONF_DIR))) if SWEEP else None
 except (PipelineError, SweepError) as err:
     files = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))  # the ones given first
-    raise WorkflowError(f"pipeline config {files}: {err}") from None
+    refuse(f"pipeline config {files}: {err}")
 SWEEP_DIR = sweep_dir(SWEEP, Path(CONF_DIR))
 SWEEP_NAME = SWEEP.get("name", "none")
 SWEEP_DATA = (

@@ -10,6 +10,6 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 - the log must stay open for the whole script
 
 results = {}
-for experiment, path in zip(snakemake.params.experiments, snakemake.input.metrics, strict=True):
-    results[experiment] = json.loads(Path(path).read_text())
+for label, path in zip(snakemake.params.labels, snakemake.input.metrics, strict=True):
+    results[label] = json.loads(Path(path).read_text())  # labelled by experiment and run hash
 plot_models_vs_baseline(results, snakemake.output.plot)

@@ -4,6 +4,7 @@
     python workflow/scripts/screenshot_mlflow_ui.py --tracking-uri http://127.0.0.1:5000 --out /tmp/ui.png
     python workflow/scripts/screenshot_mlflow_ui.py --compare RUN_A RUN_B --expect eval/one_step_ratio  # compare view
     python workflow/scripts/screenshot_mlflow_ui.py --page run:RUN_ID --page model:MODEL_ID --out results/ui/  # pages
+    python workflow/scripts/screenshot_mlflow_ui.py --charts --expect control/score  # the runs' metrics charted
 
 With a database URI (default: the embedded sqlite:///results/mlflow.db) a temporary `mlflow server` serves the
 UI on a free local port. `--install` apt-installs chromium when it is missing (needs root). The page's DOM is
@@ -36,6 +37,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--disable-component-update", "--no-first-run", "--disable-sync", "--hide-scrollbars"]
 EXIT_NO_CHROMIUM = 3
 COMPARE_HEIGHT = 2400
+CHARTS_BUDGET_MS = 90000
 
 
 def find_chromium(install: bool) -> str | None:
@@ -77,9 +79,9 @@ def start_ui_server(backend_uri: str, workdir: Path) -> tuple[subprocess.Popen, 
 
 
 def chromium(binary: str, url: str, profile: Path, *args: str, timeout: float = 120,
-             height: int = 1000) -> subprocess.CompletedProcess:
+             height: int = 1000, budget_ms: int = 30000) -> subprocess.CompletedProcess:
     cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size=1600,{height}",
-           "--virtual-time-budget=30000", *args, url]
+           f"--virtual-time-budget={budget_ms}", *args, url]
     return subprocess.run(cmd, capture_output=True, timeout=timeout)
 
 
@@ -117,12 +119,26 @@ def compare_page(url: str, run_ids: list[str]) -> tuple[str, list[str]]:
     return f"{url}/#/compare-runs?{query}", [r.info.run_name for r in runs]
 
 
-def screenshot_page(page: str, out: Path, binary: str, expect: list[str], height: int = 1000) -> dict:
-    """Screenshot any UI page; every expected text must be in its rendered DOM."""
+def charts_page(url: str, experiment: str) -> str:
+    """The experiment's chart view: a chart per metric, every run a series, grouped by the metric's prefix."""
+    from mlflow.tracking import MlflowClient
+
+    exp = MlflowClient(tracking_uri=url).get_experiment_by_name(experiment)
+    if exp is None:
+        raise RuntimeError(f"no experiment {experiment!r} at {url}")
+    return f"{experiment_url(url, exp.experiment_id)}&compareRunsMode=CHART"
+
+
+def screenshot_page(page: str, out: Path, binary: str, expect: list[str], height: int = 1000,
+                    budget_ms: int = 30000) -> dict:
+    """Screenshot any UI page; every expected text must be in its rendered DOM (``budget_ms``: Chromium's virtual
+    time for the page to settle; the chart view draws its charts section by section, after its data)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="worldpipe-chromium-") as tmp:
-        dom = chromium(binary, page, Path(tmp) / "profile-dom", "--dump-dom").stdout.decode(errors="replace")
-        shot = chromium(binary, page, Path(tmp) / "profile-shot", f"--screenshot={out}", height=height)
+        dom = chromium(binary, page, Path(tmp) / "profile-dom", "--dump-dom", height=height,
+                       budget_ms=budget_ms).stdout.decode(errors="replace")
+        shot = chromium(binary, page, Path(tmp) / "profile-shot", f"--screenshot={out}", height=height,
+                        budget_ms=budget_ms)
     if shot.returncode != 0 or not out.exists():
         raise RuntimeError(f"chromium failed ({shot.returncode}): {shot.stderr.decode(errors='replace')[-1000:]}")
     missing = [text for text in expect if text not in dom]
@@ -184,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect", action="append", default=[],
                         help="text the page must show (repeatable; with --compare the run names are expected too)")
     parser.add_argument("--refuse", action="append", default=[], help="text the page(s) must not show (repeatable)")
+    parser.add_argument("--charts", action="store_true",
+                        help="screenshot the experiment's chart view (every metric charted across its runs)")
     parser.add_argument("--page", action="append", default=[], metavar="KIND:ID",
                         help="run:RUN_ID, artifacts:RUN_ID/PATH or model:MODEL_ID; --out is then a directory")
     args = parser.parse_args(argv)
@@ -202,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                 url = uri
             if args.page:
                 summary = screenshot_pages(url, args.page, Path(args.out), binary, args.expect, args.refuse)
+            elif args.charts:
+                summary = screenshot_page(charts_page(url, args.experiment), Path(args.out), binary, args.expect,
+                                          height=COMPARE_HEIGHT, budget_ms=CHARTS_BUDGET_MS)
             elif args.compare:
                 page, names = compare_page(url, args.compare)
                 # tall: the compare view lists the runs' params and metrics below its plots

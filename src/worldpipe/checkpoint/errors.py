@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from worldpipe.core.errors import UserError
+from worldpipe.core.errors import EXIT_USAGE, UserError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -36,7 +36,9 @@ class CheckpointCorruptError(CheckpointError):
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """No (intact) checkpoint exists where one was requested."""
+    """No (intact) checkpoint exists where one was requested: the location given must change (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 class PathEscapeError(OSError):

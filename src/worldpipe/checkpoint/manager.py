@@ -411,6 +411,9 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
         if step is None:
             raise CheckpointNotFoundError(f"no loadable checkpoint in {manager.root}")
     else:
+        if not manager.store.step_exists(step):  # a step that is not there: the step asked for must change
+            raise CheckpointNotFoundError(f"no checkpoint step {step} in {manager.root} (steps: "
+                                          f"{', '.join(map(str, sorted(manager.store.step_names()))) or 'none'})")
         problems, state = step_problems(manager, step)
         if problems:
             raise CheckpointCorruptError(step, problems)

@@ -91,15 +91,20 @@ def locate(args: Namespace, step: int | None = None):
     return Location(where.root, where.step if step is None else step)
 
 
-def pin_recorded_numerics(where) -> None:
-    """Pin the numerics config recorded with the checkpoint at ``where`` (a resolved location: its step, else
-    the newest) in this process, so a portable run is evaluated or served on its own code paths
-    (:mod:`worldpipe.core.numerics`)."""
+def recorded_identity(where) -> dict:
+    """The run identity recorded with the checkpoint at ``where`` (a resolved location: its step, else the
+    newest; {} when there is none), read from its manifest without loading the state."""
     from worldpipe.checkpoint.layout import latest_identity, step_identity
+
+    return latest_identity(where.root) if where.step is None else step_identity(where.root, where.step)
+
+
+def pin_recorded_numerics(where) -> None:
+    """Pin the numerics config recorded with the checkpoint at ``where`` (:func:`recorded_identity`) in this
+    process, so a portable run is evaluated or served on its own code paths (:mod:`worldpipe.core.numerics`)."""
     from worldpipe.core import numerics
 
-    identity = latest_identity(where.root) if where.step is None else step_identity(where.root, where.step)
-    numerics.pin(identity.get("config", {}).get("numerics"))
+    numerics.pin(recorded_identity(where).get("config", {}).get("numerics"))
 
 
 def group(name: str, help_text: str) -> click.Group:
@@ -115,7 +120,9 @@ def _short(help_text: str) -> str:
 
 def run_click(command: click.Command, argv: list[str], prog: str) -> int:
     """Run a click command (the whole tree, or one benchmark as a script); its usage errors end as one line
-    (exit 2), its --help exits 0, and the handler's exit status comes back."""
+    (exit 2), its --help exits 0, and the handler's exit status comes back. Click's own refusals are mapped here;
+    every other error's status is its class's (errors.classify, via :func:`guarded`): the one convention of
+    :mod:`worldpipe.core.errors`."""
     try:
         # Not standalone: the handler's exit status comes back, and errors reach guarded / errors.report.
         return command.main(argv, prog_name=prog, standalone_mode=False)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from worldpipe.commands import RUN_HELP, command, group, locate, run_argument
@@ -50,8 +48,9 @@ def _verify(args) -> int:
     manager = CheckpointManager(root, verify="sha256")
     steps = [only] if only is not None else sorted(manager.store.step_names())
     if not steps:
-        print(f"error: {root}: no checkpoints (no step-NNNNNN directory)", file=sys.stderr)
-        return 1
+        from worldpipe.checkpoint.errors import CheckpointNotFoundError
+
+        raise CheckpointNotFoundError(f"{root}: no checkpoints (no step-NNNNNN directory)")
     failed = 0
     for step in steps:
         problems, _ = step_problems(manager, step)  # loadable: hashes, paths, weights-only loads, shapes

@@ -16,6 +16,7 @@ from worldpipe.commands import (
     group,
     locate,
     pin_recorded_numerics,
+    recorded_identity,
     run_argument,
 )
 from worldpipe.core.atomic import write_text_atomic
@@ -27,8 +28,10 @@ def register(cli: click.Group) -> None:
                                 "model on held-out seeds, beside random, the behaviour policy and the planner with "
                                 f"the true simulator.\n\n{RUN_TEXT}", [
         run_argument(required=False), checkpoints_option(),
-        click.Option(["--env-id"], required=True, help="Gymnasium env the model was trained on"),
-        click.Option(["--behaviour-policy"], required=True, help="policy that collected the training data"),
+        click.Option(["--env-id"], help="Gymnasium env the model was trained on (default: the one its training "
+                                        "data records)"),
+        click.Option(["--behaviour-policy"], help="policy that collected the training data (default: the one its "
+                                                  "training data records)"),
         click.Option(["--max-steps"], type=int, default=200, show_default=True, help="steps per episode"),
         click.Option(["--episodes"], type=int, default=20, show_default=True, help="held-out seeds"),
         click.Option(["--seed"], type=int, default=5000, show_default=True,
@@ -81,14 +84,20 @@ def _evaluate(args) -> int:
     pin_recorded_numerics(where)  # the evaluated run's code paths, before torch computes
     from worldpipe.config.paths import conf_dir
     from worldpipe.config.planner import planner_config
+    from worldpipe.control.checks import check_counts, check_env, recorded_env, settled_env
     from worldpipe.control.evaluation import ControlSettings, evaluate_control
 
+    # Refused before any episode runs, cheapest first (each one line naming the option, exit 2).
+    check_counts(args.max_steps, args.episodes, args.context, args.http_episodes)
     planner = planner_config(args.planner, list(args.planner_overrides), conf_dir())
     # The ceiling: the same planner and settings at its own budget (empty where none is set: the planner's).
     ceiling = (planner_config(args.planner, [*args.planner_overrides, *args.ceiling_overrides], conf_dir())
                if args.ceiling_overrides else {})
-    settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
-                               args.context, planner, args.http_episodes, ceiling)
+    identity = recorded_identity(where)
+    env_id, policy = settled_env(args.env_id, args.behaviour_policy, recorded_env(identity))
+    check_env(env_id, policy, identity)
+    settings = ControlSettings(env_id, policy, args.max_steps, args.episodes, args.seed, args.context, planner,
+                               args.http_episodes, ceiling)
     gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
     if args.pictures:
         Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model
@@ -196,16 +205,19 @@ def _yardstick(args) -> int:
 
 
 def _rerun(args) -> int:
-    from worldpipe.core.errors import UserError
+    from worldpipe.core.errors import UsageError
 
     try:
         record = json.loads(Path(args.record).read_text())
     except (OSError, ValueError) as err:
-        raise UserError(f"{args.record}: not a readable control evaluation record ({err})") from None
+        raise UsageError(f"{args.record}: not a readable control evaluation record ({err}); give the metrics JSON "
+                         "that `worldpipe control evaluate --out` wrote") from None
     try:
-        where = locate(args, int(record["checkpoint_step"]))  # the recorded step; a step folder must be that one
+        step = int(record["checkpoint_step"])
     except (KeyError, TypeError, ValueError):
-        raise UserError(f"{args.record}: no checkpoint_step (not a control evaluation record)") from None
+        raise UsageError(f"{args.record}: no checkpoint_step (not a control evaluation record); give the metrics "
+                         "JSON that `worldpipe control evaluate --out` wrote") from None
+    where = locate(args, step)  # the recorded step; a step folder must be that one
     pin_recorded_numerics(where)
     from worldpipe.control.evaluation import rerun_control
 

@@ -33,9 +33,13 @@ def register(cli: click.Group) -> None:
 
 
 def _spec(text: str):
+    from worldpipe.core.errors import UsageError
     from worldpipe.data.spec import DatasetSpec
 
-    return DatasetSpec.from_dict(json.loads(text))
+    try:
+        return DatasetSpec.from_dict(json.loads(text))
+    except (ValueError, TypeError, KeyError) as err:
+        raise UsageError(f"--spec: not a dataset spec ({err}); see `datasets:` in conf/pipeline/default.yaml") from None
 
 
 def _locate(path: str, manifest: str | None) -> tuple[str, str | None]:
@@ -98,8 +102,9 @@ def _verify(args) -> int:
 
     store, manifest = _locate(args.path, args.manifest)
     if manifest is None:
-        print("error: --manifest is required for a store URL", file=sys.stderr)
-        return 2
+        from worldpipe.core.errors import UsageError
+
+        raise UsageError(f"{args.path}: --manifest is required for a store URL")
     statuses = verify_dataset(store, manifest)
     bad = [s for s in statuses if s["status"] != "ok"]
     for status in statuses:

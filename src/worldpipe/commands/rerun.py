@@ -22,11 +22,12 @@ def _common() -> list[click.Parameter]:
 def register(cli: click.Group) -> None:
     cli.add_command(command("rerun", _rerun, "Retrain a recorded run from MLflow alone and compare: bit-identical? "
                             "On another numerics environment, judged within tolerance. (exit 0 identical, 1 "
-                            "different, 2 error, 3 equivalent on a different numerics environment)", [
+                            "different or failed, 2 cannot be rerun as recorded, 3 equivalent on a different numerics environment)", [
         *_common(),
-        click.Option(["--rtol"], type=float, default=numerics.DEFAULT_RTOL, show_default=True,
+        click.Option(["--rtol"], type=click.FloatRange(min=0), default=numerics.DEFAULT_RTOL, show_default=True,
                      help="on another numerics environment: largest relative difference of any metric value"),
-        click.Option(["--ratio-tol"], type=float, default=numerics.DEFAULT_RATIO_TOL, show_default=True,
+        click.Option(["--ratio-tol"], type=click.FloatRange(min=0), default=numerics.DEFAULT_RATIO_TOL,
+                     show_default=True,
                      help="on another numerics environment: relative difference of the final models' open-loop "
                           "error ratios"),
         click.Option(["--regenerate-data"], is_flag=True,
@@ -37,7 +38,8 @@ def register(cli: click.Group) -> None:
                           "their own MLflow records, back to round 0, each bit for bit")]))
     cli.add_command(command("resume", _resume, "Continue a recorded run from one of its checkpoints into a new run "
                             "dir (resume-safe Hydra overrides may follow, e.g. trainer.steps=200).", [
-        *_common(), click.Option(["--step"], type=int, required=True, help="recorded checkpoint step to continue from"),
+        *_common(), click.Option(["--step"], type=click.IntRange(min=0), required=True,
+                                  help="recorded checkpoint step to continue from"),
         overrides()], pass_on=True))
 
 

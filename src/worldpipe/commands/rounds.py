@@ -30,7 +30,13 @@ def _summarize(args) -> int:
     from worldpipe.control.rounds_report import plot_rounds, summarize_rounds, table
     from worldpipe.core.atomic import write_text_atomic
 
-    summary = summarize_rounds(json.loads(args.rounds_json))
+    try:
+        records = json.loads(args.rounds_json)
+    except ValueError as err:
+        from worldpipe.core.errors import UsageError
+
+        raise UsageError(f"--rounds-json: not JSON ({err}); the pipeline's summarize_rounds rule writes it") from None
+    summary = summarize_rounds(records)
     if args.tracking_uri != "":
         from worldpipe.tracking.history import client_for
         from worldpipe.tracking.rounds_runs import record_rounds

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from worldpipe.commands import command, group, overrides
+from worldpipe.core.errors import UsageError
 
 
 def register(cli: click.Group) -> None:
@@ -42,17 +42,21 @@ def register(cli: click.Group) -> None:
 
 def _list(args) -> int:
     from worldpipe.config import paths
-    from worldpipe.pipeline.run_index import config_changes, experiment_runs, numerics_lines
+    from worldpipe.pipeline.run_index import (
+        config_changes,
+        control_line,
+        experiment_runs,
+        numerics_lines,
+        rebuilt_line,
+    )
 
     root = Path(args.runs_dir or paths.layout()["runs"])
     if not root.is_dir():
-        print(f"error: no runs directory {root}", file=sys.stderr)
-        return 1
+        raise UsageError(f"no runs directory {root} (train a run first, or give --runs-dir)")
     names = args.experiments or sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     missing = [name for name in names if not (root / name).is_dir()]
     if missing:
-        print(f"error: no runs of {', '.join(missing)} under {root}", file=sys.stderr)
-        return 1
+        raise UsageError(f"no runs of {', '.join(missing)} under {root}")
     for name in names:
         print(name)
         previous = None
@@ -60,10 +64,15 @@ def _list(args) -> int:
             mark = f"  <- {paths.LATEST_LINK}" if run.is_latest else ""
             print(f"  {run.path.name}  {run.record.get('started_at', '?'):<25}  {run.status:<40}  "
                   f"mlflow {run.mlflow_run_id or '-'}{mark}")
-            changes = config_changes(previous, run.record) if previous is not None else ["(first run)"]
-            for line in [*(changes or ["(same identity as the previous run)"]), *numerics_lines(run.path)]:
+            rebuilt = rebuilt_line(run.record)
+            if rebuilt is not None:  # not a config of its own: said against its source, not the previous run
+                lines = [rebuilt]
+            else:
+                changes = config_changes(previous, run.record) if previous is not None else ["(first run)"]
+                lines = changes or ["(same identity as the previous run)"]
+                previous = run.record
+            for line in [*lines, *filter(None, [control_line(run.path)]), *numerics_lines(run.path)]:
                 print(f"      {line}")
-            previous = run.record
     return 0
 
 
@@ -71,8 +80,7 @@ def _status(args) -> int:
     import time
 
     if args.watch is not None and args.watch <= 0:
-        print("error: --watch takes a number of seconds > 0", file=sys.stderr)
-        return 2
+        raise UsageError(f"--watch takes a number of seconds > 0, got {args.watch:g}")
     while True:
         code, running = _status_table(args)
         if args.watch is None or code != 0 or not running:
@@ -89,21 +97,24 @@ def _status_table(args) -> tuple[int, bool]:
     import time
 
     from worldpipe.config import paths
-    from worldpipe.pipeline.run_index import last_progress, progress_run_dirs, run_status
+    from worldpipe.pipeline.run_index import last_progress, progress_run_dirs, rebuilt_line, run_status
 
     layout = paths.layout()
     if args.run_dirs:
         dirs = [Path(d) for d in args.run_dirs]
         missing = [str(d) for d in dirs if last_progress(d) is None]
         if missing:
-            print(f"error: no progress record ({paths.PROGRESS_RECORD}) in {', '.join(missing)}", file=sys.stderr)
-            return 1, False
+            raise UsageError(f"no progress record ({paths.PROGRESS_RECORD}) in {', '.join(missing)}")
     else:
         dirs = progress_run_dirs([Path(args.runs_dir or layout["runs"]), Path(args.sweeps_dir or layout["sweeps"])])
     now, rows, any_running = time.time(), [], False
     for run_dir in dirs:
         progress = last_progress(run_dir)
-        state = run_status(run_dir, _json_or_empty(run_dir / paths.RUN_RECORD))
+        record = _json_or_empty(run_dir / paths.RUN_RECORD)
+        state = run_status(run_dir, record)
+        rebuilt = rebuilt_line(record, with_verdict=False)
+        if rebuilt is not None:
+            state += f" ({rebuilt})"
         running = state.startswith("running")
         any_running = any_running or running
         if progress is None or not (args.run_dirs or running or now - progress["time"] <= args.recent * 60):
@@ -144,17 +155,10 @@ def _status_row(run_dir: Path, progress: dict, state: str, running: bool, now: f
 
 
 def _begin(args) -> int:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from worldpipe.pipeline.run_index import begin
 
-    from worldpipe.launch.run_lock import RunLocked
-    from worldpipe.pipeline.run_index import RunDirMismatch, begin
-
-    try:
-        record = begin(args.run_dir, args.dataset_spec_hash, args.overrides)
-    except (RunDirMismatch, RunLocked, HydraException, OmegaConfBaseException) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    # A run directory in use is exit 1, as `worldpipe train` says it; a config or directory that does not fit, 2.
+    record = begin(args.run_dir, args.dataset_spec_hash, args.overrides)
     print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}")
     return 0
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -45,15 +44,16 @@ def register(cli: click.Group) -> None:
 
 
 def _config(args):
+    from worldpipe.core.errors import UsageError
     from worldpipe.rollout.batcher import BatchPolicy
     from worldpipe.rollout.service import Limits, ServiceConfig
 
     for name in ("max_batch", "max_horizon", "max_context", "max_request_bytes", "cache_entries", "threads"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("max_wait_ms", "cache_mb", "session_budget_mb", "session_idle_s", "poll_s"):
         if not getattr(args, name) >= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     return ServiceConfig(BatchPolicy(args.max_batch, args.max_wait_ms / 1000),
                          Limits(args.max_horizon, args.max_context, args.max_request_bytes),
                          args.cache_entries, int(args.cache_mb * 2**20), int(args.session_budget_mb * 2**20),
@@ -61,40 +61,31 @@ def _config(args):
 
 
 def _serve(args) -> int:
-    from worldpipe.checkpoint import CheckpointError
-    from worldpipe.core.errors import EXIT_USAGE, UsageError, one_line
+    from worldpipe.core.errors import UsageError
     from worldpipe.rollout.contexts import HeldoutContexts
 
     # The options first, then the held-out data (read, not computed on), then RUN: cheapest refusal first.
-    try:
-        config = _config(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+    config = _config(args)
     if (args.heldout_store is None) != (args.heldout_manifest is None):
-        print("error: --heldout-store and --heldout-manifest go together (the held-out dataset and its manifest)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        contexts = HeldoutContexts.load(args.heldout_store, args.heldout_manifest) if args.heldout_store else None
-        where = locate(args)
-    except (UsageError, CheckpointError) as err:  # the argument named is what must change
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("--heldout-store and --heldout-manifest go together (the held-out dataset and its manifest)")
+    contexts = HeldoutContexts.load(args.heldout_store, args.heldout_manifest) if args.heldout_store else None
+    where = locate(args)
     pin_recorded_numerics(where)  # the served run's code paths, before torch computes
     import torch
 
     from worldpipe.rollout.http.server import serve
 
     torch.set_num_threads(args.threads)
-    try:
-        return serve(where.path, args.host, args.port, config, args.port_file, contexts=contexts)
-    except CheckpointError as err:  # nothing to serve at RUN: the argument is what must change
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return EXIT_USAGE
+    return serve(where.path, args.host, args.port, config, args.port_file, contexts=contexts)
 
 
 def _rollout(args) -> int:
+    from worldpipe.core.errors import UsageError
+
+    try:  # before the service's imports: the cheapest refusal first
+        request = Path(args.request).read_text()
+    except OSError as err:
+        raise UsageError(f"--request {args.request}: cannot read it ({err.strerror})") from None
     from pydantic import ValidationError
 
     from worldpipe.core.atomic import write_text_atomic
@@ -104,11 +95,10 @@ def _rollout(args) -> int:
     from worldpipe.rollout.service import InputError, RolloutService, ServiceConfig
 
     try:
-        body = RolloutIn.model_validate_json(Path(args.request).read_text())
+        body = RolloutIn.model_validate_json(request)
     except ValidationError as err:
         first = err.errors()[0]
-        print(f"error: {args.request}: {'.'.join(map(str, first['loc']))}: {first['msg']}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.request}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     service = RolloutService(locate(args).path, ServiceConfig(poll_s=3600))
     try:
         result = service.rollout(as_matrix(body.context.obs, ("context", "obs")),
@@ -117,8 +107,7 @@ def _rollout(args) -> int:
                                  Sampling(body.sampling.mode, body.sampling.noise_scale),
                                  body.rng.seed, body.rng.stream, body.model_version)
     except InputError as err:
-        print(f"error: {args.request}: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.request}: {err}") from None
     finally:
         service.close()
     text = json.dumps(jsonable(result), indent=1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -44,9 +43,8 @@ def _points(args) -> int:
             raise SweepError("declares no `sweep`")
         # Checked as the Snakefile checks it: every point composed and validated as a single run.
         points = check_sweep(config, paths.conf_dir())
-    except SweepError as err:
-        print(f"error: {args.configfile}: {err}", file=sys.stderr)
-        return 2
+    except SweepError as err:  # a usage error (exit 2), named by the file it is in
+        raise SweepError(f"{args.configfile}: {err}") from None
     for point in points:
         print(f"{point.name}\t{' '.join(point.overrides)}")
     return 0
@@ -58,12 +56,11 @@ def _open(args) -> int:
     from worldpipe.tracking.history import client_for
     from worldpipe.tracking.sweep_runs import open_parent_run
 
-    sweep = json.loads(args.sweep_json)
     try:
-        points = expand_sweep(sweep)
-    except SweepError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        sweep = json.loads(args.sweep_json)
+    except ValueError as err:
+        raise SweepError(f"--sweep-json: not JSON ({err}); give the pipeline config's `sweep` section") from None
+    points = expand_sweep(sweep)  # SweepError: a usage error (exit 2)
     client = client_for(args.tracking_uri)
     keys = swept_keys(sweep)
     values = {key: list({json.dumps(p.as_dict().get(key)): p.as_dict().get(key) for p in points}.values())
@@ -84,32 +81,43 @@ def _parent_link(client, run_id: str) -> str:
 
 
 def _summarize(args) -> int:
+    from worldpipe.pipeline.sweep import SweepError
     from worldpipe.tracking.comparison import DEFAULT_METRIC, TRAINING_METRICS
     from worldpipe.tracking.history import client_for
     from worldpipe.tracking.sweep_runs import summarize_sweep
 
-    parent = json.loads(Path(args.parent).read_text())
+    parent = _record("--parent", args.parent, "`worldpipe sweep open --out` writes it")
     client = client_for(args.tracking_uri or parent.get("tracking_uri"))
     metric = args.metric or DEFAULT_METRIC
     best = summarize_sweep(client, parent["run_id"], metric, TRAINING_METRICS)
     if best is None:
-        print(f"error: no point of sweep {parent['sweep']} has {metric} yet (evaluate the points first)",
-              file=sys.stderr)
-        return 2
+        raise SweepError(f"no point of sweep {parent['sweep']} has {metric} yet (evaluate the points first)")
     print(f"sweep {parent['sweep']}: best by lowest {metric}: {best.info.run_name} "
           f"({best.data.metrics[metric]:.4g}): {_parent_link(client, parent['run_id'])}")
     return 0
+
+
+def _record(option: str, path: str, writer: str) -> dict:
+    """The JSON record an option names; one line (exit 2) where it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        from worldpipe.pipeline.sweep import SweepError
+
+        raise SweepError(f"{option} {path}: not a readable JSON record ({getattr(err, 'strerror', None) or err}); "
+                         f"{writer}") from None
 
 
 def _link(args) -> int:
     from worldpipe.tracking.history import client_for
     from worldpipe.tracking.sweep_runs import link_point
 
-    parent = json.loads(Path(args.parent).read_text())
-    run_id = json.loads(Path(args.done).read_text()).get("mlflow_run_id")
+    parent = _record("--parent", args.parent, "`worldpipe sweep open --out` writes it")
+    run_id = _record("--done", args.done, "training writes it").get("mlflow_run_id")
     if not run_id:
-        print(f"error: {args.done} records no MLflow run (trained without tracking?)", file=sys.stderr)
-        return 2
+        from worldpipe.pipeline.sweep import SweepError
+
+        raise SweepError(f"{args.done} records no MLflow run (trained without tracking?)")
     link_point(client_for(args.tracking_uri), parent["run_id"], run_id, parent["sweep"], args.point,
                json.loads(args.values_json))
     return 0

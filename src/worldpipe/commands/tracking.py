@@ -90,8 +90,9 @@ def _sync(args) -> int:
 
     spool = Spool(args.run_dir)
     if not spool.journal.exists():
-        print(f"error: {spool.journal} does not exist (no records spooled in {args.run_dir})", file=sys.stderr)
-        return 2
+        from worldpipe.core.errors import UsageError
+
+        raise UsageError(f"{spool.journal} does not exist (no records spooled in {args.run_dir})")
     opened = _last_open(spool)
     uri = args.tracking_uri or opened.get("uri") or spool.state()["uri"]
     live = spool.writer_alive()
@@ -121,6 +122,10 @@ def _status(args) -> int:
     from worldpipe.tracking.spool import Spool
 
     spool = Spool(args.run_dir)
+    if not spool.journal.exists():
+        from worldpipe.core.errors import UsageError
+
+        raise UsageError(f"{spool.journal} does not exist (no records spooled in {args.run_dir})")
     state = spool.state()
     pending = spool.pending()
     print(f"run_id: {state['run_id']}\nuri: {state['uri'] or _last_open(spool).get('uri')}\n"
@@ -143,20 +148,18 @@ def _compare(args) -> int:
         comparison_table,
         plot_comparison,
         resolve,
+        run_ids_of,
     )
     from worldpipe.tracking.history import client_for
 
-    try:
-        if args.as_json and args.as_csv:
-            raise ComparisonError("--json and --csv exclude each other")
-        comparison = resolve(client_for(args.tracking_uri), args.run_ids)
-        render = comparison_json if args.as_json else comparison_csv if args.as_csv else comparison_table
-        table = render(comparison)
-        if args.plot:
-            plot_comparison(comparison, args.plot, args.metric or DEFAULT_METRIC, args.x_key)
-    except ComparisonError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.as_json and args.as_csv:
+        raise ComparisonError("--json and --csv exclude each other")
+    run_ids = run_ids_of(args.run_ids)  # a missing file is named before a tracking store is opened (or created)
+    comparison = resolve(client_for(args.tracking_uri), run_ids)  # ComparisonError: a usage error (exit 2)
+    render = comparison_json if args.as_json else comparison_csv if args.as_csv else comparison_table
+    table = render(comparison)
+    if args.plot:
+        plot_comparison(comparison, args.plot, args.metric or DEFAULT_METRIC, args.x_key)
     print(table, end="")
     if args.out:
         write_text_atomic(Path(args.out), table)
@@ -165,22 +168,13 @@ def _compare(args) -> int:
 
 def _server(args) -> int:
     from worldpipe.config import paths
-    from worldpipe.tracking.server import (
-        DEFAULT_PORT,
-        LOCAL_HOST,
-        ServerConfigError,
-        exec_server,
-        server_command,
-    )
+    from worldpipe.tracking.server import DEFAULT_PORT, LOCAL_HOST, exec_server, server_command
 
     extra = [a for a in args.overrides if a != "--"]  # anything after `--` goes to `mlflow server` as is
-    try:
-        command = server_command(args.backend_store_uri or paths.default_tracking_uri(),
-                                 args.artifacts_destination or paths.layout()["mlartifacts"], args.host or LOCAL_HOST,
-                                 args.port or DEFAULT_PORT, args.workers, extra)
-    except ServerConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    # ServerConfigError: a usage error (exit 2)
+    command = server_command(args.backend_store_uri or paths.default_tracking_uri(),
+                             args.artifacts_destination or paths.layout()["mlartifacts"], args.host or LOCAL_HOST,
+                             args.port or DEFAULT_PORT, args.workers, extra)
     if args.print_command:
         print(" ".join(command))
         return 0

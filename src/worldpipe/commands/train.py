@@ -105,8 +105,7 @@ def launch(overrides: list[str], options: argparse.Namespace | None = None) -> i
     if spec_hash is None and "run_dir" not in {_key(o) for o in overrides if "=" in o}:
         overrides, spec_hash, finished = config_addressed(overrides)
         if finished is not None:  # as Snakemake's "Nothing to be done": its results stay as they are
-            print(f"{finished}: this config's run, finished already; nothing to train (a changed value trains "
-                  "a new run, a larger trainer.steps continues this one)", file=sys.stderr)
+            print(_finished_line(*finished), file=sys.stderr)
             print(closing_line(overrides), flush=True)
             return 0
     if spec_hash is None:
@@ -120,10 +119,11 @@ def launch(overrides: list[str], options: argparse.Namespace | None = None) -> i
     return code
 
 
-def config_addressed(overrides: list[str]) -> tuple[list[str], str | None, str | None]:
+def config_addressed(overrides: list[str]) -> tuple[list[str], str | None, tuple[str, int, int] | None]:
     """A hand run addressed as the pipeline addresses its runs: ``overrides`` plus ``run_dir=`` the folder of this
     resolved config and dataset spec (``results/runs/<experiment>/<run-hash>``), the dataset's spec hash, and
-    that folder when it holds this config's run finished at its ``trainer.steps`` already (else None).
+    (that folder, its final step, ``trainer.steps``) when it holds this config's run finished at or past its
+    ``trainer.steps`` already (else None).
 
     So the same config resumes in its folder, a changed value trains into a new one, and ``<experiment>/latest``
     follows the newest. Where the config does not compose or the manifest cannot be read, ``overrides`` come back
@@ -147,10 +147,21 @@ def config_addressed(overrides: list[str]) -> tuple[list[str], str | None, str |
         return overrides, None, None
     try:
         done = json.loads((Path(address) / paths.COMPLETION_RECORD).read_text())
-        finished = address if done.get("final_step") == int(cfg.trainer.steps) else None
-    except (OSError, ValueError, TypeError, AttributeError):
+        final, target = int(done["final_step"]), int(cfg.trainer.steps)
+        finished = (address, final, target) if final >= target else None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
         finished = None
     return [*overrides, f"run_dir={address}"], dataset, finished
+
+
+def _finished_line(address: str, final: int, target: int) -> str:
+    """What a hand run of a config whose run has finished already is told (trainer.steps is resume-safe, so a
+    smaller value addresses the same, longer run)."""
+    if final == target:
+        return (f"{address}: this config's run, finished already; nothing to train (a changed value trains a new "
+                "run, a larger trainer.steps continues this one)")
+    return (f"{address}: this config's run is at step {final}, past trainer.steps={target}; nothing to train, its "
+            f"{final} steps stay (a shorter run is a new run: pass run_dir=DIR)")
 
 
 def _pipeline_attempt(overrides: list[str], options: argparse.Namespace, spec_hash: str) -> int:
@@ -272,7 +283,17 @@ def complete(argv: list[str], commands: Sequence[str]) -> int:
     line = os.environ.get("COMP_LINE", "")
     words = line.split()
     if len(words) >= 2 and words[1] == "train" and (len(words) > 2 or line.endswith(" ")):
+        import contextlib
+        import io
+
+        from worldpipe.config.schema import SCHEMA_NAME
+
         os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]]) + (" " if line.endswith(" ") else "")
-        return _hydra_app(argv)
+        answer = io.StringIO()
+        with contextlib.redirect_stdout(answer):
+            code = _hydra_app(argv)
+        # A group's schema is what its options extend, never an option (config.compose refuses it too).
+        print(" ".join(w for w in answer.getvalue().split() if w.rpartition("=")[2] != SCHEMA_NAME))
+        return code
     print(" ".join(sorted(commands)))
     return 0

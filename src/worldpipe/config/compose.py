@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from worldpipe.config.identity import ConfigError, flatten, to_container
 from worldpipe.config.paths import CONF_DIR
-from worldpipe.config.schema import GROUP_SCHEMAS, register_schemas
+from worldpipe.config.schema import GROUP_SCHEMAS, SCHEMA_NAME, register_schemas
 from worldpipe.core.errors import UsageError
 
 
@@ -31,6 +31,7 @@ def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> Dic
     to a schema-typed group is refused too (Hydra would accept it, and nothing would read it).
     """
     register_schemas()  # the groups' structured schemas (`tracking/schema`, ...) that conf/ extends
+    _refuse_schema_options(overrides, config_dir)
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
@@ -46,7 +47,22 @@ def _missing_option(err: MissingConfigException) -> str:
     group, _, option = str(err.missing_cfg_file or "").rpartition("/")
     if not group or err.options is None:
         return " ".join(str(err).split("Config search path")[0].split())
-    return f"config group '{group}': no option '{option}'; available: {', '.join(sorted(err.options))}"
+    return _no_option(group, option, [o for o in err.options if o != SCHEMA_NAME])
+
+
+def _no_option(group: str, option: str, options: Sequence[str]) -> str:
+    return f"config group '{group}': no option '{option}'; available: {', '.join(sorted(options))}"
+
+
+def _refuse_schema_options(overrides: Sequence[str], config_dir: Path) -> None:
+    """A group's schema is what its options extend, not an option: ``numerics=schema`` is refused as an unknown
+    option (Hydra would compose the bare schema)."""
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        group = key.lstrip("+~").split("@", 1)[0]
+        if sep and group in GROUP_SCHEMAS and value.strip().strip("'\"") == SCHEMA_NAME:
+            options = [p.stem for p in (Path(config_dir) / group).glob("*.yaml") if p.stem != SCHEMA_NAME]
+            raise ConfigError(_no_option(group, SCHEMA_NAME, options))
 
 
 def _unknown_key(key: str) -> str:

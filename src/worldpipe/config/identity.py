@@ -19,6 +19,7 @@ from worldpipe.core.hashing import canonical_hash
 # steps already taken: how long to train, how often to save or log, where to record, how many ranks share the
 # (world-size-invariant) global batch and how they are laid out.
 RESUME_SAFE_KEYS: tuple[str, ...] = (
+    "planner.",  # closed-loop control's planner (a group training does not read)
     "trainer.steps",
     "trainer.log_every",
     "trainer.progress_bar",

@@ -32,7 +32,8 @@ def planner_config(name: str, overrides: list[str], config_dir: Path) -> dict[st
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise PlannerConfigError(f"no planner {name!r} in {path.parent} (have: {', '.join(known)})")
     config = OmegaConf.to_container(OmegaConf.load(path))
-    fields = {f.name: f.type for f in dataclasses.fields(get_class(config["_target_"]))}
+    planner_class = get_class(config["_target_"])
+    fields = {f.name: f.type for f in dataclasses.fields(planner_class)}
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or key not in fields:
@@ -43,4 +44,23 @@ def planner_config(name: str, overrides: list[str], config_dir: Path) -> dict[st
         if not number or (fields[key] == "int" and not isinstance(value, int)):
             raise PlannerConfigError(f"planner override {override!r}: {key} must be {fields[key]}, got {text!r}")
         config[key] = float(value) if fields[key] == "float" else value
+    for key, limits in getattr(planner_class, "LIMITS", {}).items():
+        problem = _out_of_range(config.get(key), *limits)
+        if problem:
+            given = next((o for o in reversed(overrides) if o.partition("=")[0] == key), None)  # the last wins
+            where = f"planner override {given!r}" if given else f"{path}: {key}"
+            raise PlannerConfigError(f"{where}: {key} must be {problem}, got {config.get(key)!r}")
     return config
+
+
+def _out_of_range(value: Any, low: Any, low_inclusive: bool, high: Any, high_inclusive: bool) -> str | None:
+    """The range ``value`` misses, as text (``>= 1``, ``in (0, 1]``); None when it is inside (or not set)."""
+    if value is None:
+        return None
+    above = low is None or (value >= low if low_inclusive else value > low)
+    below = high is None or (value <= high if high_inclusive else value < high)
+    if above and below:
+        return None
+    if high is None:
+        return f"{'>=' if low_inclusive else '>'} {low}"
+    return f"in {'[' if low_inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"

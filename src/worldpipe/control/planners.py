@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -30,6 +31,11 @@ class Planner:
     discount: float = 0.99
     action_low: float = -1.0
     action_high: float = 1.0
+    # The settings' valid ranges, (low, low inclusive, high, high inclusive), None: unbounded; read by the planner
+    # config's checks (worldpipe.config.planner), so a setting that cannot work is refused before any episode.
+    LIMITS: ClassVar[dict[str, tuple]] = {
+        "horizon": (1, True, None, False), "samples": (1, True, None, False), "iterations": (1, True, None, False),
+        "init_std": (0, False, None, False), "min_std": (0, True, None, False), "discount": (0, False, 1, True)}
 
     def __post_init__(self) -> None:
         self.mean: torch.Tensor | None = None
@@ -87,6 +93,7 @@ class MPPI(Planner):
     """
 
     temperature: float = 0.1
+    LIMITS: ClassVar[dict[str, tuple]] = {**Planner.LIMITS, "temperature": (0, False, None, False)}
 
     def refit(self, candidates, returns, mean, std):
         spread = returns.std().clamp(min=1e-6)
@@ -103,6 +110,9 @@ class CEM(Planner):
 
     elite_fraction: float = 0.1
     momentum: float = 0.1
+    # Two elites at least: their std is the next std.
+    LIMITS: ClassVar[dict[str, tuple]] = {**Planner.LIMITS, "samples": (2, True, None, False),
+                                          "elite_fraction": (0, False, 1, True), "momentum": (0, True, 1, False)}
 
     def refit(self, candidates, returns, mean, std):
         elites = candidates[returns.topk(max(2, round(self.elite_fraction * len(returns)))).indices]

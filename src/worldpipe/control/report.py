@@ -29,7 +29,7 @@ def plot_returns(result: dict[str, Any], path: str | Path) -> None:
     lows = means - np.array([result["contenders"][n]["ci95"][0] for n in names])
     highs = np.array([result["contenders"][n]["ci95"][1] for n in names]) - means
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar(range(len(names)), means, yerr=[lows, highs], capsize=6, color=["#999", "#6a6", "#36c", "#c63"])
+    ax.bar(range(len(names)), means, yerr=[lows, highs], capsize=6, color=[COLORS[n] for n in names])
     ax.set_xticks(range(len(names)), [LABELS.get(n, n) for n in names], rotation=15)
     known = (result.get("yardstick") or {}).get("best_known")
     if known is not None:
@@ -42,6 +42,51 @@ def plot_returns(result: dict[str, Any], path: str | Path) -> None:
                  + ("" if score is None else f", score {score:.3f} (0 random, 1 ceiling)"), fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
+
+
+COLORS = {"random": "#999", "behaviour": "#6a6", "planner": "#36c", "ceiling": "#c63"}
+
+
+def plot_control_overview(records: dict[str, dict[str, Any]], path: str | Path) -> dict[str, Any]:
+    """Every run's closed-loop return (mean, 95% CI) beside the floor, the behaviour policy and the ceiling
+    measured on the same seeds: one row per run, labelled by its experiment and run hash (``records``: label ->
+    control.json). Returns what it drew: label -> contender -> (mean, low, high), and each run's score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn: dict[str, Any] = {}
+    fig, ax = plt.subplots(figsize=(8, 1.9 + 0.9 * len(records)), layout="constrained")
+    offsets = {name: (i - (len(COMPARED) - 1) / 2) * 0.18 for i, name in enumerate(COMPARED)}
+    for row, (label, record) in enumerate(records.items()):
+        drawn[label] = {"score": record.get("score"), "contenders": {}}
+        for name in COMPARED:
+            contender = record["contenders"].get(name)
+            if contender is None:
+                continue
+            mean, (low, high) = contender["mean"], contender["ci95"]
+            drawn[label]["contenders"][name] = (mean, low, high)
+            ax.errorbar(mean, row + offsets[name], xerr=[[mean - low], [high - mean]], fmt="o", capsize=4,
+                        color=COLORS[name], label=LABELS[name] if row == 0 else None)
+        score = record.get("score")
+        if score is not None:
+            ax.annotate(f"score {score:.2f}", (1.0, row), xycoords=("axes fraction", "data"), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=9)
+    first_record = next(iter(records.values()))
+    best = first_record.get("yardstick", {}).get("best_known")
+    if best is not None:  # the env's best known return (a published table), on the same axis
+        ax.axvline(best["return"], color="black", linestyle=":", linewidth=1,
+                   label=f"best known ({best['return']:g})")
+        drawn["best_known_return"] = best["return"]
+    ax.set_yticks(range(len(records)), list(records))
+    ax.invert_yaxis()
+    settings = first_record["settings"]
+    ax.set_xlabel(f"episode return on {settings['episodes']} held-out seeds (mean, 95% CI)")
+    ax.set_title(f"Closed loop in {settings['env_id']}: the planner with each model, beside its yardsticks")
+    fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
+    save_figure(fig, path, dpi=100, bbox_inches="tight")
+    return drawn
 
 
 def plot_control_loop(result: dict[str, Any], path: str | Path) -> None:

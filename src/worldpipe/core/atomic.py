@@ -27,6 +27,32 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def makedirs_durably(path: str | os.PathLike) -> None:
+    """Create ``path`` and its missing parents (like ``os.makedirs(exist_ok=True)``) so that each new directory's
+    name survives a power cut: each one's parent is fsynced after it is made. Existing directories cost nothing."""
+    missing = []
+    path = os.path.abspath(os.fspath(path))
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        fsync_dir(os.path.dirname(path))
+
+
+def fsync_ancestors(path: str | os.PathLike) -> None:
+    """fsync every directory above ``path`` up to the file system's root, so that the names leading to it are
+    durable whoever created them (a store that made its directories without fsyncing their parents)."""
+    path = os.path.abspath(os.fspath(path))
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        fsync_dir(parent)
+        path = parent
+
+
 def fsync_tree(root: str | os.PathLike) -> None:
     """fsync every file and directory under ``root`` (bottom-up), making its current contents durable."""
     for dirpath, _, files in os.walk(root, topdown=False):

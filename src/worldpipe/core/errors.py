@@ -28,9 +28,12 @@ SECONDARY_PREFIX = "error (secondary): "
 ERROR_LOG = "errors.log"
 DEBUG_ENV = "WORLDPIPE_DEBUG"
 
-# Exit statuses: 2 for a command or config the user must change, 1 for anything else that failed.
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
+# The exit statuses of every `worldpipe` command, one convention (docs/troubleshooting.md#exit-statuses); an error
+# class says which of them it ends with (``exit_code``), and :func:`classify` is the one place that maps errors.
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a check that ran and failed ("differs", a damaged file), or work that failed on the way
+EXIT_USAGE = 2  # bad input or usage: a command line, an argument, a file it names or a config value to change
+EXIT_EQUIVALENT = 3  # not bit-identical, but equivalent within the stated tolerance on another numerics environment
 
 # Text of errors that only report that a peer rank (or the rendezvous store) went away.
 _SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -39,10 +42,13 @@ _SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "
 # OSError numbers that are the machine's or the user's to fix (a full or failing disk, permissions, paths).
 _USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
                 errno.ENOTDIR, errno.EISDIR, errno.EEXIST}
+# Of those, a path named that is not there (or not of its kind): the input must change.
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
 
 
 class UserError(Exception):
-    """Base of errors whose message alone tells the user what to fix (it names the file, key or step).
+    """Base of errors whose message alone tells the user what to fix (it names the file, key or step); they end
+    with :data:`EXIT_FAILURE` (work that failed: a full disk, a damaged file), or their class's ``exit_code``.
 
     Every room derives its own errors from this class (or :class:`UsageError`), so this base layer can classify
     them without importing the rooms above it.
@@ -52,7 +58,7 @@ class UserError(Exception):
 
 
 class UsageError(UserError):
-    """A command line, override or config value that cannot work."""
+    """A command line, argument, override or config value that cannot work: refused before any work starts."""
 
     exit_code = EXIT_USAGE
 
@@ -84,7 +90,7 @@ def classify(err: BaseException) -> int | None:
     if isinstance(err, _usage_types()):
         return EXIT_USAGE
     if isinstance(err, OSError) and err.errno in _USER_ERRNOS:
-        return EXIT_FAILURE
+        return EXIT_USAGE if err.errno in _PATH_ERRNOS else EXIT_FAILURE
     return None
 
 

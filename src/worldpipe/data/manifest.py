@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 import fsspec
 
 from worldpipe.config.paths import STORE_NAME, dataset_dir
-from worldpipe.core.atomic import fsync_tree, write_atomic
+from worldpipe.core.atomic import fsync_ancestors, fsync_tree, write_atomic
 from worldpipe.core.errors import UserError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.core.locations import list_files, local_path, open_filesystem
@@ -106,9 +107,15 @@ def seal_dataset(url: str, manifest_path: str, storage_options: dict[str, Any] |
         # zarr's LocalStore renames files into place but never fsyncs: make the data durable before the
         # manifest that vouches for it is.
         fsync_tree(store_root)
+        # ... and the names leading to it: zarr and the workflow make the dataset's directories without fsyncing
+        # their parents, so a power cut could lose a sealed dataset whole.
+        fsync_ancestors(store_root)
     manifest = build_manifest(url, storage_options)
     text = json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
     _write_manifest(manifest_path, text.encode(), storage_options)
+    manifest_dir = local_path(os.path.dirname(manifest_path))
+    if manifest_dir is not None and os.path.abspath(manifest_dir) != os.path.dirname(os.path.abspath(store_root or "")):
+        fsync_ancestors(manifest_dir)  # a manifest kept apart from its store: its own names too
     return manifest
 
 

@@ -61,6 +61,11 @@ _POLICIES: dict[tuple[str, str], Policy] = {
 }
 
 
+def policies_for(env_id: str) -> list[str]:
+    """The names of the scripted policies ``env_id`` has (sorted; empty for an env without any)."""
+    return sorted(name for env, name in _POLICIES if env == env_id)
+
+
 def get_policy(env_id: str, policy: str) -> Policy:
     """Return the policy function for ``(env_id, policy)``; ValueError if the pair is unknown."""
     try:

@@ -26,7 +26,7 @@ from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
 import worldpipe
-from worldpipe.core.errors import UserError
+from worldpipe.core.errors import EXIT_USAGE, UserError
 from worldpipe.core.locations import local_path
 from worldpipe.data.environments import env_dims
 from worldpipe.data.episodes import Episode, simulate_episode
@@ -42,7 +42,9 @@ _STD_FLOOR = 1e-6
 
 
 class StoreNotFoundError(UserError, FileNotFoundError):
-    """No trajectory store where one was named: the message names the path."""
+    """No trajectory store where one was named: the message names the path (exit 2: the path must change)."""
+
+    exit_code = EXIT_USAGE
 
 
 def open_zarr_store(url: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Store:

@@ -16,6 +16,7 @@ import torch
 from worldpipe.checkpoint import CheckpointManager, CheckpointNotFoundError
 from worldpipe.core.atomic import write_atomic
 from worldpipe.core.axes import legend_outside, readable_log_axis
+from worldpipe.core.errors import UsageError
 from worldpipe.core.figures import save_figure
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
@@ -38,6 +39,10 @@ def load_model(checkpoint_dir: str, step: int | None = None) -> tuple[WorldModel
     return restore_model(identity["config"]["model"], state["model"], identity), {"step": chosen, **identity}
 
 
+class SegmentLengthError(UsageError, ValueError):
+    """Context plus horizon longer than every held-out episode (exit 2: a shorter one must be asked for)."""
+
+
 def heldout_segments(episodes: dict[str, np.ndarray], length: int,
                      key: str = "obs") -> tuple[np.ndarray, np.ndarray]:
     """Non-overlapping fully valid segments of `length` steps: obs [N,length,O], action [N,length,A].
@@ -51,7 +56,8 @@ def heldout_segments(episodes: dict[str, np.ndarray], length: int,
             obs.append(observed[i, start : start + length])
             actions.append(episodes["action"][i, start : start + length])
     if not obs:
-        raise ValueError(f"no held-out episode has {length} valid steps; lower evaluate context/horizon")
+        raise SegmentLengthError(f"no held-out episode has {length} valid steps (context + horizon); lower "
+                                 "--context/--horizon (a pipeline config's evaluate: context/horizon)")
     return np.stack(obs), np.stack(actions)
 
 

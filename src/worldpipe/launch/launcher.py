@@ -107,8 +107,7 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         if _holds_run_lock() and (lock is None or lock.path.parent.resolve() != run_dir.resolve()):
             if lock is not None:
                 lock.release()
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = RunLock(run_dir).acquire()
+            lock = RunLock(run_dir).acquire()  # makes the run directory, durably
         # Imported only now: it brings torch (seconds), which the refusals above do not need.
         from worldpipe.trainer.resume import preflight_resume
 

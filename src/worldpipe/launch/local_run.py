@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from worldpipe.core.atomic import write_text_atomic
+from worldpipe.core.atomic import makedirs_durably, write_text_atomic
 from worldpipe.tracking.courier import start_early
 from worldpipe.tracking.recorder import courier_wanted, resolve_tracking_uri
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
@@ -35,7 +35,7 @@ def runs_in_process(world_size: int, rdzv_endpoint: str | None) -> bool:
 def record_config(cfg: DictConfig, overrides: list[str]) -> Path:
     """Write the config and the overrides it was composed with to RUN_DIR/hydra; returns the config's path."""
     record_dir = Path(cfg.run_dir) / RECORD_DIR
-    record_dir.mkdir(parents=True, exist_ok=True)
+    makedirs_durably(record_dir)  # may make the run directory itself (a SLURM task without the run lock)
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
     path = record_dir / "config.yaml"
     write_text_atomic(path, OmegaConf.to_yaml(plain))

@@ -15,6 +15,7 @@ import os
 import socket
 from pathlib import Path
 
+from worldpipe.core.atomic import makedirs_durably
 from worldpipe.core.errors import UserError
 
 LOCK_NAME = ".run.lock"
@@ -42,7 +43,8 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         """Take the lock now or raise RunLocked naming the holder's host and pid."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The run directory is born here: a power cut must not lose it (and the checkpoints made in it) by its name.
+        makedirs_durably(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -115,10 +115,11 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
-             conf: Path | None = None, extra: Sequence[str] = ()) -> Run:
+             conf: Path | None = None, extra: Sequence[str] = (), key: str = "experiments") -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit.
 
-    ``extra``: further identity overrides (a collection round's ``data.name``).
+    ``extra``: further identity overrides (a collection round's ``data.name``). ``key``: the pipeline config's key
+    that names the experiment, as refusals name it (``experiments``, ``rounds.experiment``).
     """
     overrides = [*identity_overrides(config, experiment), *extra]
     try:
@@ -129,11 +130,11 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
                              remember_pass=True)
     except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
         message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        raise PipelineError(f"experiments: experiment {experiment!r} does not compose with overrides "
+        raise PipelineError(f"{key}: experiment {experiment!r} does not compose with overrides "
                             f"{list(config['train'].get('overrides', []))}: {message}") from None
     name = str(cfg.data.name)
     if name not in known or name.endswith(HELDOUT_SUFFIX):
-        raise PipelineError(f"experiments: {experiment!r} trains on data.name={name!r}, which is not under "
+        raise PipelineError(f"{key}: {experiment!r} trains on data.name={name!r}, which is not under "
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
     dataset = known[name]
     # A collection round is evaluated on its round 0's held-out episodes: every round on the same ones.
@@ -141,7 +142,7 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     try:
         check_window(cfg, dataset.spec.get("max_steps"), f"dataset {name!r} (datasets: {name}: max_steps)")
     except UsageError as err:
-        raise PipelineError(f"experiments: experiment {experiment!r}: {err}") from None
+        raise PipelineError(f"{key}: experiment {experiment!r}: {err}") from None
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
@@ -198,9 +199,11 @@ def launch_overrides(run: Run) -> list[str]:
             f"data.manifest={run.dataset.dir}/{paths.MANIFEST_NAME}"]
 
 
-def comparison_id(runs: Mapping[str, Run]) -> str:
-    """Directory name of a comparison of these runs: an edit and its undo return to the same name."""
-    return paths.short(canonical_hash({"runs": sorted((r.experiment, r.run_hash, r.eval_hash) for r in runs.values())}))
+def comparison_id(runs: Mapping[str, Run], control: bool = False) -> str:
+    """Directory name of a comparison of these runs' evaluations (``control``: their closed-loop ones): an edit
+    and its undo return to the same name."""
+    evaluation = (lambda r: r.control_hash) if control else (lambda r: r.eval_hash)
+    return paths.short(canonical_hash({"runs": sorted((r.experiment, r.run_hash, evaluation(r)) for r in runs.values())}))
 
 
 def _pipeline_configs(conf: Path, experiment: str | None) -> list[tuple[Path, dict[str, Any]]]:

@@ -80,7 +80,7 @@ def plan_rounds(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path
     if not config.get("control"):
         raise PipelineError("rounds: needs the pipeline config's `control:` section (the closed-loop evaluation "
                             "that scores every round's model on the same held-out seeds)")
-    first = Round(0, plan_run(config, experiment, known, conf))
+    first = Round(0, plan_run(config, experiment, known, conf, key="rounds.experiment"))
     base = first.dataset
     if base.spec["env_id"] not in CONTINUOUS_ACTION_ENVS or base.spec.get("pixels"):
         raise PipelineError(f"rounds: experiment {experiment!r} trains on {base.name} ({base.spec['env_id']}"
@@ -89,7 +89,8 @@ def plan_rounds(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path
     try:
         planner = planner_config(rounds["planner"], list(rounds.get("planner_overrides", [])), conf)
     except PlannerConfigError as err:
-        raise PipelineError(f"rounds: {err}") from None
+        key = "planner" if not (conf / "planner" / f"{rounds['planner']}.yaml").is_file() else "planner_overrides"
+        raise PipelineError(f"rounds.{key}: {err}") from None
     found = [first]
     for _ in range(rounds["count"]):
         try:
@@ -98,7 +99,7 @@ def plan_rounds(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path
             raise PipelineError(f"rounds: {err}") from None
         dataset = Dataset(spec["name"], spec, spec_hash(spec))
         known[dataset.name] = dataset
-        run = plan_run(config, experiment, known, conf, extra=(f"data.name={dataset.name}",))
+        run = plan_run(config, experiment, known, conf, extra=(f"data.name={dataset.name}",), key="rounds.experiment")
         found.append(Round(found[-1].index + 1, run))
     return found
 

@@ -22,7 +22,7 @@ from worldpipe.checkpoint.layout import LATEST_NAME, latest_identity, parse_step
 from worldpipe.config import paths
 from worldpipe.config.identity import config_hash, flatten, identity_config, to_container
 from worldpipe.core import numerics
-from worldpipe.core.atomic import remove_atomic, symlink_atomic, write_text_atomic
+from worldpipe.core.atomic import makedirs_durably, remove_atomic, symlink_atomic, write_text_atomic
 from worldpipe.core.errors import UsageError
 from worldpipe.launch.run_lock import RunLock
 from worldpipe.pipeline.plan import compose, run_hash
@@ -79,7 +79,8 @@ def begin(run_dir: str | os.PathLike, dataset_spec_hash: str, overrides: Sequenc
         "config": flatten(to_container(cfg)), "started_at": _now(), "attempts": [],
     }
     record["attempts"].append({"started_at": _now(), "exit_code": None})
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # Durably: the run's record, `latest` and every checkpoint below it are only as durable as these names.
+    makedirs_durably(run_dir)
     invalidate_results(run_dir)
     write_text_atomic(run_dir / paths.RUN_RECORD, json.dumps(record, indent=2, default=str))
     point_latest(run_dir)
@@ -91,7 +92,7 @@ def end(run_dir: str | os.PathLike, exit_code: int) -> None:
     path = Path(run_dir) / paths.RUN_RECORD
     record = _read_json(path)
     if record is None or not record.get("attempts"):
-        raise FileNotFoundError(f"{path}: no run record with a started attempt")
+        raise RunDirMismatch(f"{path}: no run record with a started attempt (`worldpipe runs begin` records one)")
     record["attempts"][-1].update(exit_code=exit_code, ended_at=_now())
     write_text_atomic(path, json.dumps(record, indent=2, default=str))
 
@@ -179,6 +180,34 @@ def experiment_runs(experiment_dir: Path) -> list[RunInfo]:
             continue
         runs.append(RunInfo(child, record, run_status(child, record), mlflow_run_id(child), child.name == target))
     return sorted(runs, key=lambda run: (run.record.get("started_at", ""), run.path.name))
+
+
+def rebuilt_line(record: dict[str, Any], with_verdict: bool = True) -> str | None:
+    """What a rebuilt run (`worldpipe rerun` / `resume`) rebuilt, and the rerun's verdict; None for any other run."""
+    rebuilt = record.get("rebuilt")
+    if not rebuilt:
+        return None
+    source = Path(rebuilt["of_run_dir"]).name if rebuilt.get("of_run_dir") else "a run"
+    kind = "rerun" if rebuilt.get("kind") == "rerun" else f"resumed at step {rebuilt.get('at_step')}"
+    if not with_verdict:
+        return f"{kind} of {source}"
+    verdict = f": {rebuilt['verdict']}" if rebuilt.get("verdict") else ""
+    return f"{kind} of {source} (mlflow {rebuilt.get('of_mlflow_run_id')}){verdict}"
+
+
+def control_line(run_dir: Path) -> str | None:
+    """The newest closed-loop evaluation of a run in one line: the planner's return with its 95% CI, the score
+    and where the record is; None where the run has none."""
+    records = sorted((run_dir / paths.CONTROL_DIR).glob("*/control.json"), key=lambda p: p.stat().st_mtime)
+    record = _read_json(records[-1]) if records else None
+    if not record:
+        return None
+    planner = record["contenders"]["planner"]
+    low, high = planner["ci95"]
+    score = record.get("score")
+    scored = "" if score is None else f", score {score:.3f}"
+    return (f"control: return {planner['mean']:.1f} [95% CI {low:.1f}, {high:.1f}] over {planner['episodes']} "
+            f"episodes{scored} ({paths.CONTROL_DIR}/{records[-1].parent.name})")
 
 
 def config_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:

@@ -14,12 +14,14 @@ from worldpipe.config import paths
 from worldpipe.core.atomic import fsync_tree, publish_dir
 from worldpipe.core.locations import local_path, open_filesystem
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
-from worldpipe.reproduce.drift import RerunError, check_code
+from worldpipe.reproduce.drift import RerunError, RerunTrainingFailed, check_code
 from worldpipe.reproduce.launching import (
     default_run_dir,
+    end_rebuilt,
     launch,
     new_run_id,
     prepare_run_dir,
+    rebuilt_of,
     training_config,
 )
 from worldpipe.reproduce.rerun import EXIT_ERROR
@@ -82,18 +84,19 @@ def resume(run_id: str, step: int, uri: str | None = None, allow_code_drift: boo
         tags = {"worldpipe.resumed_from": run_id, "worldpipe.resumed_at_step": str(step)}
         if drift:
             tags["worldpipe.code_drift"] = drift[:5000]
-        prepare_run_dir(target, tags, copy_history=(run_id, step))
+        prepare_run_dir(target, tags, rebuilt_of(recorded, "resume", at_step=step), copy_history=(run_id, step))
         _copy_checkpoint(source, Path(paths.checkpoints_dir(target)), step)
         problems = CheckpointManager(paths.checkpoints_dir(target)).verify(step, full=True)
         if problems:
             raise RerunError(f"copied checkpoint step {step} does not verify: {problems}")
         name = f"{recorded.run.info.run_name or 'run'} (resumed from {run_id[:8]} at step {step})"
         code = launch(training_config(recorded, target, store, manifest, uri, name), target, list(overrides))
+        end_rebuilt(target, code)
         if code != 0:
-            raise RerunError(f"resumed training exited with {code} (run dir {target})")
+            raise RerunTrainingFailed(f"resumed training exited with {code} (run dir {target})")
         new_run = new_run_id(target)
     except (RerunError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        return getattr(err, "exit_code", EXIT_ERROR)
     print(f"resumed {run_id} from step {step}: new run {new_run} in {target}")
     return 0

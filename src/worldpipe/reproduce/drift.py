@@ -6,13 +6,22 @@ import hashlib
 import logging
 
 from worldpipe.core import provenance as ident
+from worldpipe.core.errors import EXIT_FAILURE, EXIT_USAGE
 from worldpipe.tracking.history import RecordedRun
 
 log = logging.getLogger("worldpipe.rerun")
 
 
 class RerunError(RuntimeError):
-    """The run cannot be rebuilt faithfully; the message says why and what to do."""
+    """The run cannot be rebuilt faithfully; the message says why and what to do (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class RerunTrainingFailed(RerunError):
+    """The retraining itself failed (exit 1, as a failed `worldpipe train`); its own line said why."""
+
+    exit_code = EXIT_FAILURE
 
 
 def code_drift(recorded: RecordedRun) -> list[str]:

@@ -8,7 +8,7 @@ A rerun trains the recorded config from scratch into a new run directory and a n
 ``worldpipe.rerun_of``, then compares metric histories (clock-measured metrics excluded) and the final
 checkpoint digests: ``bit-identical`` (exit 0) or the first differing step and metric (exit 1). Anything that
 prevents a faithful rerun (code drift without ``--allow-code-drift``, a dataset that cannot be found or
-regenerated with the recorded hash, a failed training) exits 2.
+regenerated with the recorded hash) exits 2; a retraining that fails exits 1, as a failed training does.
 
 Bits depend on the numerics environment too (CPU type, MKL code path, ...: :mod:`worldpipe.core.numerics`). Before
 training, the rerun names every field in which this machine differs from the recorded one. Then a bitwise match
@@ -27,14 +27,17 @@ from pathlib import Path
 
 from worldpipe.config import paths
 from worldpipe.core import numerics
+from worldpipe.core.errors import EXIT_EQUIVALENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from worldpipe.core.locations import local_path
 from worldpipe.reproduce.dataset import locate_dataset, resolve_recorded_path
-from worldpipe.reproduce.drift import RerunError, check_code
+from worldpipe.reproduce.drift import RerunError, RerunTrainingFailed, check_code
 from worldpipe.reproduce.launching import (
     default_run_dir,
+    end_rebuilt,
     launch,
     new_run_id,
     prepare_run_dir,
+    rebuilt_of,
     training_config,
 )
 from worldpipe.tracking.history import (
@@ -48,7 +51,8 @@ from worldpipe.tracking.history import (
 from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS, numerics_from_tags
 
-EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR, EXIT_EQUIVALENT = 0, 1, 2, 3
+# The CLI's exit statuses (worldpipe.core.errors), by what a rerun concludes.
+EXIT_IDENTICAL, EXIT_DIFFERENT, EXIT_ERROR = EXIT_OK, EXIT_FAILURE, EXIT_USAGE
 # Segments of the open-loop comparison of both final models (the pipeline's evaluation defaults).
 EQUIVALENCE_CONTEXT, EQUIVALENCE_HORIZON = 4, 8
 
@@ -154,17 +158,19 @@ def rerun(run_id: str, uri: str | None = None, allow_code_drift: bool = False, r
         tags = {"worldpipe.rerun_of": run_id}
         if drift:
             tags["worldpipe.code_drift"] = drift[:5000]
-        prepare_run_dir(target, tags)
+        prepare_run_dir(target, tags, rebuilt_of(recorded, "rerun"))
         name = f"{recorded.run.info.run_name or 'run'} (rerun of {run_id[:8]})"
         config = training_config(recorded, target.resolve(), store, manifest, uri, name)
         code = launch(config, target)
+        end_rebuilt(target, code)
         if code != 0:
-            raise RerunError(f"rerun training exited with {code} (run dir {target})")
+            raise RerunTrainingFailed(f"rerun training exited with {code} (run dir {target})")
         result = compare_runs(client, run_id, new_run_id(target))
         code, message = _verdict(client, recorded, result, target, (store, manifest), tolerance)
+        end_rebuilt(target, 0, message[:300])
     except (RerunError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        return getattr(err, "exit_code", EXIT_ERROR)
     client.set_tag(result.new_run_id, "worldpipe.rerun_result", message[:5000])
     if recorded.run.info.status != "FINISHED":
         print(f"note: the original run's status is {recorded.run.info.status}", file=sys.stderr)

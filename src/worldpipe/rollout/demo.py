@@ -29,8 +29,9 @@ def model_config(name: str) -> dict:
 
 
 def publish_demo_checkpoint(root: str | Path, step: int = 1, seed: int = 0, model_cfg: dict | None = None,
-                            obs_dim: int = 3, act_dim: int = 1) -> None:
-    """Publish checkpoint ``step`` under ``root`` holding a freshly initialized model (seeded)."""
+                            obs_dim: int = 3, act_dim: int = 1, config: dict | None = None) -> None:
+    """Publish checkpoint ``step`` under ``root`` holding a freshly initialized model (seeded); ``config``: more
+    of the recorded run config (``data.manifest``: the dataset the model stands for)."""
     model_cfg = dict(model_cfg or SMALL_RSSM)
     torch.manual_seed(seed)
     model = build_model(model_cfg, obs_dim, act_dim)
@@ -39,7 +40,7 @@ def publish_demo_checkpoint(root: str | Path, step: int = 1, seed: int = 0, mode
         "model": model.state_dict(), "optimizer": None, "scheduler": None, "scaler": None, "ema": None,
         "progress": {"step": step, "epoch": 0, "samples_seen": 0, "tokens_seen": 0},
         "sampler": {"seed": seed, "epoch": 0, "cursor": 0}, "rng": [],
-        "identity": {"config": {"model": model_cfg, "seed": seed}, "demo": True,
+        "identity": {"config": {**(config or {}), "model": model_cfg, "seed": seed}, "demo": True,
                      "dims": {"obs_dim": obs_dim, "act_dim": act_dim}},
     }
     with CheckpointManager(root) as manager:

@@ -28,8 +28,8 @@ log = logging.getLogger("worldpipe.rollout")
 class InputError(ValueError):
     """Bad request content; ``loc`` names the field (e.g. ("context", "obs"))."""
 
-    def __init__(self, loc: tuple[str, ...], message: str) -> None:
-        super().__init__(f"{'.'.join(loc)}: {message}")
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(f"{'.'.join(map(str, loc))}: {message}")
         self.loc, self.message = loc, message
 
 
@@ -67,6 +67,23 @@ def _check_matrix(t: torch.Tensor, loc: tuple[str, ...], width: int, max_rows: i
         raise InputError(loc, f"has {t.shape[0]} rows; allowed {min_rows}..{max_rows}")
     if not bool(torch.isfinite(t).all()):
         raise InputError(loc, "contains NaN or infinity")
+
+
+def _name_odd_candidate(candidates, act_dim: int) -> None:
+    """InputError at ``candidates.I`` for the first candidate that is empty, has a step of another width than
+    ``act_dim``, or another number of steps than candidate 0 (the rows as JSON nests them)."""
+    horizon = len(candidates[0])
+    for i, rows in enumerate(candidates):
+        loc = ("candidates", i)
+        if len(rows) == 0:
+            raise InputError(loc, f"candidate {i} is empty: each candidate is [H, {act_dim}] with H >= 1")
+        for j, row in enumerate(rows):
+            if len(row) != act_dim:
+                raise InputError(loc, f"candidate {i} step {j} has {len(row)} values; the model acts with "
+                                      f"{act_dim} per step")
+        if len(rows) != horizon:
+            raise InputError(loc, f"candidate {i} has {len(rows)} steps, candidate 0 has {horizon}: every candidate "
+                                  "has the same horizon")
 
 
 def resolve_stream(sampling: Sampling, seed: int, stream: str | None) -> StreamId | None:
@@ -170,16 +187,15 @@ class RolloutService:
                 "frames": served.frames(obs), "rewards": reward, "stream": _stream_doc(stream_id), "cached_steps": reused,
                 "cache_hit": reused == actions.shape[0], "timing": timing}
 
-    def imagine_candidates(self, context_obs: torch.Tensor, context_action: torch.Tensor, candidates: torch.Tensor,
-                           model_version: str | None = None) -> dict:
-        """Rewards [N,H] of N candidate action sequences [N,H,A] imagined with means from one context: what a
-        planner asks for in one decision iteration (one batched model pass, no cache: candidates never repeat)."""
+    def imagine_candidates(self, context_obs: torch.Tensor, context_action: torch.Tensor,
+                           candidates: torch.Tensor | list, model_version: str | None = None) -> dict:
+        """Rewards [N,H] of N candidate action sequences [N,H,A] (a tensor, or nested lists as JSON has them)
+        imagined with means from one context: what a planner asks for in one decision iteration (one batched model
+        pass, no cache: candidates never repeat). A candidate that is not [H, act_dim], with the first one's H, is
+        an InputError naming it."""
         served = self._model(model_version)
         self._check_context(served, context_obs, context_action)
-        if candidates.dim() != 3 or candidates.shape[0] < 1 or candidates.shape[0] > self.config.limits.max_candidates:
-            raise InputError(("candidates",), f"must be [N, H, act_dim] with 1 <= N <= "
-                                              f"{self.config.limits.max_candidates}, got {list(candidates.shape)}")
-        self._check_actions(served, candidates[0])
+        candidates = self._candidates(served, candidates)
         self._own_threads()
         started = time.perf_counter()
         model = served.model
@@ -189,6 +205,24 @@ class RolloutService:
             _, rewards = imagine_sequences(model, state, candidates)
         return {"model_version": served.version, "checkpoint_step": served.step, "rewards": rewards,
                 "timing": {"model_s": time.perf_counter() - started}}
+
+    def _candidates(self, served: ServedModel, candidates: torch.Tensor | list) -> torch.Tensor:
+        limits = self.config.limits
+        if not 1 <= len(candidates) <= limits.max_candidates:
+            raise InputError(("candidates",), f"has {len(candidates)} candidates; allowed 1..{limits.max_candidates}")
+        try:
+            tensor = torch.as_tensor(candidates, dtype=torch.float32)
+        except (ValueError, RuntimeError, TypeError):  # ragged: the candidate that differs is named below
+            tensor = None
+        if tensor is None or tensor.dim() != 3 or tensor.shape[2] != served.act_dim:
+            _name_odd_candidate(candidates, served.act_dim)
+            got = "rows of unequal lengths" if tensor is None else list(tensor.shape)
+            raise InputError(("candidates",), f"must be [N, H, {served.act_dim}], got {got}")
+        if not 1 <= tensor.shape[1] <= limits.max_horizon:
+            raise InputError(("candidates",), f"have {tensor.shape[1]} steps each; allowed 1..{limits.max_horizon}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise InputError(("candidates",), "contain NaN or infinity")
+        return tensor
 
     def _own_threads(self) -> None:
         """Give the calling thread the service's intra-op thread count, once per thread.

@@ -19,6 +19,8 @@ from typing import Any
 from worldpipe.core.axes import legend_outside, readable_log_axis
 from worldpipe.core.errors import UsageError
 from worldpipe.core.figures import save_figure
+from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
+from worldpipe.tracking.control import control_summary_keys
 from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
 from worldpipe.tracking.records import NUMERICS_TAG
 from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
@@ -44,9 +46,17 @@ class Comparison:
     swept: list[str]  # keys that vary (from the sweep, else the differing params)
 
 
+def run_ids_of(refs: Sequence[str]) -> list[str]:
+    """The run ids the references name (a JSON file read for its run id); ComparisonError for a JSON file that
+    is not there, before any tracking store is opened."""
+    return [_run_id(ref) for ref in refs]
+
+
 def _run_id(ref: str) -> str:
     path = Path(ref)
-    if ref.endswith(".json") and path.is_file():
+    if ref.endswith(".json") and not path.is_file():
+        raise ComparisonError(f"{ref}: no such file (a run's train_done.json or a sweep's parent.json)")
+    if ref.endswith(".json"):
         record = json.loads(path.read_text())
         run_id = record.get("run_id") or record.get("mlflow_run_id")
         if not run_id:
@@ -89,8 +99,8 @@ def _cell(value: Any) -> str:
 
 
 def comparison_sections(comparison: Comparison) -> dict[str, list[tuple[str, list[Any]]]]:
-    """{section title: [(key, one value per run)]}: differing params, evaluation and training metrics, and the
-    identity tags (numerics environment included) that differ."""
+    """{section title: [(key, one value per run)]}: differing params, open-loop evaluation, closed-loop control
+    and training metrics, and the identity tags (numerics environment included) that differ."""
     runs = comparison.runs
     differing = differing_params(runs)
     ordered = [k for k in comparison.swept if k in differing] + [k for k in differing if k not in comparison.swept]
@@ -98,9 +108,11 @@ def comparison_sections(comparison: Comparison) -> dict[str, list[tuple[str, lis
     eval_keys += _last_horizon_keys({k for r in runs for k in r.data.metrics if k.startswith(METRIC_PREFIX)}
                                     - set(eval_keys))
     numerics = sorted({k for r in runs for k in r.data.tags if k.startswith(NUMERICS_TAG + ".")})
+    control_keys = control_summary_keys({k for r in runs for k in r.data.metrics if k.startswith(CONTROL_PREFIX)})
     return {
         "param differences": [(k, [r.data.params.get(k) for r in runs]) for k in ordered],
         "evaluation": [(k, [r.data.metrics.get(k) for r in runs]) for k in eval_keys],
+        "control (closed loop)": [(k, [r.data.metrics.get(k) for r in runs]) for k in control_keys],
         "training (final)": [(k, [r.data.metrics.get(k) for r in runs]) for k in TRAINING_METRICS],
         "identity differences": [(k, [r.data.tags.get(k) for r in runs]) for k in (*IDENTITY_TAGS, *numerics)
                                  if len({r.data.tags.get(k) for r in runs}) > 1],

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worldpipe.tracking.evaluation import OF_TAG, PARENT_RUN_TAG
+from worldpipe.tracking.evaluation import OF_TAG, PARENT_RUN_TAG, ending, finish_child_run
 
 PREFIX = "control/"
 KEY_TAG = "worldpipe.control.key"
@@ -51,6 +51,21 @@ def summary_metrics(result: Mapping[str, Any]) -> dict[str, float]:
     return values
 
 
+def control_summary_keys(keys: set[str]) -> list[str]:
+    """The closed-loop summaries among a run's metric names, in reading order: the scores, then the planner's
+    return, then every other contender's and the loop's clock (per-episode histories are the child run's)."""
+    summaries = [k for k in keys if k.startswith(PREFIX) and not k.endswith("/return")]
+
+    def rank(key: str) -> tuple[int, str]:
+        name = key[len(PREFIX):]
+        scalar = "/" not in name
+        first = 0 if name == "score" else 1 if scalar and name.endswith("score") else 2 if name.startswith(
+            "planner/") else 3
+        return first, name
+
+    return sorted(summaries, key=rank)
+
+
 def _child_run(client, run, key: str, planner: str):
     found = client.search_runs([run.info.experiment_id], max_results=1, filter_string=(
         f"tags.`{KEY_TAG}` = '{key}' AND tags.`{OF_TAG}` = '{run.info.run_id}'"))
@@ -70,7 +85,6 @@ def result_digest_tag(key: str) -> str:
 def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequence[str],
                 model_id: str | None) -> str:
     """Log a control evaluation of run ``run_id`` (and onto logged model ``model_id``); the child run's id."""
-    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -79,7 +93,18 @@ def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequenc
     child = _child_run(client, run, key, str(result["settings"]["planner"].get("_target_", "")).rsplit(".", 1)[-1])
     child_id = child.info.run_id
     if child.data.tags.get(COMPLETE_TAG) == key:
+        finish_child_run(client, child)
         return child_id
+    with ending(client, child_id):
+        _log_into(client, run_id, child_id, result, files, model_id)
+        client.set_tag(child_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
+    return child_id
+
+
+def _log_into(client, run_id: str, child_id: str, result: Mapping[str, Any], files: Sequence[str],
+              model_id: str | None) -> None:
+    from mlflow.entities import Metric, Param
+
     now, step = int(time.time() * 1000), int(result["checkpoint_step"])
     per_episode = [Metric(f"{PREFIX}{name}/return", float(value), now, i)
                    for name, c in result["contenders"].items() for i, value in enumerate(c["returns"])]
@@ -93,8 +118,6 @@ def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequenc
         planner_returns = [m for m in per_episode if m.key == f"{PREFIX}planner/return"]
         client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
                                                    run_id=child_id) for m in planner_returns + summaries])
-    client.set_tag(child_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
-    return child_id
 
 
 def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

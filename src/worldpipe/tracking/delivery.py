@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldpipe.core.atomic import fsync_dir
+from worldpipe.core.atomic import fsync_dir, makedirs_durably
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 from worldpipe.tracking.mlflow_import import import_mlflow
 from worldpipe.tracking.spool import Spool
@@ -105,7 +105,7 @@ def create_sqlite_store(path: Path) -> None:
     import psutil
     from mlflow.tracking import MlflowClient
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    makedirs_durably(path.parent)  # the store is only as durable as the names leading to it
     # A dead creator's scratch file, and SQLite's rollback journal of it
     scratch_name = re.compile(re.escape(SCRATCH_STORE.format(name=path.name, pid="")) + r"(\d+)(-journal)?")
     for stale in path.parent.iterdir():

@@ -24,7 +24,8 @@ import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,27 @@ def _target_run(client, run, key: str, step: int) -> tuple[Any, bool]:
     return child, True
 
 
+def finish_child_run(client, run) -> None:
+    """End a child run whose records are whole as FINISHED: it measured once, it does not go on running (a run
+    left RUNNING shows a spinner and no duration in the UI forever)."""
+    if run.info.status != "FINISHED":
+        client.set_terminated(run.info.run_id, "FINISHED")
+
+
+@contextmanager
+def ending(client, run_id: str, child: bool = True) -> Iterator[None]:
+    """Log into child run ``run_id`` inside the block; it ends FINISHED after it, FAILED if the block raises (the
+    next attempt finds the run by its key and completes it). A run that is not a child is left as it is."""
+    try:
+        yield
+    except BaseException:
+        if child:
+            client.set_terminated(run_id, "FAILED")
+        raise
+    if child:
+        finish_child_run(client, client.get_run(run_id))
+
+
 def _fresh(client, run_id: str, metrics: list) -> list:
     """Metrics not yet in the run (same key, step and value): an interrupted attempt is not repeated."""
     present = set()
@@ -160,18 +182,21 @@ def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
     target, child = _target_run(client, run, key, record.checkpoint_step)
     run_id = target.info.run_id
     if target.data.tags.get(COMPLETE_TAG) == key:
+        if child:
+            finish_child_run(client, target)
         return EvaluationOutcome(run_id, logged=False, child=child)
-    metrics = _fresh(client, run_id, evaluation_metrics(record.result, record.checkpoint_step,
-                                                        int(time.time() * 1000)))
-    tags = [RunTag(DIGEST_TAG, record.checkpoint_digest), RunTag(STEP_TAG, str(record.checkpoint_step)),
-            RunTag(HELDOUT_TAG, str(record.result["heldout_dataset_hash"]))]
-    client.log_batch(run_id, metrics=metrics, tags=tags)
-    for path in record.artifacts.values():
-        client.log_artifact(run_id, path, ARTIFACT_DIR)
-    _log_horizon_table(client, run_id, record.result)
-    for run_with_inputs in {record.run_id, run_id}:  # the training run, and the child run if there is one
-        log_datasets(client, run_with_inputs, list(record.datasets))
-    client.set_tag(run_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
+    with ending(client, run_id, child):
+        metrics = _fresh(client, run_id, evaluation_metrics(record.result, record.checkpoint_step,
+                                                            int(time.time() * 1000)))
+        tags = [RunTag(DIGEST_TAG, record.checkpoint_digest), RunTag(STEP_TAG, str(record.checkpoint_step)),
+                RunTag(HELDOUT_TAG, str(record.result["heldout_dataset_hash"]))]
+        client.log_batch(run_id, metrics=metrics, tags=tags)
+        for path in record.artifacts.values():
+            client.log_artifact(run_id, path, ARTIFACT_DIR)
+        _log_horizon_table(client, run_id, record.result)
+        for run_with_inputs in {record.run_id, run_id}:  # the training run, and the child run if there is one
+            log_datasets(client, run_with_inputs, list(record.datasets))
+        client.set_tag(run_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
     return EvaluationOutcome(run_id, logged=True, child=child)
 
 

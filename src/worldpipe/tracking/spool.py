@@ -31,7 +31,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worldpipe.core.atomic import append_durably, fsync_dir, write_file_durably, write_text_atomic
+from worldpipe.core.atomic import (
+    append_durably,
+    fsync_dir,
+    makedirs_durably,
+    write_file_durably,
+    write_text_atomic,
+)
 
 TRACKING_DIR = "tracking"
 JOURNAL_NAME = "journal.jsonl"
@@ -62,6 +68,33 @@ def default_state() -> dict[str, Any]:
             "uri": None, "rejected": [], "new_run": None}
 
 
+def _record(line: bytes) -> dict | None:
+    """The record of one complete journal line, or None for what a crash can leave instead: zeros (a hole where
+    an unsynced write never reached the disk) or a line cut and joined to another."""
+    if not line.endswith(b"\n") or b"\0" in line:
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("seq"), int) else None
+
+
+def _valid_records(handle, offset: int, previous: int | None = None) -> list[tuple[dict, int]]:
+    """The records from ``handle``'s position (byte ``offset``) up to the first line that is not one, or whose
+    sequence number does not follow the one before (``previous``: the number before the first); each with the
+    offset just after it. What follows such a line was never fsynced: it is never acknowledged nor delivered."""
+    out = []
+    for line in handle:
+        record = _record(line)
+        if record is None or (previous is not None and record["seq"] != previous + 1):
+            break
+        offset += len(line)
+        previous = record["seq"]
+        out.append((record, offset))
+    return out
+
+
 class Spool:
     """The journal, blobs and acknowledgement state of one run directory."""
 
@@ -71,6 +104,7 @@ class Spool:
         self.journal = self.dir / JOURNAL_NAME
         self.state_path = self.dir / STATE_NAME
         self._active_fd: int | None = None
+        self._whole: tuple[int, int] | None = None  # (bytes, last seq) of the journal found whole by this process
 
     # ---- locking ----
     @contextlib.contextmanager
@@ -79,7 +113,8 @@ class Spool:
 
         Separate locks let the training thread append while a delivery (network calls) is in progress.
         """
-        self.dir.mkdir(parents=True, exist_ok=True)
+        # Durably: a power cut must not lose the directory (and every record in it) by losing its name.
+        makedirs_durably(self.dir)
         fd = os.open(self.dir / f".{kind}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -92,7 +127,7 @@ class Spool:
         """Mark a live writer (the training process) until release_active or process exit."""
         if self._active_fd is not None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
+        makedirs_durably(self.dir)
         fd = os.open(self.dir / ".active", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -147,46 +182,33 @@ class Spool:
         """Complete records from byte ``offset`` on, each with the offset just after it (a torn tail is ignored)."""
         if not self.journal.exists():
             return []
-        out = []
         with open(self.journal, "rb") as handle:
             handle.seek(offset)
-            position = offset
-            for line in handle:
-                if not line.endswith(b"\n"):
-                    break  # torn write of a crashed process: never acknowledged, never delivered
-                position += len(line)
-                out.append((json.loads(line), position))
-        return out
+            return _valid_records(handle, offset)
 
     def records(self) -> list[dict]:
         return [record for record, _ in self.read()]
 
     def _repair_tail(self) -> int:
-        """Cut a torn last line; returns the last complete sequence number."""
+        """Cut what follows the last complete record (a torn line, or what a power cut left of an unsynced append:
+        a hole of zeros before a part of it); returns the last complete sequence number."""
         if not self.journal.exists():
+            self._whole = (0, 0)
             return 0
         size = self.journal.stat().st_size
-        window = 1 << 16
+        # Where this process last found the journal whole: only what was appended since is checked again.
+        start, seq = self._whole if self._whole is not None and self._whole[0] <= size else (0, 0)
         with open(self.journal, "r+b") as handle:
-            while True:
-                start = max(0, size - window)
-                handle.seek(start)
-                data = handle.read()
-                cut = data.rfind(b"\n")
-                # Need the last newline and the one before it (or the file start) inside the window.
-                if start == 0 or (cut > 0 and data.rfind(b"\n", 0, cut) >= 0):
-                    break
-                window *= 4
-            end = start + cut + 1 if cut >= 0 else 0
+            handle.seek(start)
+            records = _valid_records(handle, start, seq if start else None)
+            end = records[-1][1] if records else start
             if end != size:
                 handle.truncate(end)
                 handle.flush()
                 os.fsync(handle.fileno())
-        if end == 0:
-            return 0
-        complete = data[: cut]
-        last = complete[complete.rfind(b"\n") + 1:]
-        return int(json.loads(last)["seq"])
+        last = int(records[-1][0]["seq"]) if records else seq
+        self._whole = (end, last)
+        return last
 
     def append(self, op: str, files: Mapping[str, bytes] | None = None, **fields: Any) -> int:
         """Durably append one record (its files first); returns its sequence number."""
@@ -211,9 +233,11 @@ class Spool:
                 if large:
                     self._write_blobs(seq, large)
                 lines.append(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
-            append_durably(self.journal, "".join(lines).encode())
+            data = "".join(lines).encode()
+            append_durably(self.journal, data)
             if first == 1:
                 fsync_dir(self.dir)
+            self._whole = (self._whole[0] + len(data), first + len(entries) - 1)
             return list(range(first, first + len(entries)))
 
     def _write_blobs(self, seq: int, files: Mapping[str, bytes]) -> None:
@@ -222,7 +246,7 @@ class Spool:
             shutil.rmtree(blob)
         for relpath, data in files.items():
             target = blob / relpath
-            target.parent.mkdir(parents=True, exist_ok=True)
+            makedirs_durably(target.parent)  # blobs/ itself may be new: the journal line will vouch for it
             write_file_durably(target, [data])
             fsync_dir(target.parent)
         fsync_dir(blob.parent)

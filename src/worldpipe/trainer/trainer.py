@@ -189,6 +189,10 @@ class Trainer:
                 log.info("resumed from %s step %d (written by %d ranks, now %d)", self.cfg.checkpoint.dir, start,
                          resumed.identity["world_size"], self.rt.world_size)
             self._note_numerics_change(resumed.identity, start)
+            if start > self.cfg.trainer.steps and self.rt.is_main:
+                log.warning("worldpipe: this run is already at step %d, past trainer.steps=%d: nothing to train, "
+                            "and its %d steps stay (a shorter run is a new run: pass another run_dir)", start,
+                            self.cfg.trainer.steps, start)
         self.identity["mlflow_run_id"] = run_id
         run_id = gather_objects(self.rt, self.records.open_run(self.identity, run_id, start))[0]
         self.identity["mlflow_run_id"] = run_id

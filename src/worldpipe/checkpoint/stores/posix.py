@@ -30,6 +30,7 @@ from worldpipe.core import ownership
 from worldpipe.core.atomic import (
     fsync_and_close,
     fsync_dir,
+    makedirs_durably,
     publish_dir,
     remove_atomic,
     write_file,
@@ -134,16 +135,7 @@ class PosixStore(Store):
     # ---------------------------------------------------------------- writing
 
     def _ensure_root(self) -> None:
-        missing = []
-        path = self.root
-        while not os.path.isdir(path):
-            missing.append(path)
-            path = os.path.dirname(path)
-        for path in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path)
-            # The new directory's name must survive a crash too.
-            fsync_dir(os.path.dirname(path))
+        makedirs_durably(self.root)  # the new directories' names must survive a crash too
 
     @contextlib.contextmanager
     def writer_lock(self, step: int) -> Iterator[None]:

@@ -43,7 +43,9 @@ DOCS_ASSETS = "/docs-assets"
 
 
 def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
-    """A float32 [n, k] tensor from JSON rows; ragged rows are an InputError at ``loc``."""
+    """A float32 [n, k] tensor from JSON rows; no rows, or ragged ones, are an InputError at ``loc``."""
+    if not rows:
+        raise InputError(loc, "is empty: give at least one row")
     try:
         return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), -1)
     except (ValueError, RuntimeError) as err:  # ragged rows
@@ -220,14 +222,12 @@ def _routes(app: FastAPI) -> None:
         t0 = time.perf_counter()
         context = (as_matrix(body.context.obs, ("context", "obs")),
                    as_matrix(body.context.action, ("context", "action")))
+        # JSON numbers or float32 bytes; the service checks either as [N, H, act_dim] (errors at "candidates").
         if body.candidates_f32 is not None:
-            sequences = from_float32(body.candidates_f32, ("candidates_f32",))
+            candidates = from_float32(body.candidates_f32, ("candidates_f32",))
         else:
-            try:
-                sequences = torch.tensor(body.candidates, dtype=torch.float32)
-            except (ValueError, RuntimeError) as err:  # ragged
-                raise InputError(("candidates",), f"must be [N, H, act_dim] with equal lengths ({err})") from None
-        result = service().imagine_candidates(*context, sequences, body.model_version)
+            candidates = body.candidates
+        result = service().imagine_candidates(*context, candidates, body.model_version)
         if body.candidates_f32 is not None:
             result["rewards_f32"] = to_float32(result.pop("rewards"))
         else:

@@ -1,0 +1,44 @@
+"""Sharded checkpoints (every rank writes its own shards, rank 0 commits) under a simulated power cut: saves of
+2 forked gloo ranks recorded on the crash-simulating file system, every state a cut could leave then resumed.
+The default tier sweeps 3 saves per layout; the slow tier 6 (retention deleting the oldest between them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from crashfs.replay import checkpoint_acks, sweep
+from sharded_support import on_forked_ranks
+from worldpipe.checkpoint.manager import CheckpointManager
+
+pytestmark = pytest.mark.crash
+
+SIZES = [pytest.param(3, id="3-saves"), pytest.param(6, id="6-saves", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("saves", SIZES)
+@pytest.mark.parametrize("layout", ["fsdp2", "ddp"])
+def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_path, layout, saves):
+    root = crashfs.path / "run" / "checkpoints"
+    save_at = tuple(range(1, saves + 1))
+    on_forked_ranks(2, "train", root, tmp_path / "out.json", "--layout", layout, "--steps", str(saves),
+                    "--save-at", ",".join(map(str, save_at)), tmp=tmp_path)
+    recording = crashfs.recording()
+    acked = checkpoint_acks(recording["log"], "run/checkpoints")
+    assert sorted(acked) == list(save_at)
+    reference = CheckpointManager(root, keep_last=3)
+    kept = {step: reference.store.read_manifest(step) for step in save_at if reference.verify(step) == []}
+    assert sorted(kept) == list(save_at[-3:])
+
+    def check(run, state) -> None:
+        durable = [s for s, at in acked.items() if at <= state.done]
+        manager = CheckpointManager(run / "checkpoints", keep_last=3, verify="sha256")
+        step = manager.latest_loadable()
+        if durable:
+            assert step is not None and step >= max(durable), (
+                f"step {max(durable)} was committed durably, but resume takes {step}")
+        if step is not None and step in kept:
+            assert manager.store.read_manifest(step) == kept[step], (
+                f"step {step} resumes from another manifest than the one committed")
+
+    result = sweep(recording, check, tmp_path, subdir="run")
+    print(f"crashfs sharded checkpoints, {layout}, {saves} saves: {result.summary()}")
