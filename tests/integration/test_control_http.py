@@ -18,6 +18,8 @@ import torch
 from serve_support import ServerProcess
 from worldpipe.control.dynamics import LearnedDynamics, ServedDynamics
 from worldpipe.rollout.demo import publish_demo_checkpoint
+from worldpipe.rollout.http.app import from_float32, to_float32
+from worldpipe.rollout.http.schemas import Float32Array
 from worldpipe.rollout.service import RolloutService
 
 pytestmark = pytest.mark.integration
@@ -78,10 +80,30 @@ def test_a_served_round_trip_splits_into_the_wire_and_the_apps_own_time(tmp_path
         rewards = dynamics.imagine(torch.zeros(32, 5, 1))
         round_trip = time.perf_counter() - started
         timing = dynamics.take_timing()
-        answer = server.post("/imagine/candidates", {"context": {"obs": [[0.0] * 3] * 4, "action": [[0.0]] * 4},
-                                                     "candidates": [[[0.0]] * 5] * 32})
+        context = {"obs": [[0.1, -0.2, 0.3]] * 4, "action": [[0.5]] * 4}
+        candidates = torch.randn(32, 5, 1, generator=torch.Generator().manual_seed(1))
+        answer = server.post("/imagine/candidates", {"context": context, "candidates": candidates.tolist()})
+        packed = server.post("/imagine/candidates", {"context": context, "candidates_f32": to_float32(candidates)})
+        refusals = {
+            "both": server.post("/imagine/candidates", {"context": context, "candidates": candidates.tolist(),
+                                                        "candidates_f32": to_float32(candidates)}),
+            "not base64": server.post("/imagine/candidates", {"context": context, "candidates_f32": {
+                "shape": [32, 5, 1], "data": "not base64!"}}),
+            "short": server.post("/imagine/candidates", {"context": context, "candidates_f32": {
+                **to_float32(candidates), "shape": [33, 5, 1]}}),
+            "nan": server.post("/imagine/candidates", {"context": context, "candidates_f32": to_float32(
+                torch.full((2, 5, 1), float("nan")))}),
+        }
     finally:
         assert server.stop() == 0
+    # The same numbers as JSON text or as float32 bytes: the same rewards, bit for bit.
+    as_json = torch.tensor(answer.json()["rewards"], dtype=torch.float32)
+    as_bytes = from_float32(Float32Array(**packed.json()["rewards_f32"]), ("rewards_f32",))
+    assert packed.json()["rewards"] is None and torch.equal(as_json, as_bytes)
+    assert all(r.status_code == 422 for r in refusals.values()), {k: r.text for k, r in refusals.items()}
+    assert "give the candidates once" in refusals["both"].text
+    assert refusals["not base64"].json()["detail"][0]["loc"] == ["body", "candidates_f32", "data"]
+    assert "shape [33, 5, 1] needs 660" in refusals["short"].text and "NaN" in refusals["nan"].text
     assert rewards.shape == (32, 5)
     header = answer.headers["server-timing"]
     app_ms = float(header.split("dur=")[1])

@@ -14,10 +14,12 @@ noise only.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import time
 
+import numpy as np
 import torch
 
 from worldpipe.core.errors import UserError
@@ -60,7 +62,7 @@ class ServedDynamics:
     """A model served by ``worldpipe serve``, asked over HTTP: one ``/imagine/candidates`` request per planner
     iteration, carrying the context window and every candidate (the server filters and imagines in one batch).
 
-    Timing of each round trip, by part: ``prepare`` (the JSON body), ``transport`` (request and response on the
+    Timing of each round trip, by part: ``prepare`` (the request body), ``transport`` (request and response on the
     wire: the round trip less the server app's time, its ``Server-Timing`` header), ``model`` (the server's model
     work), ``output`` (the server's reading, parsing, queueing and serialising, and decoding the answer here).
     """
@@ -84,7 +86,10 @@ class ServedDynamics:
     def imagine(self, actions: torch.Tensor) -> torch.Tensor:
         """Predicted rewards [N,H] of action sequences [N,H,A], imagined by the server."""
         t0 = time.perf_counter()
-        body = json.dumps({"context": self.window, "candidates": actions.tolist()}).encode()
+        # The candidates and their rewards travel as float32 bytes: exact, and cheap to write and read.
+        values = actions.to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+        candidates = {"shape": list(values.shape), "data": base64.b64encode(values.tobytes()).decode("ascii")}
+        body = json.dumps({"context": self.window, "candidates_f32": candidates}).encode()
         t1 = time.perf_counter()
         status, data, server_timing = self._post("/imagine/candidates", body)
         t2 = time.perf_counter()
@@ -92,7 +97,9 @@ class ServedDynamics:
             raise ControlError(f"{self.url}/imagine/candidates answered {status}: "
                                f"{data.decode(errors='replace')[:300]}")
         answer = json.loads(data)
-        rewards = torch.tensor(answer["rewards"], dtype=torch.float32)
+        packed = answer["rewards_f32"]
+        rewards = torch.from_numpy(np.frombuffer(base64.b64decode(packed["data"]), dtype="<f4").astype(np.float32))
+        rewards = rewards.reshape(packed["shape"])
         t3 = time.perf_counter()
         server = answer["timing"]
         # A server without the header: its handler time is all that can be told apart from the wire.

@@ -7,10 +7,13 @@ answer 4xx with the field or session named; never a traceback.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
+import numpy as np
 import torch
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +26,7 @@ from worldpipe.rollout.http.schemas import (
     CandidatesIn,
     CandidatesOut,
     ExtendIn,
+    Float32Array,
     ForkIn,
     RolloutIn,
     RolloutOut,
@@ -46,6 +50,28 @@ def as_matrix(rows: list[list[float]], loc: tuple[str, ...]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), -1)
     except (ValueError, RuntimeError) as err:  # ragged rows
         raise InputError(loc, f"rows must all have the same length ({err})") from None
+
+
+def from_float32(array: Float32Array, loc: tuple[str, ...]) -> torch.Tensor:
+    """The float32 tensor a :class:`Float32Array` carries; undecodable bytes, a size that does not match its shape
+    or a value that is not finite are an InputError at ``loc``."""
+    try:
+        raw = base64.b64decode(array.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError((*loc, "data"), "is not base64") from None
+    expected = 4 * int(np.prod(array.shape))
+    if len(raw) != expected:
+        raise InputError((*loc, "data"), f"holds {len(raw)} bytes; shape {array.shape} needs {expected}")
+    tensor = torch.from_numpy(np.frombuffer(raw, dtype="<f4").astype(np.float32)).reshape(array.shape)
+    if not bool(torch.isfinite(tensor).all()):
+        raise InputError((*loc, "data"), "contains NaN or infinity")
+    return tensor
+
+
+def to_float32(tensor: torch.Tensor) -> dict:
+    """A tensor as a :class:`Float32Array`'s fields (little-endian float32 bytes, base64)."""
+    values = tensor.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    return {"shape": list(values.shape), "data": base64.b64encode(values.tobytes()).decode("ascii")}
 
 
 def jsonable(result: dict) -> dict:
@@ -196,8 +222,16 @@ def _routes(app: FastAPI) -> None:
         t0 = time.perf_counter()
         context = (as_matrix(body.context.obs, ("context", "obs")),
                    as_matrix(body.context.action, ("context", "action")))
-        result = service().imagine_candidates(*context, body.candidates, body.model_version)
-        result["rewards"] = result["rewards"].tolist()
+        # JSON numbers or float32 bytes; the service checks either as [N, H, act_dim] (errors at "candidates").
+        if body.candidates_f32 is not None:
+            candidates = from_float32(body.candidates_f32, ("candidates_f32",))
+        else:
+            candidates = body.candidates
+        result = service().imagine_candidates(*context, candidates, body.model_version)
+        if body.candidates_f32 is not None:
+            result["rewards_f32"] = to_float32(result.pop("rewards"))
+        else:
+            result["rewards"] = result["rewards"].tolist()
         result["timing"]["handler_s"] = time.perf_counter() - t0
         return result
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Matrix = list[list[Finite]]
@@ -44,16 +44,35 @@ class RolloutIn(Strict):
     model_version: str | None = Field(None, description="pin a model version (default: the newest served)")
 
 
+class Float32Array(Strict):
+    """An array as the base64 of its little-endian float32 bytes, row-major: exact, and a fraction of the cost of
+    writing and reading the same numbers as JSON text."""
+
+    shape: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, max_length=4)]
+    data: str = Field(description="base64 of prod(shape) little-endian float32 values")
+
+
 class CandidatesIn(Strict):
     context: ContextIn
-    candidates: list[Matrix] = Field(description="[N, H, act_dim] action sequences to score (a planner's candidates)")
+    candidates: list[Matrix] | None = Field(
+        None, description="[N, H, act_dim] action sequences to score (a planner's candidates); or candidates_f32")
+    candidates_f32: Float32Array | None = Field(
+        None, description="the same [N, H, act_dim] as float32 bytes; the answer's rewards then come as rewards_f32")
     model_version: str | None = Field(None, description="pin a model version (default: the newest served)")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> CandidatesIn:
+        if (self.candidates is None) == (self.candidates_f32 is None):
+            raise ValueError("give the candidates once: candidates (JSON numbers) or candidates_f32 (float32 bytes)")
+        return self
 
 
 class CandidatesOut(BaseModel):
     model_version: str
     checkpoint_step: int
-    rewards: Matrix = Field(description="[N, H] predicted rewards of each candidate, imagined with means")
+    rewards: Matrix | None = Field(None, description="[N, H] predicted rewards of each candidate, imagined with means "
+                                                     "(for JSON candidates)")
+    rewards_f32: Float32Array | None = Field(None, description="the same [N, H] as float32 bytes (for candidates_f32)")
     timing: dict[str, float]
 
 
