@@ -282,52 +282,28 @@ class Model:
 
     def durable_image(self) -> Image:
         """What a power cut now leaves: durable names, and each reachable file's durable data."""
-        image: Image = {"": ("d",)}
-
-        def walk(node: Node, prefix: str) -> None:
-            for name, child in node.durable_names.items():
-                rel = f"{prefix}{name}"
-                if child.kind == "d":
-                    image[rel] = ("d",)
-                    walk(child, rel + "/")
-                elif child.kind == "f":
-                    image[rel] = ("f", child.durable)
-                else:
-                    image[rel] = ("l", child.target)
-
-        walk(self.root, "")
-        return image
+        return self._image(durable_names=True, durable_data=True)
 
     def eager_names_image(self) -> Image:
         """A cut where every name change reached the disk but no data beyond what was fsynced."""
-        image: Image = {"": ("d",)}
-
-        def walk(node: Node, prefix: str) -> None:
-            for name, child in node.names.items():
-                rel = f"{prefix}{name}"
-                if child.kind == "d":
-                    image[rel] = ("d",)
-                    walk(child, rel + "/")
-                elif child.kind == "f":
-                    image[rel] = ("f", child.durable)
-                else:
-                    image[rel] = ("l", child.target)
-
-        walk(self.root, "")
-        return image
+        return self._image(durable_names=False, durable_data=True)
 
     def volatile_image(self) -> Image:
         """Everything as a reader sees it now (what a clean unmount, which syncs, leaves)."""
+        return self._image(durable_names=False, durable_data=False)
+
+    def _image(self, durable_names: bool, durable_data: bool) -> Image:
+        """The tree from the root: each directory's durable or current names, each file's durable or current data."""
         image: Image = {"": ("d",)}
 
         def walk(node: Node, prefix: str) -> None:
-            for name, child in node.names.items():
+            for name, child in (node.durable_names if durable_names else node.names).items():
                 rel = f"{prefix}{name}"
                 if child.kind == "d":
                     image[rel] = ("d",)
                     walk(child, rel + "/")
                 elif child.kind == "f":
-                    image[rel] = ("f", bytes(child.data))
+                    image[rel] = ("f", child.durable if durable_data else bytes(child.data))
                 else:
                     image[rel] = ("l", child.target)
 
