@@ -233,15 +233,15 @@ class Checkpointer:
         return self._report_durable().get(step) or digest
 
     def poll(self) -> None:
-        """Report an async save durable once its publication has completed (a check per step; never waits).
+        """Report the saves the writer has found published since (a check per step; never waits, never raises: a
+        failed publication is raised by the next save, on every rank alike).
 
-        Its metrics are then released, and its records journaled, right after the writer finishes, rather than
-        one cadence later at the next save, where they met the next publication: the courier delivering them at
-        the same time as a background-priority writer ran left the training thread waiting for the GIL
-        (`worldpipe bench loop`, async checkpoints with tracking). A failed publication is raised here.
+        Their metrics are then released, and their records journaled, right after the writer finishes, rather
+        than one cadence later at the next save, where they met the next publication: the courier delivering them
+        at the same time as a background-priority writer ran left the training thread waiting for the GIL
+        (`worldpipe bench loop`, async checkpoints with tracking).
         """
-        if self._undurable and not self.manager.publishing():
-            self.manager.wait()
+        if self._undurable and self.manager.writer.durable:
             self._report_durable()
 
     def _report_durable(self) -> dict[int, str | None]:

@@ -13,12 +13,11 @@ Every rank writes its own pieces; the publication protocol is :mod:`.publication
 A rank killed anywhere before the commit leaves only what readers never see (a hidden partial directory, or on
 object stores a step without a manifest), which the next save removes.
 
-Async: ``save`` splits the state into this rank's pieces and snapshots them, deferring the copy of what
-``optimizer.step()`` writes to a thread (:mod:`.deferred_copy`: awaited by a step pre-hook); the publication
-then runs on a background thread of every rank. Its collectives use a process group of their own (gloo,
-created once by the constructor on every rank), so they never interleave with the training's collectives on
-the default group. One save is in flight at a time; the next ``save`` (and ``wait``/``close``) first waits for
-it and raises its failure.
+Async: ``save`` splits the state into this rank's pieces and hands them to the manager's writer
+(:mod:`.async_writer`: the snapshot, its deferred copy, the one save in flight), which publishes on a background
+thread of every rank. Its collectives (gathers and broadcasts of ``worldpipe.parallel.runtime``) use a process
+group of their own (gloo, created once by the constructor on every rank), so they never interleave with the
+training's collectives on the default group.
 """
 
 from __future__ import annotations
@@ -46,8 +45,9 @@ from .tensorfile import encode_with_fallback
 
 
 class ShardedSaver:
-    """Saves sharded checkpoints of one run into ``manager``'s store, through its writer; call every method on
-    every rank. ``digest``: this rank digests each published step (rank 0's Checkpointer reports it)."""
+    """Says how a sharded checkpoint of one run is published into ``manager``'s store; :meth:`save` (on every
+    rank) runs it through the manager's writer (``manager.wait()``/``close()`` wait for it, as for a full save).
+    ``digest``: this rank digests each published step (rank 0's Checkpointer reports it)."""
 
     def __init__(self, manager, async_save: bool = False, digest: bool = False) -> None:
         self.manager = manager
@@ -91,18 +91,6 @@ class ShardedSaver:
         if self.digest and local.skeleton.get(layout.PROGRESS) is not None:  # rank 0
             return state_digest(lazy_state(self.manager, step, verify=False))
         return None
-
-    def before_optimizer_step(self) -> None:
-        """Block until the background copy of the last save is complete (the optimizer may step then)."""
-        self.writer.before_optimizer_step()
-
-    def wait(self) -> None:
-        """Block until the in-flight save is published on this rank; raise its failure."""
-        self.writer.wait()
-
-    def close(self) -> None:
-        """Wait for the in-flight save (raising its failure); remove the optimizer hooks."""
-        self.writer.close()
 
 
 def local_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
