@@ -83,7 +83,6 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
-        self.background_priority = background_priority
         self.verify_mode = verify
         self.writer = AsyncWriter("ckpt-writer", background_priority)
         self._closed = False
