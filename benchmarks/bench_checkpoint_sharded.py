@@ -117,9 +117,9 @@ class ShardedBench:
         in_save = time.perf_counter() - t0
         step_time = self.simulated.run()
         t0 = time.perf_counter()
-        self.async_saver.before_optimizer_step()
+        self.async_saver.manager.before_optimizer_step()
         waited = time.perf_counter() - t0
-        self.async_saver.wait()
+        self.async_saver.manager.wait()
         parts = torch.tensor([in_save + waited, in_save, waited, step_time], dtype=torch.float64)
         dist.all_reduce(parts, op=dist.ReduceOp.MAX)
         self.stall_parts.append(parts[1:].tolist())
@@ -145,7 +145,7 @@ def run(args: Namespace) -> dict:
         order = CONTENDERS[round_index % len(CONTENDERS):] + CONTENDERS[:round_index % len(CONTENDERS)]
         for name in order:
             times[name].append(getattr(bench, name)())
-    bench.async_saver.close()
+    bench.async_saver.manager.close()
     med = {name: statistics.median(v) for name, v in times.items()}
     total = per_rank * dist.get_world_size()
     return {

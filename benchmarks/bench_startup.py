@@ -71,7 +71,8 @@ BASELINE, CONTENDER = "in-process, sync run start", "in-process"
 # What each span (ending at the named event) covers.
 SPANS = {
     "launcher_start": "interpreter + CLI imports",
-    "config_composed": "config composition, validation, resume preflight",
+    "config_composed": "config composition",
+    "preflight_done": "validation, data check, run lock, resume preflight",
     "torchrun_spawned": "launcher bookkeeping",
     "torchrun_main": "torchrun start (a fresh interpreter: imports torch)",
     "worker_process_start": "rendezvous + worker interpreter spawn",

@@ -69,7 +69,7 @@ MUTANTS = (
            "            if isinstance(exc, OSError):",
            ("tests/unit/test_checkpoint_publication.py",)),
     Mutant("async_durable_at_next_save", "an async save's records go once it is published, not one cadence later",
-           "if self._undurable and not self.manager.publishing():", "if False:",
+           "if self._undurable and self.manager.writer.durable:", "if False:",
            ("tests/unit/test_checkpoint_async.py::"
             "test_poll_reports_an_async_save_durable_once_published_not_at_the_next_save",)),
     Mutant("fsdp2_filter_layers_sharded", "under FSDP2 the RSSM trains the one fused filter, on whole weights",

@@ -44,7 +44,7 @@ def run(one_rank_group, tmp_path) -> Path:
                           "sampler": {"cursor": 4 * step}, "rng": [], "identity": {"run": "t"}})
         model(torch.randn(4, 6)).square().mean().backward()
         opt.step()
-    saver.close()
+    saver.manager.close()
     return root
 
 

@@ -119,7 +119,7 @@ def two_sharded_saves_the_second_on_a_full_disk(root: str, control: str, budget:
             return one_line(exc)
         return None
     finally:
-        saver.close()
+        saver.manager.close()
 
 
 @pytest.mark.parametrize("budget", [100, 3000], ids=["first-shard", "part-way"])

@@ -100,7 +100,7 @@ def train(args, rank: int, world: int) -> dict:
         step += 1
         if step in save_at:
             save(saver, model, optimizer, step, args.full)
-    saver.close()
+    saver.manager.close()
     full = state_of(model, optimizer, step, True)
     return {"step": step, "resumed_sampler": sampler,
             "model": {k: v.tolist() for k, v in full["model"].items()}}

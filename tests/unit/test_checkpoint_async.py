@@ -128,13 +128,14 @@ class _Loader:
 
 class _Listener:
     def __init__(self):
-        self.published, self.durable_steps = [], []
+        self.published, self.durable_steps, self.digests = [], [], []
 
     def before_publish(self, step: int, final: bool) -> None:
         self.published.append(step)
 
     def durable(self, step: int, records, digest) -> None:
         self.durable_steps.append(step)
+        self.digests.append(digest)
 
 
 def test_poll_reports_an_async_save_durable_once_published_not_at_the_next_save(tmp_path):
@@ -163,4 +164,35 @@ def test_poll_reports_an_async_save_durable_once_published_not_at_the_next_save(
     assert listener.durable_steps == [10] and listener.published == [10]
     checkpointer.poll()  # reported once
     assert listener.durable_steps == [10]
+    checkpointer.close()
+
+
+def test_a_sharded_async_save_is_reported_the_same_way_with_the_digest_of_its_published_shards(one_rank_group,
+                                                                                               tmp_path):
+    """One durability path for full and sharded saves: the poll after its publication reports a sharded save too,
+    with the digest streamed from what was published (unknown when the save returns)."""
+    from sharded_support import fsdp_toy_model
+    from worldpipe.checkpoint import checkpoint_digest
+    from worldpipe.checkpoint.checkpointer import Checkpointer, Progress, TrainingComponents
+    from worldpipe.parallel.runtime import Runtime
+
+    model, opt = fsdp_toy_model()
+    components = TrainingComponents(model, opt, None, _Loader(), Progress(step=10), {"run": "poll"})
+    cfg = {"dir": str(tmp_path / "ck"), "every": 10, "keep_last": 2, "keep_every": None, "async_save": True,
+           "verify": "first"}
+    listener = _Listener()
+    checkpointer = Checkpointer(cfg, Runtime(0, 1, 0, torch.device("cpu")), components, listener=listener)
+    assert checkpointer.saver is not None
+    gate = Gate()
+    with hooked("after_latest", gate):
+        assert checkpointer.save(10, final=False) is None
+        assert gate.reached.wait(HANG_GUARD_S)
+        checkpointer.poll()
+        assert listener.durable_steps == []
+        gate.release.set()
+        checkpointer.manager.wait()
+        checkpointer.poll()
+    assert listener.durable_steps == [10] and listener.digests == [checkpoint_digest(cfg["dir"], 10)]
+    assert checkpointer.save(20, final=True) == checkpoint_digest(cfg["dir"], 20)  # a final save: durable now
+    assert listener.durable_steps == [10, 20]
     checkpointer.close()

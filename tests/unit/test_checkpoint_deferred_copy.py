@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from checkpoint_states import example_state
-from worldpipe.checkpoint import CheckpointManager, deferred_copy, state_digest
-from worldpipe.checkpoint.deferred_copy import DeferredCopy, step_mutated
+from worldpipe.checkpoint import CheckpointManager, async_writer, state_digest
+from worldpipe.checkpoint.async_writer import DeferredCopy, step_mutated
 
 
 def _trained(width: int = 64):
@@ -47,7 +47,7 @@ def test_a_small_optimizer_state_is_not_deferred():
     written = sum(p.untyped_storage().nbytes() for p in model.parameters())
     written += sum(v.untyped_storage().nbytes() for s in opt.state.values() for v in s.values()
                    if isinstance(v, torch.Tensor))
-    assert written < deferred_copy.DEFER_MIN_BYTES
+    assert written < async_writer.DEFER_MIN_BYTES
     assert step_mutated(opt) is None
     assert step_mutated(opt, min_bytes=written + 1) is None
     assert step_mutated(opt, min_bytes=written) is not None
@@ -56,14 +56,14 @@ def test_a_small_optimizer_state_is_not_deferred():
 @pytest.mark.parametrize("deferred", [True, False], ids=["deferred copy", "copied at once"])
 def test_published_checkpoint_is_the_state_at_save_time(tmp_path, monkeypatch, deferred):
     if deferred:
-        monkeypatch.setattr(deferred_copy, "DEFER_MIN_BYTES", 0)
+        monkeypatch.setattr(async_writer, "DEFER_MIN_BYTES", 0)
     model, opt = _trained()
     state = _state(model, opt)
     expected = state_digest(state)
     running_mean = state["model"]["1.running_mean"].clone()
     with CheckpointManager(tmp_path / "ck", async_save=True) as cm:
         cm.save(1, state, optimizer=opt)
-        assert (cm._copy is not None) == deferred
+        assert (cm.writer._copy is not None) == deferred
         for _ in range(3):  # forward changes the buffers at once; the pre-hook holds the optimizer back
             _step(model, opt)
         cm.wait()

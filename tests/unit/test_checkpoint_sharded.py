@@ -70,7 +70,7 @@ def test_sharded_save_on_an_object_store_commits_with_the_manifest(one_rank_grou
     background = ShardedSaver(cm, async_save=True)
     background.save(3, _state(model, opt, 3), opt)
     opt.step()  # the step pre-hook waits for the snapshot copy
-    background.close()
+    cm.wait()
     ShardedSaver(cm).save(4, _state(model, opt, 4))
     assert [i.step for i in cm.list()] == [3, 4]
     assert cm.verify(3) == [] and cm.verify(4) == []

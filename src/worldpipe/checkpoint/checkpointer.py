@@ -115,12 +115,13 @@ class Checkpointer:
         self.every = cfg.get("every")  # read at every step: a plain int, not a config lookup (~7 µs)
         self.manager = CheckpointManager(cfg["dir"], keep_last=cfg["keep_last"], keep_every=cfg["keep_every"],
                                          async_save=cfg["async_save"], verify=cfg["verify"])
-        self._undurable: list[tuple] = []  # (step, records, digest) of saves whose publication may be in flight
         # A DTensor-sharded model (FSDP2, TP) or one cut into pipeline stages is saved sharded: every rank writes
         # its own pieces, none gathers.
         self.saver = (ShardedSaver(self.manager, async_save=cfg["async_save"], digest=runtime.is_main)
                       if components.stages or is_sharded_model(components.model) else None)
-        self._records: dict[int, dict] = {}  # rank 0: what the listener needs of a sharded save in flight
+        # Rank 0, with a listener: (records, digest) of each save not yet reported durable. The digest of a sharded
+        # save is computed once it is published (the writer's durability queue brings it).
+        self._undurable: dict[int, tuple[dict, str | None]] = {}
 
     # ---- cadence ----
     def should_save(self, step: int, final: bool) -> bool:
@@ -203,79 +204,63 @@ class Checkpointer:
         }
 
     def save(self, step: int, final: bool) -> str | None:
-        """Publish the current state as ``step``; returns its digest on rank 0 (None elsewhere).
+        """Publish the current state as ``step``; returns its digest on rank 0 when it is known now (None elsewhere).
 
         Sync saves are durable on return. Async saves return once the snapshot is taken; their listener's
         ``durable`` runs when :meth:`poll` (the trainer's, every step) or the next save finds them published.
-        Sharded saves report theirs at the next save.
+        The digest of a full save is computed before it is handed over; a sharded save's, streamed from its
+        published shards (no rank ever holds the whole state), comes with its durability.
         """
-        if self.saver is not None:
-            return self._save_sharded(step, final)
-        state = self.capture()
+        sharded = self.saver is not None
+        state = self.capture(sharded=sharded)
         if state is None:
             return None
-        if self.listener is not None:
+        main = self.runtime.is_main
+        if main and self.listener is not None:
             self.listener.before_publish(step, final)
         # Before the next step changes the live tensors, and before a background writer starts: its Python work
         # would hold the GIL while this thread hashes.
-        digest = state_digest(state)
+        digest = state_digest(state) if main and not sharded else None
         # The previous async publication is waited for by save() anyway: report it durable first, for the same
         # reason.
         self.manager.wait()
         self._report_durable()
+        if main and self.listener is not None:
+            self._undurable[step] = ({k: state[k] for k in RECORDED_KEYS}, digest)
         # Async: the copy of what optimizer.step() writes overlaps the next forward/backward (a step pre-hook waits).
         # The final save is waited for: it publishes on this thread, not on the background-priority writer.
-        self.manager.save(step, state, optimizer=self.components.optimizer, wait=final)
-        if self.listener is not None:
-            self._undurable.append((step, {k: state[k] for k in RECORDED_KEYS}, digest))
-        if final or not self.cfg["async_save"]:
-            self.manager.wait()
-            self._report_durable()
-        return digest
+        (self.saver or self.manager).save(step, state, optimizer=self.components.optimizer, wait=final)
+        return self._report_durable().get(step) or digest
 
     def poll(self) -> None:
-        """Report an async save durable once its publication has completed (a check per step; never waits).
+        """Report the saves the writer has found published since (a check per step; never waits, never raises: a
+        failed publication is raised by the next save, on every rank alike).
 
-        Its metrics are then released, and its records journaled, right after the writer finishes, rather than
-        one cadence later at the next save, where they met the next publication: the courier delivering them at
-        the same time as a background-priority writer ran left the training thread waiting for the GIL
-        (`worldpipe bench loop`, async checkpoints with tracking). A failed publication is raised here.
+        Their metrics are then released, and their records journaled, right after the writer finishes, rather
+        than one cadence later at the next save, where they met the next publication: the courier delivering them
+        at the same time as a background-priority writer ran left the training thread waiting for the GIL
+        (`worldpipe bench loop`, async checkpoints with tracking).
         """
-        if self._undurable and not self.manager.publishing():
-            self.manager.wait()
+        if self._undurable and self.manager.writer.durable:
             self._report_durable()
 
-    def _report_durable(self) -> None:
-        """Tell the listener of every save whose publication has completed (call after ``manager.wait()``)."""
-        done, self._undurable = self._undurable, []
-        for step, records, digest in done:
-            self.listener.durable(step, records, digest)
-
-    def _save_sharded(self, step: int, final: bool) -> str | None:
-        """Every rank publishes its own shards; rank 0 reports each save to the listener once it is durable,
-        with the digest streamed from the published shards (no rank ever holds the whole state)."""
-        state = self.capture(sharded=True)
-        if self.runtime.is_main:
-            if self.listener is not None:
-                self.listener.before_publish(step, final)
-            self._records[step] = {k: state[k] for k in RECORDED_KEYS}
-        self.saver.save(step, state, self.components.optimizer, wait=final)
-        if final or not self.cfg["async_save"]:
-            self.saver.wait()
+    def _report_durable(self) -> dict[int, str | None]:
+        """Tell the listener of every save the writer has found published; returns their digests by step."""
         digests = {}
-        while self.saver.durable:  # appended by the writer thread: pop, never clear
-            done, digests[done] = self.saver.durable.pop(0)
-            record = self._records.pop(done, None)
-            if self.listener is not None and record is not None:
-                self.listener.durable(done, record, digests[done])
-        return digests.get(step)
+        writer = self.manager.writer
+        while writer.durable:  # appended by the writer thread: pop, never clear
+            step, digest = writer.durable.pop(0)
+            records, known = self._undurable.pop(step, (None, None))
+            digests[step] = digest or known
+            if records is not None:
+                self.listener.durable(step, records, digests[step])
+        return digests
 
     def digest(self, step: int) -> str:
         """Digest of a published step (used when a run resumes at its final step and saves nothing)."""
         return checkpoint_digest(self.cfg["dir"], step)
 
     def close(self) -> None:
-        """Wait for an in-flight async save (raising its failure) and stop the writer thread."""
-        if self.saver is not None:
-            self.saver.close()
+        """Wait for an in-flight async save (raising its failure) and stop the writer thread (full and sharded
+        saves share the manager's)."""
         self.manager.close()

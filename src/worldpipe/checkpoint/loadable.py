@@ -25,13 +25,12 @@ import torch
 from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError
-from .resharding import StepFiles
+from .resharding import OTHER_KEYS, StepFiles
 from .structure import Entry, compare_to_model, compare_to_record, dtype_name, walk_tensors
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
 ExpectedShapes = Mapping[str, Sequence[int]]  # model tensor name -> shape the model being loaded has
-_OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
 
 
 def found_tensors(state: Mapping, keys: Sequence[str] = layout.TENSOR_KEYS,
@@ -95,7 +94,7 @@ def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedS
         skeleton = {key: source.skeleton(key) for key in layout.TENSOR_KEYS}  # weights_only, every file
         for relpath in sorted(listed):
             source.load(relpath)
-        decode_state(source.contents, lambda relpath, _cpu: source.load(relpath), source.read_json, _OTHER_KEYS)
+        decode_state(source.contents, lambda relpath, _cpu: source.load(relpath), source.read_json, OTHER_KEYS)
         problems = _placeholder_problems(skeleton, source.index, name) or _piece_problems(source, name)
     except CheckpointCorruptError as exc:
         return exc.problems

@@ -6,26 +6,24 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import fault, layout
+from .async_writer import AsyncWriter
 from .codec import PendingFile, decode_state, encode_state, files_for_keys
-from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_line
 from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
 from .publication import publish
 from .resharding import is_sharded, lazy_state
-from .state import snapshot_state, validate_state
+from .state import validate_state
 from .stores import Store, open_store
 from .structure import tensor_table
 from .tensorfile import UnsupportedObject
-from .thread_pool import background_executor
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -85,13 +83,8 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
-        self.background_priority = background_priority
         self.verify_mode = verify
-        self._executor: ThreadPoolExecutor | None = None
-        self._inflight: Future | None = None
-        self._snapshot_buffers: dict = {}
-        self._copy: DeferredCopy | None = None
-        self._guards: dict[int, object] = {}  # id(optimizer) -> step pre-hook handle
+        self.writer = AsyncWriter("ckpt-writer", background_priority)
         self._closed = False
         self._preloaded: tuple[int, dict] | None = None  # chosen by latest_loadable(), handed to load()
 
@@ -99,7 +92,7 @@ class CheckpointManager:
 
     def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None,
              wait: bool = False) -> None:
-        """Publish ``state`` as checkpoint ``step``.
+        """Publish ``state`` as checkpoint ``step`` (through :attr:`writer`, :mod:`.async_writer`).
 
         Sync: returns once the checkpoint is durable and ``latest`` names it. Async: returns after copying the
         state; publication runs in the background, one at a time and in order (this call first waits for the
@@ -114,81 +107,40 @@ class CheckpointManager:
             raise RuntimeError("CheckpointManager is closed")
         layout.step_dir_name(step)
         validate_state(state)
-        self._collect()
+        self.writer.wait()
         if not self.async_save or wait:
-            self._publish(step, self._prepare(state))
+            self.writer.run(step, lambda: self._publish(step, self._prepare(state)))
             return
-        buffers: dict = {}
-        pairs: list = []
-        snapshot = snapshot_state(state, reuse=self._snapshot_buffers, record=buffers,
-                                  defer=step_mutated(optimizer) if optimizer is not None else None, deferred=pairs)
-        # The previous publication is finished: its buffers are reused by the next snapshot.
-        self._snapshot_buffers = buffers
-        self._copy = DeferredCopy(pairs) if pairs else None
-        if optimizer is not None and id(optimizer) not in self._guards:
-            self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
-        if self._executor is None:
-            self._executor = (background_executor("ckpt-writer") if self.background_priority
-                              else ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer"))
+        snapshot = self.writer.snapshot(state, optimizer)
         try:  # here, not on the writer: its Python work would hold the GIL at background priority
             prepared = self._prepare(snapshot, fallback=False)
         except UnsupportedObject:  # torch.save's fallback reads the bytes: only once the copy is complete
             prepared = None
-        self._inflight = self._executor.submit(self._publish_in_background, step, snapshot, self._copy, prepared)
+        self.writer.submit(step, lambda: self._publish(step, prepared or self._prepare(snapshot)))
 
     def before_optimizer_step(self) -> None:
         """Block until the background copy of the last async save is complete (the optimizer may step then)."""
-        copy, self._copy = self._copy, None
-        if copy is not None:
-            copy.wait()
+        self.writer.before_optimizer_step()
 
     def publishing(self) -> bool:
         """True while an async save is still being published (never blocks; a benchmark polls it per step)."""
-        return self._inflight is not None and not self._inflight.done()
+        return self.writer.publishing()
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
-        self._collect()
+        self.writer.wait()
 
     def close(self) -> None:
         """Wait for the in-flight save (raising its failure) and release the background thread."""
-        if self._closed:
-            return
-        try:
-            self._collect()
-        finally:
+        if not self._closed:
             self._closed = True
-            for handle in self._guards.values():
-                handle.remove()
-            self._guards = {}
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
-            self._snapshot_buffers = {}
+            self.writer.close()
 
     def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    def _collect(self) -> None:
-        future, self._inflight = self._inflight, None
-        if future is not None:
-            error = future.exception()
-            if error is not None:
-                raise error
-
-    def _publish_in_background(self, step: int, state: Mapping, copy: DeferredCopy | None,
-                               prepared: _Prepared | None) -> None:
-        try:
-            if copy is not None:
-                copy.wait()
-            self._publish(step, prepared or self._prepare(state))
-        except BaseException as exc:
-            # Logged now (the process may never call save/wait/close again) and re-raised by _collect().
-            logger.error("background save of step %d failed: %s", step, exc)
-            raise
 
     @staticmethod
     def _prepare(state: Mapping, fallback: bool = True) -> _Prepared:

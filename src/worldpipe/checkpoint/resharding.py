@@ -21,7 +21,8 @@ from .errors import CheckpointCorruptError, load_error_line
 from .manifest import check_sizes
 from .stage_state import restrict_optimizer
 
-_OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
+# The state keys that are never sharded (read whole by every rank).
+OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
 
 
 class StepFiles:
@@ -162,7 +163,7 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
         if set(target) < set(saved_model):  # a pipeline stage: only its parameters' optimizer state
             saved_optim = restrict_optimizer(saved_optim, target_optim)
         set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
-    return decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
+    return decode_state(source.contents, _loader(source), source.read_json, OTHER_KEYS)
 
 
 def _loader(source: StepFiles) -> Callable[[str, bool], Any]:
@@ -179,7 +180,7 @@ def lazy_state(manager, step: int, verify: bool = True) -> dict:
     if problems:
         raise CheckpointCorruptError(step, problems)
     source = open_step(manager, step)
-    state = decode_state(source.contents, _loader(source), source.read_json, _OTHER_KEYS)
+    state = decode_state(source.contents, _loader(source), source.read_json, OTHER_KEYS)
     for key in shards.SHARDED_STATE_KEYS:
         state[key] = shards.resolve(source.skeleton(key), source.index, source.load, lazy=True)
     return state

@@ -13,28 +13,27 @@ Every rank writes its own pieces; the publication protocol is :mod:`.publication
 A rank killed anywhere before the commit leaves only what readers never see (a hidden partial directory, or on
 object stores a step without a manifest), which the next save removes.
 
-Async: ``save`` splits the state into this rank's pieces and snapshots them, deferring the copy of what
-``optimizer.step()`` writes to a thread (:mod:`.deferred_copy`: awaited by a step pre-hook); the publication
-then runs on a background thread of every rank. Its collectives use a process group of their own (gloo,
-created once by the constructor on every rank), so they never interleave with the training's collectives on
-the default group. One save is in flight at a time; the next ``save`` (and ``wait``/``close``) first waits for
-it and raises its failure.
+Async: ``save`` splits the state into this rank's pieces and hands them to the manager's writer
+(:mod:`.async_writer`: the snapshot, its deferred copy, the one save in flight), which publishes on a background
+thread of every rank. Its collectives (gathers and broadcasts of ``worldpipe.parallel.runtime``) use a process
+group of their own (gloo, created once by the constructor on every rank), so they never interleave with the
+training's collectives on the default group.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from worldpipe.parallel.runtime import broadcast_object, gather_objects, group_runtime
+
 from . import fault, layout, shards
+from .async_writer import AsyncWriter
 from .codec import PendingFile, encode_state, json_bytes
-from .deferred_copy import DeferredCopy, guard_optimizer, step_mutated
 from .digest import state_digest
 from .errors import CheckpointWriteError
 from .manifest import FileRecord
@@ -43,29 +42,21 @@ from .resharding import lazy_state
 from .state import snapshot_state, validate_state
 from .structure import tensor_table
 from .tensorfile import encode_with_fallback
-from .thread_pool import background_executor
-
-logger = logging.getLogger("worldpipe.checkpoint")
 
 
 class ShardedSaver:
-    """Saves sharded checkpoints of one run into ``manager``'s store; call every method on every rank."""
+    """Says how a sharded checkpoint of one run is published into ``manager``'s store; :meth:`save` (on every
+    rank) runs it through the manager's writer (``manager.wait()``/``close()`` wait for it, as for a full save).
+    ``digest``: this rank digests each published step (rank 0's Checkpointer reports it)."""
 
     def __init__(self, manager, async_save: bool = False, digest: bool = False) -> None:
         self.manager = manager
         self.async_save = async_save
         self.digest = digest
-        # (step, digest) of saves found durable, oldest first; the digest (over the logical tensors, streamed
-        # from the published shards on rank 0's writer thread) only with ``digest`` and only on rank 0.
-        self.durable: list[tuple[int, str | None]] = []
+        self.writer: AsyncWriter = manager.writer
         distributed = dist.is_available() and dist.is_initialized()
         # A group of its own: background collectives must not interleave with the trainer's.
         self._group = dist.new_group(backend="gloo") if async_save and distributed else None
-        self._executor: ThreadPoolExecutor | None = None
-        self._inflight: Future | None = None
-        self._copy: DeferredCopy | None = None
-        self._buffers: dict = {}
-        self._guards: dict[int, Any] = {}
 
     def save(self, step: int, state: Mapping, optimizer: torch.optim.Optimizer | None = None,
              wait: bool = False) -> None:
@@ -84,64 +75,22 @@ class ShardedSaver:
         layout.step_dir_name(step)
         if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):
             raise ValueError("state['model'] must be a dict of tensors")
-        self.wait()
+        self.writer.wait()
         local = shards.split_state(state)
         if not self.async_save or wait:
-            self._publish(step, local, None)
+            self.writer.run(step, lambda: self._publish(step, local))
             return
         if local.skeleton.get(layout.PROGRESS) is not None:
             validate_state(local.skeleton)  # rank 0: fail here, not in the background
-        pairs: list = []
-        defer = step_mutated(optimizer) if optimizer is not None else None
-        record: dict = {}
-        local.local = snapshot_state(local.local, reuse=self._buffers, record=record, defer=defer, deferred=pairs)
+        local.local = self.writer.snapshot(local.local, optimizer)
         local.skeleton = snapshot_state(local.skeleton)
-        self._buffers = record
-        self._copy = DeferredCopy(pairs) if pairs else None
-        if optimizer is not None and id(optimizer) not in self._guards:
-            self._guards[id(optimizer)] = guard_optimizer(optimizer, self.before_optimizer_step)
-        if self._executor is None:  # one long-lived thread: no thread start on the training thread's clock
-            self._executor = background_executor("ckpt-sharded-writer")
-        self._inflight = self._executor.submit(self._publish, step, local, self._copy)
+        self.writer.submit(step, lambda: self._publish(step, local))
 
-    def _publish(self, step: int, local: shards.LocalShards, copy: DeferredCopy | None) -> None:
-        try:
-            if copy is not None:
-                copy.wait()
-            publish_shards(self.manager, step, local, self._group if self.async_save else None)
-            digest = None
-            if self.digest and local.skeleton.get(layout.PROGRESS) is not None:  # rank 0
-                digest = state_digest(lazy_state(self.manager, step, verify=False))
-            self.durable.append((step, digest))
-        except BaseException as exc:
-            # Logged now (the process may never call save/wait/close again) and re-raised by wait().
-            logger.error("sharded save of step %d failed: %s", step, exc)
-            raise
-
-    def before_optimizer_step(self) -> None:
-        """Block until the background copy of the last save is complete (the optimizer may step then)."""
-        copy, self._copy = self._copy, None
-        if copy is not None:
-            copy.wait()
-
-    def wait(self) -> None:
-        """Block until the in-flight save is published on this rank; raise its failure."""
-        future, self._inflight = self._inflight, None
-        if future is not None:
-            future.result()
-
-    def close(self) -> None:
-        """Wait for the in-flight save (raising its failure); remove the optimizer hooks."""
-        try:
-            self.wait()
-        finally:
-            for handle in self._guards.values():
-                handle.remove()
-            self._guards = {}
-            self._buffers = {}
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+    def _publish(self, step: int, local: shards.LocalShards) -> str | None:
+        publish_shards(self.manager, step, local, self._group)
+        if self.digest and local.skeleton.get(layout.PROGRESS) is not None:  # rank 0
+            return state_digest(lazy_state(self.manager, step, verify=False))
+        return None
 
 
 def local_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -158,67 +107,40 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     return any(shards.is_dtensor(p) for p in model.parameters())
 
 
-class Collective:
-    """The few collectives a sharded save needs, over ``group`` (a single process when not distributed)."""
-
-    def __init__(self, group: Any = None) -> None:
-        self.group = group
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank(group) if self.distributed else 0
-        self.world_size = dist.get_world_size(group) if self.distributed else 1
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        if not self.distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0,
-                                   group=self.group)
-        return box[0]
-
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every rank's ``obj`` (index = rank) on rank 0, None elsewhere."""
-        if not self.distributed:
-            return [obj]
-        out = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=dist.get_global_rank(self.group, 0) if self.group else 0,
-                           group=self.group)
-        return out
-
-
 def publish_shards(manager, step: int, local: shards.LocalShards, group: Any = None) -> None:
     """Publish ``local`` (this rank's part of a state split by :func:`.shards.split_state`) as checkpoint ``step``
     into ``manager``'s store, then apply retention on rank 0; collective over ``group``."""
-    coll = Collective(group)
+    runtime = group_runtime(group)
     with contextlib.ExitStack() as stack:
         stack.enter_context(fault.publishing(step))
         publication, own_error = None, None
-        if coll.rank == 0:
+        if runtime.rank == 0:
             try:
                 stack.enter_context(manager.store.writer_lock(step))
                 publication = Publication.begin(manager.store, step)
             except Exception as exc:
                 own_error = exc
-        token, problem = coll.broadcast((publication and publication.token, str(own_error) if own_error else None))
+        token, problem = broadcast_object(runtime, (publication and publication.token,
+                                                    str(own_error) if own_error else None), group)
         if problem:
             _raise(own_error, step, manager.root, problem)
         if publication is None:
             publication = Publication.join(manager.store, step, token)
-        record, problem = _write_own(publication, coll.rank, local)
+        record, problem = _write_own(publication, runtime.rank, local)
         rank0_records: list[FileRecord] = []
         contents: dict = {}
-        if coll.rank == 0 and problem is None:
+        if runtime.rank == 0 and problem is None:
             # The skeleton (everything not sharded) is written while the other ranks write their pieces.
             rank0_records, contents, problem = _write_skeleton(publication, local.skeleton)
-        gathered = coll.gather((record, local.pieces, problem))
+        gathered = gather_objects(runtime, (record, local.pieces, problem), group)
         outcome, own_error = None, None
-        if coll.rank == 0:
+        if runtime.rank == 0:
             own_error = _commit(publication, local, gathered, rank0_records, contents)
             outcome = str(own_error) if own_error else None
-        outcome = coll.broadcast(outcome)
+        outcome = broadcast_object(runtime, outcome, group)
         if outcome:
             _raise(own_error, step, manager.root, outcome)
-        if coll.rank == 0:  # under the writer lock and at the step's fault phases, as a full save's retention
+        if runtime.rank == 0:  # under the writer lock and at the step's fault phases, as a full save's retention
             manager.retain_after(step)
 
 

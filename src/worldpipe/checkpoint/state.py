@@ -71,7 +71,7 @@ def snapshot_state(state: Mapping, *, reuse: dict | None = None, record: dict | 
     of allocating. Only pass ``reuse`` once nothing reads the earlier snapshot any more.
 
     With ``defer``, tensors for which ``defer(tensor)`` is true get their destination only: ``(destination,
-    source)`` pairs are appended to ``deferred`` and the caller copies them later (see :mod:`.deferred_copy`).
+    source)`` pairs are appended to ``deferred`` and the caller copies them later (see :mod:`.async_writer`).
     """
     return _copy_tree(state, {}, reuse, record, (), (defer, deferred) if defer is not None else None)
 

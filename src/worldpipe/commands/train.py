@@ -68,90 +68,92 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def with_dataset(overrides: list[str]) -> list[str]:
-    """``overrides`` plus data.store/data.manifest of the dataset found by spec, when neither is given."""
-    given = {_key(o) for o in overrides if "=" in o}
-    if "data.store" in given and "data.manifest" in given:
-        return overrides
+def with_dataset(start) -> None:
+    """Set data.store/data.manifest of ``start`` to the dataset found by spec, when neither is given."""
     from omegaconf import OmegaConf
 
-    from worldpipe.core.errors import UsageError
-    from worldpipe.launch.preflight import checked_config
-    from worldpipe.pipeline.plan import locate_dataset
-
-    data = checked_config(overrides).data  # a bad value is named before a missing dataset
+    data = start.cfg.data
     missing = [key for key in ("store", "manifest") if OmegaConf.is_missing(data, key)]
     if not missing:
-        return overrides
+        return
+    start.validate()  # a bad value is named before a missing dataset
     if len(missing) == 1:
+        from worldpipe.core.errors import UsageError
+
         raise UsageError(f"config key 'data.{missing[0]}': missing; pass data.store and data.manifest together "
                          "(or neither: the dataset is then found by spec)")
-    experiment = next((o.split("=", 1)[1] for o in overrides if _key(o) == "experiment" and "=" in o), None)
-    dataset = locate_dataset(str(data.name), experiment)
     from worldpipe.config import paths
+    from worldpipe.pipeline.plan import locate_dataset
 
+    experiment = next((o.split("=", 1)[1] for o in start.overrides if _key(o) == "experiment" and "=" in o), None)
+    dataset = locate_dataset(str(data.name), experiment)
     print(f"data: {dataset.dir} (dataset {dataset.name!r}, found by spec)", file=sys.stderr)
-    return [*overrides, f"data.store={dataset.dir}/{paths.STORE_NAME}",
-            f"data.manifest={dataset.dir}/{paths.MANIFEST_NAME}"]
+    start.set("data.store", f"{dataset.dir}/{paths.STORE_NAME}")
+    start.set("data.manifest", f"{dataset.dir}/{paths.MANIFEST_NAME}")
 
 
 def launch(overrides: list[str], options: argparse.Namespace | None = None) -> int:
-    """Find the dataset if needed, preflight and train (:func:`worldpipe.launch.launcher.start_training`; with
-    ``--dataset-spec-hash``, as an attempt recorded in the run's run.json), then one line naming the run directory
-    and the MLflow run's page (in the UI's Model training view)."""
-    options = options if options is not None else own_options([])[0]
-    overrides = with_dataset(overrides)
-    spec_hash = options.dataset_spec_hash
-    if spec_hash is None and "run_dir" not in {_key(o) for o in overrides if "=" in o}:
-        overrides, spec_hash, finished = config_addressed(overrides)
-        if finished is not None:  # as Snakemake's "Nothing to be done": its results stay as they are
-            print(_finished_line(*finished), file=sys.stderr)
-            print(closing_line(overrides), flush=True)
-            return 0
-    if spec_hash is None:
-        from worldpipe.launch.launcher import start_training
+    """Compose the config once, find the dataset if needed, preflight and train
+    (:func:`worldpipe.launch.launcher.start_training`; with ``--dataset-spec-hash``, or addressed by its config, as
+    an attempt recorded in the run's run.json), then one line naming the run directory and the MLflow run's page
+    (in the UI's Model training view)."""
+    from worldpipe.launch.launcher import compose_start, start_training
 
-        code = start_training(overrides, options.rdzv_endpoint, options.rdzv_id)
-    else:
-        code = _pipeline_attempt(overrides, options, spec_hash)
+    options = options if options is not None else own_options([])[0]
+    start = compose_start(overrides)  # the one composition: addressing, launch and closing line share it
+    try:
+        with_dataset(start)
+        spec_hash = options.dataset_spec_hash
+        if spec_hash is None and "run_dir" not in {_key(o) for o in overrides if "=" in o}:
+            spec_hash, finished = config_addressed(start)
+            if finished is not None:  # as Snakemake's "Nothing to be done": its results stay as they are
+                print(_finished_line(*finished), file=sys.stderr)
+                print(closing_line(start.cfg), flush=True)
+                return 0
+        if spec_hash is None:
+            code = start_training(start, options.rdzv_endpoint, options.rdzv_id)
+        else:
+            code = _pipeline_attempt(start, options, spec_hash)
+    finally:
+        start.release()
     if code == 0:
-        print(closing_line(overrides), flush=True)
+        print(closing_line(start.cfg), flush=True)
     return code
 
 
-def config_addressed(overrides: list[str]) -> tuple[list[str], str | None, tuple[str, int, int] | None]:
-    """A hand run addressed as the pipeline addresses its runs: ``overrides`` plus ``run_dir=`` the folder of this
-    resolved config and dataset spec (``results/runs/<experiment>/<run-hash>``), the dataset's spec hash, and
-    (that folder, its final step, ``trainer.steps``) when it holds this config's run finished at or past its
+def config_addressed(start) -> tuple[str | None, tuple[str, int, int] | None]:
+    """Address a hand run as the pipeline addresses its runs: ``start``'s run_dir set to the folder of this
+    resolved config and dataset spec (``results/runs/<experiment>/<run-hash>``); returns the dataset's spec hash,
+    and (that folder, its final step, ``trainer.steps``) when it holds this config's run finished at or past its
     ``trainer.steps`` already (else None).
 
     So the same config resumes in its folder, a changed value trains into a new one, and ``<experiment>/latest``
-    follows the newest. Where the config does not compose or the manifest cannot be read, ``overrides`` come back
-    as they are (spec hash None): the launcher's checks then name the problem in one line.
+    follows the newest. Where the manifest cannot be read, ``start`` stays as it is (spec hash None): the
+    launcher's checks then name the problem in one line.
     """
     import json
     from pathlib import Path
 
     from worldpipe.config import paths
-    from worldpipe.config.compose import compose_config
     from worldpipe.config.identity import config_hash
     from worldpipe.data.manifest import load_manifest
     from worldpipe.data.spec import spec_hash
     from worldpipe.pipeline.plan import run_hash
 
+    cfg = start.cfg
     try:
-        cfg = compose_config(overrides)
         dataset = spec_hash(load_manifest(str(cfg.data.manifest))["spec"])
         address = paths.run_dir(str(cfg.experiment_name), run_hash(config_hash(cfg), dataset))
-    except Exception:  # noqa: BLE001 - reported by name by the launcher's full check
-        return overrides, None, None
+    except Exception:  # noqa: BLE001 - reported by name by the launcher's checks
+        return None, None
+    start.set("run_dir", str(address))
     try:
         done = json.loads((Path(address) / paths.COMPLETION_RECORD).read_text())
         final, target = int(done["final_step"]), int(cfg.trainer.steps)
         finished = (address, final, target) if final >= target else None
     except (OSError, ValueError, TypeError, AttributeError, KeyError):
         finished = None
-    return [*overrides, f"run_dir={address}"], dataset, finished
+    return dataset, finished
 
 
 def _finished_line(address: str, final: int, target: int) -> str:
@@ -164,36 +166,35 @@ def _finished_line(address: str, final: int, target: int) -> str:
             f"{final} steps stay (a shorter run is a new run: pass run_dir=DIR)")
 
 
-def _pipeline_attempt(overrides: list[str], options: argparse.Namespace, spec_hash: str) -> int:
+def _pipeline_attempt(start, options: argparse.Namespace, spec_hash: str) -> int:
     """An attempt at a config-addressed run (a pipeline job's, or a hand run's): the run directory checked against
     the config's hash, begin and end recorded."""
     from worldpipe.core.errors import EXIT_FAILURE, classify
-    from worldpipe.launch.launcher import prepared_config, start_training
+    from worldpipe.launch.launcher import start_training
     from worldpipe.pipeline.run_index import begin, end
 
-    cfg = prepared_config(overrides)  # composed once: the run directory's check and the launch share it
-    record = begin(cfg.run_dir, spec_hash, overrides, cfg)
+    start.validate()  # a refused config records no attempt
+    run_dir = start.cfg.run_dir
+    record = begin(run_dir, spec_hash, start.overrides, start.cfg)
     print(f"run {record['experiment']}/{record['run_hash']}: attempt {len(record['attempts'])}", flush=True)
     code = EXIT_FAILURE
     try:
-        code = start_training(overrides, options.rdzv_endpoint, options.rdzv_id, cfg)
+        code = start_training(start, options.rdzv_endpoint, options.rdzv_id)
     except Exception as err:
         code = classify(err) or EXIT_FAILURE
         raise
     finally:
-        end(cfg.run_dir, code)
+        end(run_dir, code)
     return code
 
 
-def closing_line(overrides: list[str]) -> str:
-    """`run directory: R; MLflow run: URL` for the finished run the overrides describe."""
+def closing_line(cfg) -> str:
+    """`run directory: R; MLflow run: URL` for the finished run of ``cfg``."""
     import json
     from pathlib import Path
 
     from worldpipe.config import paths
-    from worldpipe.config.compose import compose_config
 
-    cfg = compose_config(overrides)
     run_dir = Path(str(cfg.run_dir))
     try:
         record = json.loads((run_dir / paths.COMPLETION_RECORD).read_text())

@@ -21,6 +21,7 @@ from worldpipe.config.identity import ConfigError, flatten, to_container
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.config.schema import GROUP_SCHEMAS, SCHEMA_NAME, register_schemas
 from worldpipe.core.errors import UsageError
+from worldpipe.measure.startup import mark
 
 
 def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> DictConfig:
@@ -29,7 +30,15 @@ def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> Dic
     ``config_dir`` holds the primary ``config.yaml``: conf/ for a new run, a recorded config for a rerun. Hydra's
     refusals become one ConfigError line naming the key or group, why, and what would work; a key that ``+`` adds
     to a schema-typed group is refused too (Hydra would accept it, and nothing would read it).
+
+    Each call is one ``config_composed`` event of the start-up trace (:mod:`worldpipe.measure.startup`): a
+    `worldpipe train` composes its config once (tests/integration/test_compose_once.py counts them).
     """
+    mark("config_composed")
+    return _compose(overrides, config_dir)
+
+
+def _compose(overrides: Sequence[str], config_dir: Path) -> DictConfig:
     register_schemas()  # the groups' structured schemas (`tracking/schema`, ...) that conf/ extends
     _refuse_schema_options(overrides, config_dir)
     try:
@@ -153,8 +162,9 @@ def _type_problem(reference: object, value: object) -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def _reference(groups: tuple[str, ...], config_dir: Path) -> dict:
-    # The same group choices compose the same reference: a sweep's points share one (read, never changed).
-    return flatten(to_container(compose_config(groups, config_dir)))
+    # The same group choices compose the same reference: a sweep's points share one (read, never changed). It is
+    # the groups' defaults, part of the type check, not the run's config: no `config_composed` event.
+    return flatten(to_container(_compose(groups, config_dir)))
 
 
 def check_value_types(cfg: DictConfig | Mapping, overrides: Sequence[str], config_dir: Path = CONF_DIR) -> None:

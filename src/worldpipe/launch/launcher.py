@@ -1,9 +1,11 @@
 """Start training under torchrun: preflight first, then one process per rank, owned by this launcher.
 
-Before any process starts: the run directory's lock is taken (one run per directory, held until torchrun has
-exited; an existing directory is locked first of all, so a busy one is refused at once), the config is composed
-and validated (every override's type), the data store and manifest are checked to exist and belong together,
-and the resume identity is checked.
+Before any process starts, once per start (:class:`Start`): the config is composed (:func:`compose_start`: cheap,
+no torch), the run directory's lock is taken (one run per directory, held until torchrun has exited; an existing
+directory is locked before validation, so a busy one is refused at once), the config is validated (every
+override's type, the config's own rules), the data store and manifest are checked to exist and belong together,
+and the resume identity is checked. The command that composed it (`worldpipe train`, a rerun) hands the one
+config on to addressing, launching and its closing line.
 
 On a workstation torchrun's rendezvous store listens on 127.0.0.1 only, at a free port (c10d backend; never
 ``--standalone``, which listens on every interface). In a SLURM batch step (the pipeline's training rule runs
@@ -11,8 +13,7 @@ there) training becomes a job step of its own, one `worldpipe train` per node me
 allocation's first node (:mod:`worldpipe.launch.slurm`); each node's `worldpipe train` gets the endpoint and
 rendezvous id as options.
 
-The config is composed and validated once per start, here, and recorded in RUN_DIR/hydra/config.yaml; the
-workers load that record (:mod:`worldpipe.launch.worker`), they do not compose it again.
+The config is recorded in RUN_DIR/hydra/config.yaml; the workers load that record (:mod:`worldpipe.launch.worker`), they do not compose it again.
 
 torchrun and its workers die with this launcher (:mod:`worldpipe.launch.lifeline`); torchrun's stderr is relayed so
 that a failure ends as one line (:mod:`worldpipe.launch.relay`). torchrun runs as :mod:`worldpipe.launch.torchrun`, whose
@@ -25,11 +26,12 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from worldpipe.config.compose import check_override_syntax, compose_config
+from worldpipe.config.compose import check_override_syntax, compose_config, value_override
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.core import numerics
 from worldpipe.core.children import die_with_parent
@@ -38,14 +40,14 @@ from worldpipe.core.last_words import ENV_VAR, LastWords
 from worldpipe.launch import slurm
 from worldpipe.launch.lifeline import launcher_environment
 from worldpipe.launch.local_run import record_config, run_in_process, runs_in_process
-from worldpipe.launch.preflight import check_data, checked_config, world_size_of
+from worldpipe.launch.preflight import check_data, validate, world_size_of
 from worldpipe.launch.relay import OutputRelay
 from worldpipe.launch.run_lock import RunLock
 from worldpipe.launch.torchrun import RDZV_TIMEOUT_S, torchrun_argv
 from worldpipe.measure.startup import mark
 from worldpipe.trainer.preemption import EXIT_PREEMPTED, PREEMPTED_RECORD
 
-__all__ = ["launch_training", "prepared_config", "start_training", "torchrun_command"]
+__all__ = ["Start", "compose_config", "compose_start", "launch_training", "start_training", "torchrun_command"]
 
 
 def torchrun_command(cfg: DictConfig, recorded: Path, rdzv_endpoint: str | None = None,
@@ -65,57 +67,90 @@ def _holds_run_lock() -> bool:
     return int(os.environ.get("SLURM_PROCID", "0")) == 0
 
 
-def _early_run_dir(overrides: list[str], config_dir: Path) -> Path | None:
-    """The run directory, known without composing the config when an override names it; else from a plain
-    composition (no validation, no torch); None when even that fails (the full check then names the problem)."""
-    check_override_syntax(overrides)
-    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "run_dir"]
-    if given and given[-1] and not any(c in given[-1] for c in "$'\"\\ "):
-        return Path(given[-1])
-    try:
-        return Path(compose_config(overrides, config_dir).run_dir)
-    except Exception:  # noqa: BLE001 - reported by name by the full check that follows
-        return None
+@dataclass
+class Start:
+    """One start of training: its config, composed once (:func:`compose_start`) and validated once
+    (:meth:`validate`), the overrides it was composed with, and the run directory's lock while it is held."""
+
+    cfg: DictConfig
+    overrides: list[str]
+    config_dir: Path = CONF_DIR
+    validated: bool = False
+    lock: RunLock | None = None
+
+    def set(self, key: str, value: str) -> None:
+        """Set ``key`` as the override ``key=value`` would have, and keep that override with the others (the run's
+        record, and the launchers of a SLURM job step, compose from them)."""
+        OmegaConf.update(self.cfg, key, value, merge=False)
+        self.overrides.append(value_override(key, value))
+
+    def validate(self) -> None:
+        """Check every override's type and the config's own rules, once; raises ConfigError naming the key.
+
+        In a SLURM batch step only the node count is checked: every node's launcher validates its own.
+        """
+        if self.validated:
+            return
+        if slurm.placement(os.environ) == slurm.BATCH_STEP:
+            world_size_of(self.cfg)  # parallel.nnodes is a positive integer
+        else:
+            validate(self.cfg, self.overrides, self.config_dir)
+        self.validated = True
+
+    def hold_lock(self, existing_only: bool = False) -> None:
+        """Hold the lock of ``cfg.run_dir`` (this node's first task only), making the directory durably.
+
+        ``existing_only``: only when the directory exists already. A busy directory is then refused before the
+        config is validated (which imports torch: seconds), and a refused config leaves no new directory behind.
+        """
+        run_dir = Path(self.cfg.run_dir)
+        if not _holds_run_lock() or (existing_only and not run_dir.is_dir()):
+            return
+        if self.lock is not None and self.lock.path.parent.resolve() == run_dir.resolve():
+            return
+        self.release()
+        self.lock = RunLock(run_dir).acquire()
+
+    def release(self) -> None:
+        """Drop the run lock, if held."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
-def _lock_before_composing(overrides: list[str], config_dir: Path) -> RunLock | None:
-    """Take the lock of an existing run directory before the config is validated: a busy directory is refused at
-    once (validation imports torch: seconds). A directory that does not exist yet is locked after validation, so
-    that a refused config leaves nothing behind."""
-    run_dir = _early_run_dir(overrides, config_dir)
-    return RunLock(run_dir).acquire() if run_dir is not None and run_dir.is_dir() else None
-
-
-def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, config_dir: Path = CONF_DIR,
-                    rdzv_id: str | None = None, cfg: DictConfig | None = None) -> int:
-    """Preflight, take the run lock, run torchrun (or train in this process), forward preemption signals.
-
-    ``cfg``, when given, is the config :func:`worldpipe.launch.preflight.checked_config` returned for
-    ``overrides`` (not composed or validated again). Returns torchrun's exit status (a failed worker's own status
-    when torchrun reports it), or EXIT_PREEMPTED when the run stopped on a signal after checkpointing. Raises
-    (ConfigError, DataMismatch, RunLocked, ResumeRefused, SlurmRefused, ...) before any process starts.
-    """
+def compose_start(overrides: list[str], config_dir: Path = CONF_DIR) -> Start:
+    """The start of ``overrides``: their syntax checked, the config composed (no validation, no torch)."""
     mark("launcher_start")
-    lock = _lock_before_composing(overrides, config_dir) if _holds_run_lock() and cfg is None else None
+    check_override_syntax(overrides)
+    return Start(compose_config(overrides, config_dir), list(overrides), Path(config_dir))
+
+
+def launch_training(start: Start, rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> int:
+    """Validate (unless done), take the run lock, run torchrun (or train in this process), forward preemption
+    signals; the lock is released on return.
+
+    Returns torchrun's exit status (a failed worker's own status when torchrun reports it), or EXIT_PREEMPTED when
+    the run stopped on a signal after checkpointing. Raises (ConfigError, DataMismatch, RunLocked, ResumeRefused,
+    SlurmRefused, ...) before any process starts.
+    """
     try:
-        cfg = cfg if cfg is not None else checked_config(overrides, config_dir)
+        start.hold_lock(existing_only=True)
+        start.validate()
+        cfg = start.cfg
         # The numerics config's code paths, for this process and every one it starts (before any computes).
         pinned_now = numerics.pin(cfg.get("numerics"))
         slurm.check_nodes(slurm.placement(os.environ), int(cfg.parallel.nnodes), None, os.environ, rdzv_endpoint)
         check_data(cfg)
         run_dir = Path(cfg.run_dir)
-        if _holds_run_lock() and (lock is None or lock.path.parent.resolve() != run_dir.resolve()):
-            if lock is not None:
-                lock.release()
-            lock = RunLock(run_dir).acquire()  # makes the run directory, durably
+        start.hold_lock()
         # Imported only now: it brings torch (seconds), which the refusals above do not need.
         from worldpipe.trainer.resume import preflight_resume
 
         preflight_resume(cfg)
         # A record of an earlier preemption must not turn this attempt's failure into "preempted, retry me".
         (run_dir / PREEMPTED_RECORD).unlink(missing_ok=True)
-        recorded = record_config(cfg, overrides)  # under the lock: no other launcher's workers read it
-        mark("config_composed")
+        recorded = record_config(cfg, start.overrides)  # under the lock: no other launcher's workers read it
+        mark("preflight_done")
         world_size = int(cfg.parallel.nproc_per_node) * int(cfg.parallel.nnodes)
         # One process: no torchrun (worldpipe.launch.local_run), unless variables were pinned only now in a process
         # that has loaded torch: it may have computed already, so a fresh one trains.
@@ -124,33 +159,19 @@ def launch_training(overrides: list[str], rdzv_endpoint: str | None = None, conf
         cmd = torchrun_command(cfg, recorded, rdzv_endpoint, rdzv_id)
         return _run_torchrun(cmd, run_dir, int(cfg.parallel.nproc_per_node))
     finally:
-        if lock is not None:
-            lock.release()
+        start.release()
 
 
-def prepared_config(overrides: list[str]) -> DictConfig:
-    """The config :func:`start_training` takes for ``overrides``: composed and checked once, here.
-
-    In a SLURM batch step it is only composed (for the node count): every node's launcher checks its own.
-    """
-    if slurm.placement(os.environ) == slurm.BATCH_STEP:
-        cfg = compose_config(overrides)
-        world_size_of(cfg)  # parallel.nnodes is a positive integer
-        return cfg
-    return checked_config(overrides)
-
-
-def start_training(overrides: list[str], rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-                   cfg: DictConfig | None = None) -> int:
+def start_training(start: Start, rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> int:
     """`worldpipe train`: train here, or, from a SLURM batch step, in a job step of its own on the job's nodes.
 
-    ``cfg`` is :func:`prepared_config` of ``overrides`` when the caller has it already. Returns the exit status.
+    Returns the exit status.
     """
     if slurm.placement(os.environ) != slurm.BATCH_STEP:
-        return launch_training(overrides, rdzv_endpoint, rdzv_id=rdzv_id, cfg=cfg)
-    cfg = cfg if cfg is not None else prepared_config(overrides)
-    numerics.pin(cfg.get("numerics"))  # srun passes the environment on to every node's launcher
-    return _run_job_step(overrides, int(cfg.parallel.nnodes))
+        return launch_training(start, rdzv_endpoint, rdzv_id)
+    start.validate()
+    numerics.pin(start.cfg.get("numerics"))  # srun passes the environment on to every node's launcher
+    return _run_job_step(start.overrides, int(start.cfg.parallel.nnodes))
 
 
 def _run_job_step(overrides: list[str], nnodes: int) -> int:

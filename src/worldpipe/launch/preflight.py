@@ -43,9 +43,15 @@ def checked_config(overrides: Sequence[str], config_dir: Path = CONF_DIR, rememb
     """
     check_override_syntax(overrides)
     cfg = compose_config(overrides, config_dir)
+    validate(cfg, overrides, config_dir, remember_pass)
+    return cfg
+
+
+def validate(cfg: DictConfig, overrides: Sequence[str], config_dir: Path = CONF_DIR,
+             remember_pass: bool = False) -> None:
+    """Fully validate ``cfg``, composed from ``overrides``: each override's value type, then the config's rules."""
     check_value_types(cfg, overrides, config_dir)
     validate_config(cfg, world_size_of(cfg), remember_pass)
-    return cfg
 
 
 def check_window(cfg: DictConfig | Mapping, max_steps: object, dataset: str) -> None:

@@ -77,19 +77,28 @@ def any_rank(runtime: Runtime, flag: bool) -> bool:
     return bool(value.item())
 
 
-def gather_objects(runtime: Runtime, obj: object) -> list[object]:
-    """Every rank's object, indexed by rank, on every rank."""
+def group_runtime(group: dist.ProcessGroup | None = None) -> Runtime:
+    """This process's place in ``group`` (default: the whole job), or a single process when none is initialized
+    (a background writer's collectives run on a group of their own)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    return Runtime(rank=dist.get_rank(group), world_size=dist.get_world_size(group),
+                   local_rank=int(os.environ.get("LOCAL_RANK", "0")), device=torch.device("cpu"))
+
+
+def gather_objects(runtime: Runtime, obj: object, group: dist.ProcessGroup | None = None) -> list[object]:
+    """Every rank's object, indexed by rank (in ``group``, whose runtime is ``runtime``), on every rank."""
     if not runtime.distributed:
         return [obj]
     gathered: list[object] = [None] * runtime.world_size
-    dist.all_gather_object(gathered, obj)
+    dist.all_gather_object(gathered, obj, group=group)
     return gathered
 
 
-def broadcast_object(runtime: Runtime, obj: object) -> object:
-    """Rank 0's object on every rank."""
+def broadcast_object(runtime: Runtime, obj: object, group: dist.ProcessGroup | None = None) -> object:
+    """Rank 0's object (rank 0 of ``group``, whose runtime is ``runtime``) on every rank."""
     if not runtime.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return box[0]

@@ -12,7 +12,7 @@ import yaml
 
 from worldpipe.config import paths
 from worldpipe.core.atomic import makedirs_durably, write_text_atomic
-from worldpipe.launch.launcher import launch_training
+from worldpipe.launch.launcher import compose_start, launch_training
 from worldpipe.reproduce.drift import RerunError
 from worldpipe.tracking.history import RecordedRun
 from worldpipe.tracking.spool import Spool
@@ -90,7 +90,7 @@ def launch(config: dict, run_dir: Path, overrides: list[str] = ()) -> int:
     config_dir.mkdir(exist_ok=True)
     primary = {**config, "hydra": {"run": {"dir": str(run_dir)}, "output_subdir": "hydra", "job": {"chdir": False}}}
     (config_dir / "config.yaml").write_text(yaml.safe_dump(primary, sort_keys=False))
-    return launch_training(list(overrides), config_dir=config_dir.resolve())
+    return launch_training(compose_start(list(overrides), config_dir.resolve()))
 
 
 def new_run_id(run_dir: Path) -> str:
