@@ -14,12 +14,11 @@ from typing import Any
 import yaml
 
 from worldpipe.config.identity import flatten
+from worldpipe.tracking.connection import client_for  # noqa: F401 - re-exported: `worldpipe train` asks here
 from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
-from worldpipe.tracking.courier import fail_fast_over_http
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
-from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
@@ -30,14 +29,6 @@ NOT_TRAINING_PREFIXES = (SYSTEM_PREFIX, EVAL_PREFIX, CONTROL_PREFIX)
 
 class RecordError(RuntimeError):
     """The MLflow records of a run are missing or inconsistent."""
-
-def client_for(uri: str | None):
-    """An MlflowClient for `uri` (resolved like training resolves it) that fails fast when the server is down."""
-    from mlflow.tracking import MlflowClient
-
-    fail_fast_over_http()
-    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
-
 
 def read_artifact(client, run_id: str, path: str) -> bytes:
     """Bytes of one artifact file of a run; RecordError if it is not there."""

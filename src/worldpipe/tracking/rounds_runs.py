@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worldpipe.tracking.delivery import _experiment_id
+from worldpipe.tracking.connection import ensure_experiment
 from worldpipe.tracking.evaluation import PARENT_RUN_TAG, show_in_model_training_view
 
 ROUNDS_TAG = "worldpipe.rounds.id"
@@ -24,7 +24,7 @@ def record_rounds(client, experiment: str, rounds_id: str, name: str, summary: M
     """Open (or find) the loop's parent run, nest every round's training run under it, log the outcome; its id."""
     from mlflow.entities import Metric, RunStatus, RunTag
 
-    experiment_id = _experiment_id(client, experiment)
+    experiment_id = ensure_experiment(client, experiment)
     show_in_model_training_view(client, experiment_id)
     found = client.search_runs([experiment_id], max_results=1, filter_string=(
         f"tags.`{ROUNDS_TAG}` = '{rounds_id}' AND tags.`{ROLE_TAG}` = 'parent'"))

@@ -16,8 +16,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# The experiment is created as training creates it (artifacts beside a SQLite store), whichever comes first.
-from worldpipe.tracking.delivery import _experiment_id
+from worldpipe.tracking.connection import ensure_experiment
+from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import PARENT_RUN_TAG, show_in_model_training_view
 
 SWEEP_TAG = "worldpipe.sweep.name"
@@ -27,7 +27,6 @@ POINT_TAG = "worldpipe.sweep.point"
 POINTS_PARAM = "sweep.points"
 BEST_RUN_TAG, BEST_ID_TAG, BEST_BY_TAG = "worldpipe.sweep.best_run", "worldpipe.sweep.best_run_id", "worldpipe.sweep.best_by"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
-CHANGED_TAG_PREFIX = "worldpipe.changed."  # a param whose value changed (MLflow refuses to change a param)
 VALUE_TAG_PREFIX = "worldpipe.sweep.value."  # point: one tag per swept key
 PARENT, POINT = "parent", "point"
 
@@ -38,7 +37,7 @@ def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], po
     number of points and each swept key's ``values``."""
     from mlflow.entities import RunStatus
 
-    experiment_id = _experiment_id(client, experiment)
+    experiment_id = ensure_experiment(client, experiment)
     show_in_model_training_view(client, experiment_id)
     found = client.search_runs([experiment_id], max_results=1,
                                filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' AND tags.`{ROLE_TAG}` = '{PARENT}'")

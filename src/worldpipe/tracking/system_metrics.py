@@ -21,7 +21,7 @@ import time
 
 import psutil
 
-from worldpipe.tracking.mlflow_import import import_mlflow
+from worldpipe.tracking.connection import import_mlflow
 
 log = logging.getLogger("worldpipe.tracking")
 
