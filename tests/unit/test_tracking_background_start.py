@@ -86,13 +86,14 @@ def test_a_segment_ended_at_once_still_gets_its_run_and_a_system_sample(
 def test_host_samples_taken_before_the_run_existed_are_logged_first(sqlite_uri):
     # The background start creates the run seconds into training, about as long as a short run lasts: what the
     # host did meanwhile must reach the run, numbered before what is sampled after it exists.
-    sampler = SystemMetricsSampler(0.05, sqlite_uri).start()
+    run: dict[str, str] = {}
+    sampler = SystemMetricsSampler(0.05, sqlite_uri, run_id=lambda: run.get("id")).start()
     deadline = time.monotonic() + 60
     while sampler.points < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     client = MlflowClient(sqlite_uri)
     run_id = client.create_run(client.create_experiment("early-samples")).info.run_id
-    sampler.attach(run_id, resume=False)
+    run["id"] = run_id  # the run exists: the sampler logs what it kept at its next point
     while sampler.points < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
     sampler.stop()

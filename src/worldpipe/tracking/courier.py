@@ -1,31 +1,22 @@
 """The courier: the child process that delivers a training run's records to MLflow and samples the host's system
-metrics, so that the training process never imports MLflow nor runs a delivery or sampling thread (their GIL
-time slowed its first steps: docs/benchmarks.md). The records are durable in the spool journal before it sees
-them (:mod:`worldpipe.tracking.spool`); it replays them as ``worldpipe tracking sync`` does, continuously, for one
-segment of a run (:class:`~worldpipe.tracking.delivery.DeliveryLoop`).
+metrics, so the training process never imports MLflow nor runs a delivery or sampling thread (their GIL time
+slowed its first steps: docs/benchmarks.md). It replays the durable journal (:mod:`worldpipe.tracking.spool`) as
+``worldpipe tracking sync`` does, continuously, for one segment (:class:`~worldpipe.tracking.delivery.DeliveryLoop`).
+Started ahead of its segment (by the recorder, or before torch loads by the launcher: :func:`start_early`), it
+imports MLflow, opens the store and waits until the recorder, having journaled the segment's ``open``, wakes it.
 
-A courier is started ahead of its segment (by the recorder, or before torch loads by the launcher or rank 0's
-worker: :func:`start_early`), imports MLflow and opens the store, and waits; the recorder journals the segment's
-``open`` record and wakes it, and the courier delivers that segment (the journal's newest ``open``).
+Control, parent -> courier, one byte each on its stdin: ``w`` records were appended (never blocking: a wake-up
+already waiting is enough), ``s`` the segment ends (log the last system sample), ``x`` deliver everything (the
+``end`` record is journaled), report, exit. End of file, or another parent PID (checked every second, in case a
+child forked by the parent holds the pipe), is the parent's death (``kill -9`` included): the courier exits after
+the delivery in flight. Replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on
+stdout): ``tried`` (the segment's ``open`` record was tried: a run id, if any, is in the spool's ``state.json``),
+``opened`` (the run exists), ``log`` (re-emitted by the parent under the same logger), ``done`` (the final report).
 
-Between the two processes (the parent's side is :class:`Courier`):
-
-- control, parent -> courier, on the courier's stdin: one byte each — ``w`` records were appended (one write per
-  append batch, never blocking: a wake-up already waiting is enough), ``s`` the segment ends (take the last system
-  sample, log it, stop sampling), ``x`` deliver everything (the ``end`` record is journaled by then), report,
-  exit. End of file is the parent's death (``kill -9`` included): the courier exits after the delivery in
-  flight, if any; it also checks ``os.getppid()`` every second, in case a child forked by the parent holds the
-  pipe's write end.
-- replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on stdout): ``tried`` (a
-  delivery has tried the segment's ``open`` record: the run id, if any, is in the spool's ``state.json``),
-  ``opened`` (the run exists), ``log`` (a log record, re-emitted by the parent under the same logger, so warnings
-  read as before), ``done`` (the final delivery's report).
-
-The courier runs in the parent's process group (``kill -9`` of the group ends it too), at the parent's CPU
-priority until the run start has been tried (the first checkpoint waits for it) and at nice +10 after that,
-ignores SIGINT and SIGTERM (the parent, which answers them with a checkpoint, says when the courier ends), and is
-started with ``subprocess`` (no fork of a torch-loaded process). Its PID is recorded in
-``RUN_DIR/tracking/courier.json`` while it runs; the parent stops and reaps it by that PID.
+The courier runs in the parent's process group, at its CPU priority until the run start has been tried (the first
+checkpoint waits for it) and at nice +10 after, ignores SIGINT and SIGTERM (the parent, which answers them with a
+checkpoint, says when it ends), and is started with ``subprocess`` (no fork of a torch-loaded process). Its PID is
+in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops and reaps it by that PID.
 """
 
 from __future__ import annotations
@@ -57,10 +48,7 @@ MODULE = "worldpipe.tracking.courier"
 # started before its parent imported torch (early enough for MLflow's import to overlap torch's).
 RECORD_NAME = "courier.json"
 WAKE, STOP_SAMPLING, FINISH = b"w", b"s", b"x"
-# Once the run start has been tried, the courier steps below the training process: what is left (deliveries,
-# system samples) is never waited for before the end. The start keeps the parent's priority: the first
-# checkpoint waits for it (docs/benchmarks.md compares both).
-NICE = 10
+NICE = 10  # after the start: what is left is never waited for before the end (docs/benchmarks.md compares both)
 PARENT_POLL_S = 1.0  # how often an idle courier checks that its parent is alive (besides the pipe's end of file)
 EXIT_WAIT_S = 10.0  # how long a courier that has reported may take to exit before it is killed
 
@@ -222,27 +210,22 @@ def adopt_early(run_dir: str | os.PathLike, uri: str) -> Courier | None:
 
 
 # ---- the courier process ----
-class _Replies:
-    """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread."""
+class _Replies(logging.Handler):
+    """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread; log records among them."""
 
     def __init__(self, fd: int):
-        self._fd, self._lock = fd, threading.Lock()
+        super().__init__()
+        self._fd = fd
 
     def send(self, **message: Any) -> None:
         view = memoryview((json.dumps(message) + "\n").encode())
-        with self._lock, contextlib.suppress(OSError):  # a dead parent reads nothing
+        with self.lock, contextlib.suppress(OSError):  # a dead parent reads nothing
             while view:
                 view = view[os.write(self._fd, view):]
 
-
-class _ForwardLogs(logging.Handler):
-    def __init__(self, replies: _Replies):
-        super().__init__()
-        self._replies = replies
-
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._replies.send(log=[record.name, record.levelno, record.getMessage()])
+            self.send(log=[record.name, record.levelno, record.getMessage()])
         except Exception:  # noqa: BLE001 - logging must not raise
             self.handleError(record)
 
@@ -298,9 +281,8 @@ def serve(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     fail_fast_over_http()  # the launcher may have started us before the recorder set them in its own process
     replies = _Replies(args.reply_fd)
-    root = logging.getLogger()
-    root.addHandler(_ForwardLogs(replies))
-    root.setLevel(args.log_level)
+    logging.getLogger().addHandler(replies)
+    logging.getLogger().setLevel(args.log_level)
     if os.getppid() != args.parent:
         return 0  # the parent died before we started
     # The parent decides when the courier ends (``x``, or its own end): a Ctrl-C or a SIGTERM sent to the whole

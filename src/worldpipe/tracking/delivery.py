@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -293,28 +292,27 @@ class DeliveryLoop:
         self._failures = 0  # consecutive failed deliveries
         self._offline = False
         self._open_seq: int | None = None
-        self._open_tried = self._open_acked = self._resume = self._ending = False
+        self._open_tried = self._open_acked = False
         self._sampler: SystemMetricsSampler | None = None  # this segment's, from its start to its end
-        self._sampler_attached = False
-        self._monitor_lock = threading.Lock()  # a delivery attaches system metrics, stop_sampling() stops them
 
     def begin(self, open_seq: int, resume: bool, system_metrics_s: float = 0.0, system_metrics_samples: int = 1,
               ) -> None:
         """A segment opened with record ``open_seq``: start sampling the host (every ``system_metrics_s``; 0: off)."""
         self._open_seq, self._open_tried, self._open_acked = open_seq, False, False
-        self._resume, self._ending = resume, False
         if system_metrics_s and system_metrics_s > 0:
-            with self._monitor_lock:
-                self._sampler = SystemMetricsSampler(system_metrics_s, self.uri, system_metrics_samples).start()
-                self._sampler_attached = False
+            self._sampler = SystemMetricsSampler(system_metrics_s, self.uri, system_metrics_samples,
+                                                 self._opened_run_id, resume).start()
 
     def stop_sampling(self) -> None:
         """The segment ends: log the last system sample (before the run is marked terminated) and stop."""
-        with self._monitor_lock:
-            self._attach_system_metrics()  # a segment shorter than the run start still logs its samples
-            sampler, self._sampler, self._ending = self._sampler, None, True
+        sampler, self._sampler = self._sampler, None
         if sampler is not None:
             sampler.stop()
+
+    def _opened_run_id(self) -> str | None:
+        """The run id once this segment's open record is acknowledged (a resumed one's may name another run)."""
+        state = self.spool.state()
+        return state["run_id"] if self._open_seq is not None and state["acked"] >= self._open_seq else None
 
     def due(self) -> bool:
         """False while a retry is not due yet (new records wait with the others until it is)."""
@@ -354,7 +352,7 @@ class DeliveryLoop:
             self._opened()
 
     def _opened(self) -> None:
-        """After a delivery attempt: the segment's start has been tried; start the monitor once the run exists."""
+        """After a delivery attempt: the segment's start has been tried; once acknowledged, the run exists."""
         if self._open_seq is None or self._open_acked:
             return
         if not self._open_tried:
@@ -365,12 +363,3 @@ class DeliveryLoop:
             self._open_acked = True
             if self.on_opened is not None:
                 self.on_opened()
-            with self._monitor_lock:
-                self._attach_system_metrics()
-
-    def _attach_system_metrics(self) -> None:
-        """Log system metrics to the run once it exists (call with the monitor lock held)."""
-        run_id = self.spool.state()["run_id"]
-        if self._sampler is not None and not self._sampler_attached and not self._ending and run_id:
-            self._sampler.attach(run_id, resume=self._resume)
-            self._sampler_attached = True

@@ -4,17 +4,13 @@ Every record is appended to ``RUN_DIR/tracking/journal.jsonl`` (fsync) before it
 that is down at start or mid-run costs nothing: training goes on, a warning says where the records wait, and
 the next successful contact (or ``worldpipe tracking sync RUN_DIR``) replays them idempotently.
 
-Delivery runs in the courier (:mod:`worldpipe.tracking.courier`), a child process started with the recorder or,
-earlier, by the launcher (before torch loads), so the training process never imports MLflow and a slow or
-hanging server never stalls it. Each append batch wakes the courier; only the end waits for delivery (``end``:
-everything journaled is delivered before it returns). The start does not wait: the courier creates (or reopens)
-the run while the first steps run, and whoever needs the run id asks for it when it does (``run_id`` for a
-checkpoint, :meth:`RunRecorder.await_run_id` at the end). Records are journaled in order either way, so nothing
-the start delays is lost or reordered; system metrics are sampled from the start and logged once the run
-exists. After a failure the courier retries by itself with exponential backoff (1 s, 2 s, ... up to
-``retry_s``), so a server that comes back mid-run receives everything waiting without a manual sync. Where no
-child process can be started, the recorder delivers in its own process, synchronously, when records are
-appended (after a failure only once a retry is due).
+The courier delivers them (:mod:`worldpipe.tracking.courier`), a child process started with the recorder or
+earlier by the launcher, so a slow or hanging server never stalls training. Each append batch wakes it; only the
+end waits for delivery. The start does not: the courier creates (or reopens) the run while the first steps run,
+and whoever needs the run id asks for it when it does (``run_id`` for a checkpoint, :meth:`RunRecorder.await_run_id`
+at the end); system metrics are sampled from the start and logged once the run exists. After a failure the
+courier retries by itself with exponential backoff (1 s, 2 s, ... up to ``retry_s``). Where no child process can
+be started, the recorder delivers in this process, synchronously, as records are appended (once a retry is due).
 
 Metrics are buffered in memory and *staged* into the journal just before the checkpoint of a step is published
 (``stage(step)``), then *committed* once it is durable (``commit(step)``). Staged metrics of a checkpoint that
