@@ -64,27 +64,28 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def _aligned(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[str, list[tuple[int, int, float]]],
+             ignore: Iterable[str]) -> dict[tuple[int, str], tuple[Any, Any]]:
+    """{(step, metric): (value in a, value in b)} over the training metrics either history holds (None: absent)."""
+    out = {}
+    for key in (set(a) | set(b)) - set(ignore):
+        if not key.startswith(NOT_TRAINING_PREFIXES):
+            va, vb = ({s: v for s, _, v in history.get(key, [])} for history in (a, b))
+            out.update({(step, key): (va.get(step), vb.get(step)) for step in set(va) | set(vb)})
+    return out
+
+
 def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[str, list[tuple[int, int, float]]],
                      ignore: Iterable[str] = TIMING_METRICS) -> tuple[int, str, Any, Any] | None:
     """First (step, metric, value_a, value_b) where two histories differ bitwise; None if identical.
 
     Values are compared per step (timestamps ignored); a step or metric present on one side only is a
-    difference (its missing side shown as None); system and evaluation metrics (open- and closed-loop) are not compared. Steps are visited in order, metrics
-    by name within a step.
+    difference (its missing side shown as None); system and evaluation metrics (open- and closed-loop) are not
+    compared. Steps are visited in order, metrics by name within a step.
     """
-    skip = set(ignore)
-    keys = sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES))
-    by_step: dict[int, dict[str, tuple[Any, Any]]] = {}
-    for key in keys:
-        va = {s: v for s, _, v in a.get(key, [])}
-        vb = {s: v for s, _, v in b.get(key, [])}
-        for step in set(va) | set(vb):
-            by_step.setdefault(step, {})[key] = (va.get(step), vb.get(step))
-    for step in sorted(by_step):
-        for key in sorted(by_step[step]):
-            x, y = by_step[step][key]
-            if x is None or y is None or not _same(x, y):
-                return step, key, x, y
+    for (step, key), (x, y) in sorted(_aligned(a, b, ignore).items()):
+        if x is None or y is None or not _same(x, y):
+            return step, key, x, y
     return None
 
 
@@ -93,20 +94,12 @@ def largest_relative_difference(a: Mapping[str, list[tuple[int, int, float]]],
                                 ignore: Iterable[str] = TIMING_METRICS) -> tuple[float, int | None, str | None]:
     """(largest |x - y| / max(|x|, |y|), its step, its metric) over the values both histories hold at the same
     step (the metrics :func:`first_difference` compares); inf where only one side holds a value or one is NaN."""
-    skip = set(ignore)
     worst: tuple[float, int | None, str | None] = (0.0, None, None)
-    for key in sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES)):
-        va = {s: v for s, _, v in a.get(key, [])}
-        vb = {s: v for s, _, v in b.get(key, [])}
-        for step in sorted(set(va) | set(vb)):
-            x, y = va.get(step), vb.get(step)
-            if x is None or y is None or math.isnan(x) != math.isnan(y):
-                return math.inf, step, key
-            if _same(x, y):
-                continue
-            relative = abs(x - y) / max(abs(x), abs(y))
-            if relative > worst[0]:
-                worst = (relative, step, key)
+    for (step, key), (x, y) in sorted(_aligned(a, b, ignore).items(), key=lambda item: item[0][::-1]):
+        if x is None or y is None or math.isnan(x) != math.isnan(y):
+            return math.inf, step, key
+        if not _same(x, y) and abs(x - y) / max(abs(x), abs(y)) > worst[0]:
+            worst = (abs(x - y) / max(abs(x), abs(y)), step, key)
     return worst
 
 
