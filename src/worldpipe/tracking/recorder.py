@@ -108,9 +108,9 @@ class RunRecorder:
             "open", experiment=self.experiment, run_name=run_name, tags=dict(tags), reopen_run_id=run_id,
             record_key=self._spool.record_key(), resume_step=int(resume_step), checkpoint_dir=checkpoint_dir,
             uri=self.uri)
-        if self._courier is not None and not self._courier.alive():
-            self._courier.abandon()  # died before its segment: reaped, replaced
         if self._courier is None or not self._courier.alive():  # a later segment, or a courier that died
+            if self._courier is not None:
+                self._courier.abandon()  # reaped
             self._courier = self._spawn_courier()
         if self._courier is not None:
             self._courier.wake()  # the waiting courier takes this segment (the journal's newest open record)
