@@ -52,7 +52,7 @@ class RunRecorder:
                  retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
                  system_metrics_samples: int = 1, on_opened: Callable[[], None] | None = None):
         self.enabled = enabled
-        self.on_opened = on_opened  # called (on a reply or delivery thread) once the run exists
+        self.on_opened = on_opened  # called once the run exists (on the courier reply thread)
         self.system_metrics_s = system_metrics_s
         self.system_metrics_samples = system_metrics_samples  # averaged into each logged point
         self.experiment = experiment
