@@ -4,7 +4,7 @@ Same model (the config's), same data (the same store, global sampler and WindowL
 noise, one process and one thread each, measured in one run. Per-step times come from a timestamp written at
 the end of every step (``WORLDPIPE_STARTUP_TRACE``); the marginal time per step is the mean over steps 2..N-1
 (start-up and the always-saved final checkpoint excluded; checkpoints at the cadence included), median over
-rounds whose contender order changes, balanced over positions and neighbours (:mod:`worldpipe.measure.rounds`).
+rounds whose contender order changes, balanced over positions and neighbours (:mod:`worldpipe.measure.contender_order`).
 A fixed cost must not read as a per-step one, so each contender is reported three ways: ``startup_s`` (from
 launching the command to the end of its first step: imports, data, model, MLflow's run start), ``mean_ms``
 (per step over steps 2..N-1) and ``steady_ms`` (per step over the second half of them, after the fixed costs
@@ -77,8 +77,8 @@ from worldpipe.core.children import run_child
 from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
+from worldpipe.measure.contender_order import median_interval, median_of_means, run_rounds
 from worldpipe.measure.publish import publish_result
-from worldpipe.measure.rounds import median_interval, median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
 
 BARE_LOOP = """
@@ -309,7 +309,7 @@ def targets(report: dict) -> dict:
     within-run and the amplified whole-run ones.
 
     ``met`` compares the median with the bar. Where the rounds are known, ``interval`` is the median's
-    distribution-free interval (:func:`worldpipe.measure.rounds.median_interval`, its ``coverage`` beside it) and
+    distribution-free interval (:func:`worldpipe.measure.contender_order.median_interval`, its ``coverage`` beside it) and
     ``verdict`` says what the rounds can tell: ``met`` (the whole interval at or under the bar), ``not met`` (the
     whole interval above it) or ``unresolved`` (the bar inside it: more rounds, or a quieter machine, decide).
     """
@@ -404,7 +404,7 @@ def main(args: Namespace) -> int:
             print(f"round {round_}: {name:58s} mean {1e3 * sample.times.mean():7.2f} ms/step")
             return sample
 
-        # Fresh run directories every round (no resume); the order changes (worldpipe.measure.rounds).
+        # Fresh run directories every round (no resume); the order changes (worldpipe.measure.contender_order).
         samples = run_rounds(args.rounds, lambda round_: contenders(work, args, round_), measure)
         for name, rounds in samples.items():
             dense = name in {amplified(n, args.amplify) for _, n, _ in CHECKPOINT_KINDS}

@@ -15,7 +15,7 @@ same run, each started as a fresh process on a fresh run directory of the tiny s
 * ``bare script`` (baseline) — python imports torch and the model, builds model + AdamW, takes one step on a
   random batch of the same shape. Target: in-process <= 2 s over the bare script.
 
-Contenders run in rounds whose order changes (:mod:`worldpipe.measure.rounds`); each is summarized by the median
+Contenders run in rounds whose order changes (:mod:`worldpipe.measure.contender_order`); each is summarized by the median
 over rounds. The MLflow run start is an event after the first step (``mlflow_run_opened``): reported, not part
 of the critical path.
 """
@@ -42,8 +42,8 @@ from worldpipe.core.figures import save_figure
 from worldpipe.data.build import build_dataset
 from worldpipe.data.spec import DatasetSpec
 from worldpipe.launch.local_run import LAUNCHER_ENV
+from worldpipe.measure.contender_order import median_of_means, run_rounds
 from worldpipe.measure.publish import publish_result
-from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.measure.startup import TRACE_ENV
 
 TARGET_OVERHEAD_S = 2.0

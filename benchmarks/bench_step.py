@@ -16,7 +16,7 @@ FLOPs of one step come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul
 counted), so ``fraction of peak = FLOPs / step time / peak``. The compiled core's per-step products call BLAS
 below the dispatcher, where the counter does not see them, so an RSSM model's FLOPs (and its matmul floor) are
 those of the python-loop core: the same products on the same operands. Contenders run in rounds whose order changes
-(:mod:`worldpipe.measure.rounds`); each is the median over rounds of its per-round mean. Target: the model's
+(:mod:`worldpipe.measure.contender_order`); each is the median over rounds of its per-round mean. Target: the model's
 step at >= 0.4 of the same run's peak. The peak is a best-of (the fastest call); on a busy machine a mean step
 time is not, so ``fraction_of_peak_best`` (the fastest step against the same peak) is reported beside it, and
 ``fraction_of_peak_cpu``: the step's FLOPs over its thread CPU time against the peak by CPU time (both the calling
@@ -43,8 +43,8 @@ import torch
 from worldpipe.commands.bench import Benchmark
 from worldpipe.config.paths import BENCH_DIR
 from worldpipe.core.figures import save_figure
+from worldpipe.measure.contender_order import median_of_means, run_rounds
 from worldpipe.measure.publish import publish_result
-from worldpipe.measure.rounds import median_of_means, run_rounds
 from worldpipe.models import build_model
 from worldpipe.models.rssm import RSSM
 

@@ -22,6 +22,7 @@ first traceback. A rank that dies without a word (a crash) fails the test with i
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -51,6 +52,9 @@ _CONTEXT = multiprocessing.get_context("fork")
 
 
 def _rank_main(rank: int, nproc: int, store_path: str, fn: Callable, args: tuple, conn) -> None:
+    # A rank that crashes (a signal, not an exception) leaves its Python stack here for the test's failure.
+    crash_log = open(_crash_log(store_path, rank), "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.enable(file=crash_log, all_threads=True)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                       GROUP_RANK="0", MASTER_ADDR="127.0.0.1")
     try:
@@ -64,6 +68,18 @@ def _rank_main(rank: int, nproc: int, store_path: str, fn: Callable, args: tuple
     conn.close()
     if dist.is_initialized() and result[0] == "ok":
         dist.destroy_process_group()
+
+
+def _crash_log(store_path: str, rank: int) -> str:
+    return f"{store_path}-rank{rank}-crash.log"
+
+
+def _crash_stack(store_path: str, rank: int) -> str:
+    try:
+        text = Path(_crash_log(store_path, rank)).read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return f"\n{text}" if text else ""
 
 
 def run_on_ranks(nproc: int, fn: Callable[..., Any], *args: Any, tmp: Path, timeout_s: float = TIMEOUT_S) -> list:
@@ -93,7 +109,8 @@ def run_on_ranks(nproc: int, fn: Callable[..., Any], *args: Any, tmp: Path, time
                 status, value = receive.recv()
             except EOFError:
                 proc.join(10)
-                errors.append(f"rank {rank}: died without a result (exit status {proc.exitcode})")
+                errors.append(f"rank {rank}: died without a result (exit status {proc.exitcode})"
+                              f"{_crash_stack(str(store), rank)}")
                 continue
             if status == "ok":
                 results[rank] = value

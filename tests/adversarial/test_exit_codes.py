@@ -138,7 +138,8 @@ def test_a_step_or_window_that_is_not_there_is_bad_input(tmp_path, smoke_dataset
     publish_demo_checkpoint(tmp_path / "run" / "checkpoints", step=1)
     store, manifest = smoke_dataset
     for argv, needles in (
-        (["ckpt", "digest", str(tmp_path / "run"), "--step", "99"], ["no checkpoint step 99", "(steps: 1)"]),
+        *((["ckpt", command, str(tmp_path / "run"), "--step", "99"], ["no checkpoint step 99", "(steps: 1)"])
+          for command in ("digest", "list", "verify")),
         (["evaluate", str(tmp_path / "run"), "--store", str(store), "--manifest", str(manifest), "--horizon", "1000",
           "--out", str(tmp_path / "o.json"), "--no-tracking"], ["1008 valid steps", "--context/--horizon"]),
     ):

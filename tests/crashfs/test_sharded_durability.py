@@ -1,14 +1,18 @@
 """Sharded checkpoints (every rank writes its own shards, rank 0 commits) under a simulated power cut: saves of
-2 forked gloo ranks recorded on the crash-simulating file system, every state a cut could leave then resumed.
+2 gloo ranks under a real torchrun recorded on the crash-simulating file system, every state a cut could leave then resumed.
 FSDP2 saves sync and async (published on every rank's writer thread), DDP sync. The default tier sweeps 3 saves
-each; the slow tier 6 (retention deleting the oldest between them)."""
+each; the slow tier 6 (retention deleting the oldest between them).
+
+The ranks are fresh torchrun workers, not ranks forked from the test process: on CI (make test, xdist worker gw1)
+ranks forked from a worker that had run other modules died with SIGSEGV mid-save, which no run here reproduced;
+a fresh interpreter per rank carries none of the test process's state."""
 
 from __future__ import annotations
 
 import pytest
 
 from crashfs.replay import checkpoint_acks, sweep
-from sharded_support import on_forked_ranks
+from sharded_support import torchrun
 from worldpipe.checkpoint.manager import CheckpointManager
 
 pytestmark = pytest.mark.crash
@@ -18,12 +22,13 @@ SIZES = [pytest.param(3, id="3-saves"), pytest.param(6, id="6-saves", marks=pyte
 
 @pytest.mark.parametrize("saves", SIZES)
 @pytest.mark.parametrize(("layout", "mode"), [("fsdp2", "sync"), ("fsdp2", "async"), ("ddp", "sync")])
-def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_path, layout, mode, saves):
+def test_every_cut_of_a_sharded_save_resumes_from_a_committed_step(crashfs, tmp_path, env_with_venv, layout, mode,
+                                                                   saves):
     root = crashfs.path / "run" / "checkpoints"
     save_at = tuple(range(1, saves + 1))
-    on_forked_ranks(2, "train", root, tmp_path / "out.json", "--layout", layout, "--steps", str(saves),
-                    "--save-at", ",".join(map(str, save_at)), *(["--async-save"] if mode == "async" else []),
-                    tmp=tmp_path)
+    done = torchrun(env_with_venv, 2, "train", root, tmp_path / "out.json", "--layout", layout, "--steps", saves,
+                    "--save-at", ",".join(map(str, save_at)), *(["--async-save"] if mode == "async" else []))
+    assert done.returncode == 0, done.stderr[-3000:]
     recording = crashfs.recording()
     acked = checkpoint_acks(recording["log"], "run/checkpoints")
     assert sorted(acked) == list(save_at)

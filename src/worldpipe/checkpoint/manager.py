@@ -398,6 +398,13 @@ def select_deletions(steps: Iterable[int], current: int, keep_last: int, keep_ev
     return sorted(s for s in older if s not in keep)
 
 
+def require_step(manager: CheckpointManager, step: int) -> None:
+    """Raise :class:`CheckpointNotFoundError` (exit 2, naming the steps there are) unless ``step`` is stored."""
+    if not manager.store.step_exists(step):
+        raise CheckpointNotFoundError(f"no checkpoint step {step} in {manager.root} (steps: "
+                                      f"{', '.join(map(str, sorted(manager.store.step_names()))) or 'none'})")
+
+
 def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
                       storage_options: Mapping | None = None) -> str:
     """:func:`state_digest` of a stored checkpoint (default: the newest loadable one, as training would resume).
@@ -411,9 +418,7 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
         if step is None:
             raise CheckpointNotFoundError(f"no loadable checkpoint in {manager.root}")
     else:
-        if not manager.store.step_exists(step):  # a step that is not there: the step asked for must change
-            raise CheckpointNotFoundError(f"no checkpoint step {step} in {manager.root} (steps: "
-                                          f"{', '.join(map(str, sorted(manager.store.step_names()))) or 'none'})")
+        require_step(manager, step)
         problems, state = step_problems(manager, step)
         if problems:
             raise CheckpointCorruptError(step, problems)
@@ -424,4 +429,4 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
     return state_digest(manager.load(step))
 
 
-__all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "state_digest"]
+__all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "require_step", "state_digest"]

@@ -28,24 +28,31 @@ def register(cli: click.Group) -> None:
 
 def _list(args) -> int:
     from worldpipe.checkpoint import CheckpointManager
+    from worldpipe.checkpoint.manager import require_step
 
     where = locate(args, args.step)
-    infos = [i for i in CheckpointManager(where.root).list() if where.step is None or i.step == where.step]
+    manager = CheckpointManager(where.root)
+    if where.step is not None:
+        require_step(manager, where.step)
+    infos = [i for i in manager.list() if where.step is None or i.step == where.step]
     for info in infos:
         state = "intact" if info.intact else f"BROKEN ({info.problem})"
         print(f"step {info.step:>8}  {info.size_bytes / 2**20:9.2f} MiB  {state}{'  <- latest' if info.is_latest else ''}")
     if not infos:
-        print("no checkpoints" if where.step is None else f"no checkpoint step {where.step}")
+        print("no checkpoints")
     return 0
 
 
 def _verify(args) -> int:
     from worldpipe.checkpoint import CheckpointManager
     from worldpipe.checkpoint.loadable import step_problems
+    from worldpipe.checkpoint.manager import require_step
 
     root, only = locate(args, args.step)
     # sha256 of every file, every time: verify is the command that looks at every byte.
     manager = CheckpointManager(root, verify="sha256")
+    if only is not None:
+        require_step(manager, only)
     steps = [only] if only is not None else sorted(manager.store.step_names())
     if not steps:
         from worldpipe.checkpoint.errors import CheckpointNotFoundError

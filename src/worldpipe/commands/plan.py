@@ -85,7 +85,7 @@ def _plan(args) -> int:
     from worldpipe.config.compose import compose_config
     from worldpipe.data.environments import env_dims
     from worldpipe.models import build_model
-    from worldpipe.parallel import planner
+    from worldpipe.parallel import forecast
     from worldpipe.parallel.forward_memory import measure_forwards
 
     world, budget_mb, overrides = _split(args.overrides)
@@ -94,8 +94,8 @@ def _plan(args) -> int:
     obs_dim = _observed_width(cfg.model, dims.obs_dim)
     model = build_model(cfg.model, obs_dim, dims.act_dim)
     layouts = layouts_from_conf(recompute=getattr(model.parallel, "recompute", False))
-    measured = measure_forwards(model, planner.shard_shapes(cfg, layouts, world), obs_dim, dims.act_dim)
-    ranked = planner.rank(planner.plan(cfg, layouts, world, planner.model_facts(model), measured),
+    measured = measure_forwards(model, forecast.shard_shapes(cfg, layouts, world), obs_dim, dims.act_dim)
+    ranked = forecast.rank(forecast.plan(cfg, layouts, world, forecast.model_facts(model), measured),
                           None if budget_mb is None else int(budget_mb * 2**20))
-    print(json.dumps([planner.as_dict(p) for p in ranked], indent=1) if args.json else planner.table(ranked))
+    print(json.dumps([forecast.as_dict(p) for p in ranked], indent=1) if args.json else forecast.table(ranked))
     return 0

@@ -1,5 +1,5 @@
 """Communication of a training step as it happens: bytes and calls of every collective this rank makes, counted
-at the dispatcher and named as the planner (:mod:`worldpipe.parallel.planner`) names them.
+at the dispatcher and named as the layout forecast (:mod:`worldpipe.parallel.forecast`) names them.
 
 Bytes are those of the largest tensor handed to the call: the full side of a gather or scatter, the tensor of an
 all-reduce or a send. Receives are not counted (the sender's rank counts them).
@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-# Collective ops as the dispatcher sees them -> the planner's names. Ops without a name here (DDP's own
+# Collective ops as the dispatcher sees them -> the forecast's names. Ops without a name here (DDP's own
 # bookkeeping broadcasts) are kept under the op's name: measured, not predicted.
 OP_NAMES = {"c10d.allreduce_.default": "all_reduce(gradients)",
             "c10d._allgather_base_.default": "all_gather(parameters)",
@@ -32,14 +32,14 @@ _NOT_COMMUNICATION = ("wait_tensor", "_wrap_tensor", "recv")
 
 
 def collective_name(op: str, largest: torch.Tensor, pipeline: bool) -> str:
-    """The planner's name of one call of ``op`` whose largest tensor argument is ``largest``."""
+    """The forecast's name of one call of ``op`` whose largest tensor argument is ``largest``."""
     if op in ("c10d.allreduce_.default", "_c10d_functional.all_reduce.default") and largest.numel() == 1:
         return GRADIENT_NORM
     return (PIPELINE_OP_NAMES if pipeline else OP_NAMES).get(op, op)
 
 
 class CollectiveCounter(TorchDispatchMode):
-    """Within the ``with`` block: bytes and calls per collective (:attr:`comm`), by the planner's names."""
+    """Within the ``with`` block: bytes and calls per collective (:attr:`comm`), by the forecast's names."""
 
     def __init__(self, pipeline: bool = False) -> None:
         super().__init__()
@@ -59,5 +59,5 @@ class CollectiveCounter(TorchDispatchMode):
 
     @property
     def comm(self) -> dict[str, dict[str, int]]:
-        """``{name: {"bytes": ..., "rounds": ...}}``, the planner's shape of a step's communication."""
+        """``{name: {"bytes": ..., "rounds": ...}}``, the forecast's shape of a step's communication."""
         return {name: {"bytes": self.bytes[name], "rounds": self.rounds[name]} for name in sorted(self.rounds)}

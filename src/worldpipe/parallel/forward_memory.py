@@ -3,7 +3,7 @@ whole model, each pipeline stage, or a tensor-parallel shard; and the rollout st
 
 A tensor-parallel shard is measured over torch's fake process group: one process stands in for rank 0 of the
 tp ranks, the model is parallelized as the layout parallelizes it, and the collectives do nothing (their results
-are wrong, their shapes right, and bytes are all that is measured here). :mod:`worldpipe.parallel.planner`
+are wrong, their shapes right, and bytes are all that is measured here). :mod:`worldpipe.parallel.forecast`
 lists the shapes it needs (:class:`ForwardShape`); ``worldpipe plan`` measures them with :func:`measure_forwards`.
 """
 

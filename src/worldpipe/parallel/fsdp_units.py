@@ -1,4 +1,4 @@
-"""FSDP2's units: which modules ``fully_shard`` wraps below the root (the planner predicts the same units)."""
+"""FSDP2's units: which modules ``fully_shard`` wraps below the root (the layout forecast predicts the same units)."""
 
 from __future__ import annotations
 

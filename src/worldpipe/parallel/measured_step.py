@@ -1,11 +1,11 @@
 """One training step of a built model under a layout, measured: memory per rank by category and the collectives
-of the step, the quantities :mod:`worldpipe.parallel.planner` predicts.
+of the step, the quantities :mod:`worldpipe.parallel.forecast` predicts.
 
 The step is the trainer's (``Layout.forward_backward``, ``Layout.clip_grad_norm``, AdamW), on a synthetic batch
 of the global shape; one warm-up step first (a pipeline infers its shapes, AdamW creates its state), then the
 counted step. Activations are the storages autograd saves during forward passes (not a recomputation's, in
 backward); a pipeline's are those of every microbatch of the schedule. Used by ``worldpipe bench plan`` and the
-planner's test, so prediction is held against one measurement.
+forecast's test, so prediction is held against one measurement.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from worldpipe.parallel.runtime import Runtime
 
 
 def synthetic_batch(windows: int, steps: int, obs_dim: int, act_dim: int, seed: int = 1) -> dict[str, Any]:
-    """A global batch of random windows, every step valid (the planner's shapes, not a dataset's values)."""
+    """A global batch of random windows, every step valid (the forecast's shapes, not a dataset's values)."""
     gen = torch.Generator().manual_seed(seed)
     return {"obs": torch.randn(windows, steps, obs_dim, generator=gen),
             "action": torch.randn(windows, steps, act_dim, generator=gen),
@@ -65,6 +65,6 @@ def measure_layout(model: nn.Module, parallel_cfg: Mapping[str, Any], runtime: R
 
 
 def largest_rank_memory(measured: Mapping[str, Any]) -> dict[str, int]:
-    """Per category, the most any rank holds (the planner predicts the largest rank)."""
+    """Per category, the most any rank holds (the forecast predicts the largest rank)."""
     ranks = measured["ranks"]
     return {cat: max(r["memory"][cat] for r in ranks) for cat in ranks[0]["memory"]}

@@ -1,5 +1,5 @@
 """The layout checks: refuse, before any process starts, a parallel layout that cannot work for this model,
-batch and world size, naming the config key (called from ``validate_config`` and by the planner).
+batch and world size, naming the config key (called from ``validate_config`` and by the layout forecast).
 
 The model is asked for its :class:`ParallelSupport` (by class, from its config, without building it): nothing
 here branches on a model's name.

@@ -41,7 +41,7 @@ from worldpipe.parallel.runtime import Runtime, all_reduce_sum, any_rank, gather
 from worldpipe.parallel.wrap import replica_digest
 from worldpipe.trainer.optim import build_optimizer, build_scheduler
 from worldpipe.trainer.preemption import EXIT_PREEMPTED, PreemptionFlag
-from worldpipe.trainer.records import TrainingRecords
+from worldpipe.trainer.recording import TrainingRecords
 from worldpipe.trainer.resume import check_resume_identity
 from worldpipe.trainer.seeding import RngTrace, seed_rank_generators
 

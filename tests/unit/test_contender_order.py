@@ -1,4 +1,4 @@
-"""Rounds of benchmark contenders (worldpipe.measure.rounds): a balanced order, sample order, median of round means."""
+"""Rounds of benchmark contenders (worldpipe.measure.contender_order): a balanced order, sample order, median of round means."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from worldpipe.measure.rounds import median_interval, median_of_means, round_order, run_rounds
+from worldpipe.measure.contender_order import median_interval, median_of_means, round_order, run_rounds
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7])

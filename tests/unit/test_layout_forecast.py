@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from worldpipe.models.transformer import CausalTransformer
-from worldpipe.parallel import planner
+from worldpipe.parallel import forecast
+from worldpipe.parallel.forecast import Degrees
 from worldpipe.parallel.forward_memory import ForwardShape, measure_forwards
-from worldpipe.parallel.planner import Degrees
 
 CFG = {"model": {"_target_": "worldpipe.models.transformer.CausalTransformer", "width": 16, "heads": 2,
                  "layers": 1, "mlp_ratio": 2},
@@ -17,37 +17,37 @@ PARAMS = 2404  # 3+1 inputs -> width 16, one block (mlp_ratio 2), head to 3+1 ou
 
 
 def facts():
-    return planner.model_facts(CausalTransformer(3, 1, width=16, heads=2, layers=1))
+    return forecast.model_facts(CausalTransformer(3, 1, width=16, heads=2, layers=1))
 
 
 def test_parameters_per_rank_follow_zero_and_the_tp_plan():
     f = facts()
-    assert planner.parameters_per_rank(f, Degrees("ddp", 2, 1, 1)) == PARAMS
+    assert forecast.parameters_per_rank(f, Degrees("ddp", 2, 1, 1)) == PARAMS
     # FSDP2 pads dim 0 to a multiple of the ranks: the 4-row head weight and bias over 3 ranks hold 2 rows.
-    assert planner.parameters_per_rank(f, Degrees("fsdp2", 2, 1, 1)) == PARAMS // 2
-    assert planner.parameters_per_rank(f, Degrees("fsdp2", 3, 1, 1)) > PARAMS / 3
+    assert forecast.parameters_per_rank(f, Degrees("fsdp2", 2, 1, 1)) == PARAMS // 2
+    assert forecast.parameters_per_rank(f, Degrees("fsdp2", 3, 1, 1)) > PARAMS / 3
     # tp=2: q,k,v,mlp.0 (weight+bias) and out,mlp.2 (weight) halve; the rest (and row-wise biases) stays whole.
     split = 3 * (256 + 16) + (512 + 32) + 256 + 512
-    assert planner.parameters_per_rank(f, Degrees("none", 1, 2, 1)) == PARAMS - split // 2
+    assert forecast.parameters_per_rank(f, Degrees("none", 1, 2, 1)) == PARAMS - split // 2
 
 
 def test_communication_of_each_layout():
     f = facts()
-    ddp = planner.predict_comm(f, Degrees("ddp", 2, 1, 1), 8, 16)
+    ddp = forecast.predict_comm(f, Degrees("ddp", 2, 1, 1), 8, 16)
     assert ddp == {"all_reduce(gradients)": {"bytes": PARAMS * 4, "rounds": 1}}
-    fsdp = planner.predict_comm(f, Degrees("fsdp2", 2, 1, 1), 8, 16)
+    fsdp = forecast.predict_comm(f, Degrees("fsdp2", 2, 1, 1), 8, 16)
     # embed, blocks.0, norm, head: gathered in forward and again in backward, gradients scattered once.
     assert fsdp["all_gather(parameters)"] == {"bytes": 2 * PARAMS * 4, "rounds": 8}
     assert fsdp["reduce_scatter(gradients)"] == {"bytes": PARAMS * 4, "rounds": 4}
-    tp = planner.predict_comm(f, Degrees("none", 1, 2, 1), 8, 16)
+    tp = forecast.predict_comm(f, Degrees("none", 1, 2, 1), 8, 16)
     # Clipping makes each tp-sharded parameter's norm whole: q,k,v,mlp.0 (weight and bias), out and mlp.2 weights.
     assert tp == {"all_reduce(activations)": {"bytes": 6 * 8 * 16 * 16 * 4, "rounds": 6},
                   "all_reduce(gradient norm)": {"bytes": 10 * 4, "rounds": 10}}
-    dp_tp = planner.predict_comm(f, Degrees("fsdp2", 2, 2, 1), 8, 16)
+    dp_tp = forecast.predict_comm(f, Degrees("fsdp2", 2, 2, 1), 8, 16)
     params = len(f.params)  # under FSDP2 every parameter's norm is also reduced over the dp ranks
     assert dp_tp["all_reduce(gradient norm)"] == {"bytes": (params + 10) * 4, "rounds": params + 10}
     assert "all_reduce(gradient norm)" not in ddp and "all_reduce(gradient norm)" not in fsdp
-    cp = planner.predict_comm(f, Degrees("ddp", 1, 1, 2), 8, 16)
+    cp = forecast.predict_comm(f, Degrees("ddp", 1, 1, 2), 8, 16)
     kv = 2 * 8 * 8 * 16 * 4
     assert cp["send(kv ring)"] == {"bytes": 3 * kv + kv, "rounds": 3}
 
@@ -57,15 +57,15 @@ def test_plan_refuses_with_the_layout_reason_and_ranks_within_budget():
                "ddp": {"strategy": "ddp", "data_parallel": None},
                "fsdp2": {"strategy": "fsdp2", "data_parallel": None},
                "tp4": {"strategy": "none", "tensor_parallel": 4, "data_parallel": 1}}
-    shapes = planner.shard_shapes(CFG, layouts, 4)
+    shapes = forecast.shard_shapes(CFG, layouts, 4)
     measured = {shape: (1000, 100) for shape in shapes}
-    ranked = planner.rank(planner.plan(CFG, layouts, 4, facts(), measured), budget_bytes=30_000)
+    ranked = forecast.rank(forecast.plan(CFG, layouts, 4, facts(), measured), budget_bytes=30_000)
     by_name = {p.name: p for p in ranked}
     assert "mesh of 1 ranks" in by_name["single"].refused
     assert "must divide the model's 2 attention heads" in by_name["tp4"].refused
     assert "over the budget" in by_name["ddp"].refused  # 16 bytes per parameter: 38 KiB
     assert ranked[0].name == "fsdp2" and ranked[0].refused is None
-    assert "fsdp2" in planner.table(ranked) and "ruled out" in planner.table(ranked)
+    assert "fsdp2" in forecast.table(ranked) and "ruled out" in forecast.table(ranked)
 
 
 def test_plan_command_ranks_the_conf_layouts_and_says_why_not(capsys):
@@ -128,7 +128,7 @@ def test_pipeline_sequence_parallel_and_recompute_predictions():
     """pp: the largest stage's tensors, rank 0's boundary sends (M calls) and its stage's gradient all_reduce;
     tp_sp: each region's all_reduce split into an all_gather and a reduce_scatter; recompute: its own forward."""
     model = CausalTransformer(3, 1, width=16, heads=2, layers=2)
-    f = planner.model_facts(model)
+    f = forecast.model_facts(model)
     stage_sizes = []
     for stage in range(2):
         cut = CausalTransformer(3, 1, width=16, heads=2, layers=2)
@@ -136,11 +136,11 @@ def test_pipeline_sequence_parallel_and_recompute_predictions():
         stage_sizes.append(sum(p.numel() for p in cut.parameters()))
     assert sum(stage_sizes) == sum(p.numel() for p in model.parameters())
     dp_pp = Degrees("ddp", 2, 1, 1, pp=2, microbatches=2, schedule="1f1b")
-    assert planner.parameters_per_rank(f, dp_pp) == max(stage_sizes)
-    comm = planner.predict_comm(f, dp_pp, 8, 16)
+    assert forecast.parameters_per_rank(f, dp_pp) == max(stage_sizes)
+    comm = forecast.predict_comm(f, dp_pp, 8, 16)
     assert comm["send(stage activations)"] == {"bytes": 4 * 16 * 16 * 4, "rounds": 2}  # 4 windows × 16 steps × 16
     assert comm["all_reduce(stage gradients)"] == {"bytes": stage_sizes[0] * 4, "rounds": 1}
-    tp_sp = planner.predict_comm(f, Degrees("none", 1, 2, 1, sp=True), 8, 16)
+    tp_sp = forecast.predict_comm(f, Degrees("none", 1, 2, 1, sp=True), 8, 16)
     full = 8 * 16 * 16 * 4  # regions: attention and MLP of 2 blocks; all_gather hands in the half
     assert tp_sp == {"all_gather(activations)": {"bytes": 10 * full // 2, "rounds": 10},
                      "reduce_scatter(activations)": {"bytes": 4 * full, "rounds": 4},
@@ -150,15 +150,15 @@ def test_pipeline_sequence_parallel_and_recompute_predictions():
     layouts = {"pp": {"strategy": "none", "pipeline_parallel": 2, "microbatches": 4, "data_parallel": 1},
                "pp+rc": {"strategy": "none", "pipeline_parallel": 2, "microbatches": 4, "data_parallel": 1,
                          "recompute": True}}
-    shapes = planner.shard_shapes(cfg, layouts, 2)
+    shapes = forecast.shard_shapes(cfg, layouts, 2)
     # The largest stage's forward is measured, the whole window's rollout state too.
     whole, stages = ForwardShape(8, 16), ForwardShape(8, 16, stages=2)
     recomputed = ForwardShape(8, 16, stages=2, recompute=True)
     assert shapes == {whole, stages, recomputed}
     measured = {whole: (5000, 10), stages: (1000, 10), recomputed: (200, 10)}
-    by_name = {p.name: p for p in planner.plan(cfg, layouts, 2, f, measured)}
+    by_name = {p.name: p for p in forecast.plan(cfg, layouts, 2, f, measured)}
     assert by_name["pp"].memory["activations"] == 1000 and by_name["pp+rc"].memory["activations"] == 200  # GPipe
-    one_f_one_b = planner.pipeline_activations(1000, Degrees("none", 1, 1, 1, pp=2, microbatches=8, schedule="1f1b"))
+    one_f_one_b = forecast.pipeline_activations(1000, Degrees("none", 1, 1, 1, pp=2, microbatches=8, schedule="1f1b"))
     assert one_f_one_b == 250  # at most P=2 of the 8 microbatches alive on a stage
 
 

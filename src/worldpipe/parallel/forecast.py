@@ -1,4 +1,4 @@
-"""Layout planner: per-rank memory by category and per-step communication of each parallel layout, predicted.
+"""Layout forecast: per-rank memory by category and per-step communication of each parallel layout, predicted.
 
 The model is described once by :func:`model_facts` (parameter shapes, FSDP2 units, the tensor-parallel plan,
 attention widths); everything else is arithmetic on those facts and the layout's degrees:
