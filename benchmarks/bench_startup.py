@@ -6,10 +6,9 @@ group), the trainer (dataset verification, model, resume, MLflow run start, firs
 same run, each started as a fresh process on a fresh run directory of the tiny smoke config, one rank:
 
 * ``torchrun``  — the launcher spawns torchrun, which spawns the worker (``WORLDPIPE_LAUNCHER=torchrun``);
-* ``in-process`` — a single-process run trains inside the launcher (the default), the MLflow run started in the
-  background while the first steps run (the default);
-* ``in-process, sync run start`` — the same with the MLflow run started before the first step, as it used to be
-  (``WORLDPIPE_TRACKING_START=sync``): the before of the background start;
+* ``in-process`` — a single-process run trains inside the launcher (the default), the MLflow run started by the
+  tracking courier while the first steps run (the synchronous start it replaced is retired; its figures, measured
+  by this benchmark at 28d38ef, are in docs/benchmarks.md);
 * ``in-process, resume`` — the same as ``in-process``, resuming from a one-step checkpoint (trained once, untimed,
   and copied for every round);
 * ``in-process, tracking off`` — no MLflow run (``tracking.enabled=false``);
@@ -17,8 +16,8 @@ same run, each started as a fresh process on a fresh run directory of the tiny s
   random batch of the same shape. Target: in-process <= 2 s over the bare script.
 
 Contenders run in rounds whose order changes (:mod:`worldpipe.measure.contender_order`); each is summarized by the median
-over rounds. The MLflow run start of a background start is an event after the first step
-(``mlflow_run_opened``): reported, not part of the critical path.
+over rounds. The MLflow run start is an event after the first step (``mlflow_run_opened``): reported, not part
+of the critical path.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ from worldpipe.launch.local_run import LAUNCHER_ENV
 from worldpipe.measure.contender_order import median_of_means, run_rounds
 from worldpipe.measure.publish import publish_result
 from worldpipe.measure.startup import TRACE_ENV
-from worldpipe.tracking.recorder import START_ENV, SYNC_START
 
 TARGET_OVERHEAD_S = 2.0
 BARE_SCRIPT = """
@@ -64,10 +62,9 @@ sums["total"].backward()
 opt.step()
 mark("first_step_done")
 """
-# Events of the delivery thread: when they happened is reported; they end no span of the critical path (after a
-# synchronous start it is simply before the first step).
+# Events of the tracking courier: when they happened is reported; they end no span of the critical path.
 BACKGROUND_EVENTS = ("mlflow_run_opened",)
-BASELINE, CONTENDER = "in-process, sync run start", "in-process"
+CONTENDER = "in-process"
 # What each span (ending at the named event) covers.
 SPANS = {
     "launcher_start": "interpreter + CLI imports",
@@ -82,7 +79,7 @@ SPANS = {
     "dataset_verified": "dataset verification (manifest, store open, stats)",
     "model_built": "model + optimizer build",
     "resumed": "checkpointer + resume",
-    "mlflow_run_started": "MLflow run start + params + artifacts (sync start); records journaled (background)",
+    "mlflow_run_started": "MLflow records journaled (the run itself is started by the courier)",
     "first_step_done": "first training step",
 }
 
@@ -151,7 +148,6 @@ def contenders(work: Path, store: Path, manifest: Path, env: dict) -> Callable[[
             "bare script": ([sys.executable, str(bare)], {}),
             "torchrun": ([*train, "trainer.steps=1", f"run_dir={work}/torchrun-{i}"], {LAUNCHER_ENV: "torchrun"}),
             CONTENDER: ([*train, "trainer.steps=1", f"run_dir={work}/inproc-{i}"], {}),
-            BASELINE: ([*train, "trainer.steps=1", f"run_dir={work}/sync-{i}"], {START_ENV: SYNC_START}),
             "in-process, resume": ([*train, "trainer.steps=2", f"run_dir={resumed}"], {}),
             "in-process, tracking off": ([*train, "trainer.steps=1", "tracking.enabled=false",
                                           f"run_dir={work}/untracked-{i}"], {}),
@@ -162,7 +158,7 @@ def contenders(work: Path, store: Path, manifest: Path, env: dict) -> Callable[[
 
 def main(args: Namespace) -> int:
     env = {k: v for k, v in os.environ.items()
-           if k not in (TRACE_ENV, LAUNCHER_ENV, START_ENV, "MLFLOW_TRACKING_URI")}
+           if k not in (TRACE_ENV, LAUNCHER_ENV, "MLFLOW_TRACKING_URI")}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         work = Path(tmp)
         spec = DatasetSpec(name="startup", env_id="Pendulum-v1", policy="noisy_controller", episodes=16,
@@ -195,15 +191,15 @@ def summarize(results: dict[str, list[dict]], repeats: int) -> dict:
     for name, runs in results.items():
         total = median_of_means(r["first_step_done"] for r in runs)
         median_run = min(runs, key=lambda r: abs(r["first_step_done"] - total))
-        thread_events = {e: median_run[e] for e in BACKGROUND_EVENTS if e in median_run}
+        courier_events = {e: median_run[e] for e in BACKGROUND_EVENTS if e in median_run}
         report["contenders"][name] = {"first_step_s": total, "overhead_vs_bare_s": total - bare,
-                                      "breakdown_s": breakdown(median_run), "delivery_thread_events_s": thread_events,
+                                      "breakdown_s": breakdown(median_run), "courier_events_s": courier_events,
                                       "mlflow_on_critical_path_s": mlflow_span(runs),
                                       "all_runs_s": [r["first_step_done"] for r in runs], "all_runs_events_s": runs}
         print(f"{name:28s} {total:6.2f} s to first step, {total - bare:+6.2f} s vs bare script")
         for span, seconds in report["contenders"][name]["breakdown_s"].items():
             print(f"    {seconds:6.2f} s  {span}")
-        for event, at in thread_events.items():
+        for event, at in courier_events.items():
             where = "before" if at <= median_run["first_step_done"] else "after"
             print(f"    ({event} at {at:.2f} s, {where} the first step)")
     verdicts(report)
@@ -211,33 +207,24 @@ def summarize(results: dict[str, list[dict]], repeats: int) -> dict:
 
 
 def mlflow_span(runs: list[dict]) -> float | None:
-    """Median over runs of the trainer's time from resume to its MLflow records journaled (run start if sync).
-
-    The one span the background start changes, read per run: on a loaded machine it is far steadier than the
-    difference of two totals.
-    """
+    """Median over runs of the trainer's time from resume to its MLflow records journaled: what tracking puts on
+    the critical path, read per run (on a loaded machine far steadier than the difference of two totals)."""
     spans = [r["mlflow_run_started"] - r["resumed"] for r in runs if "mlflow_run_started" in r and "resumed" in r]
     return median_of_means(spans) if spans else None
 
 
 def verdicts(report: dict) -> None:
-    """Target met or not, the background start against the synchronous one, torchrun against in-process."""
+    """Target met or not, torchrun against in-process, what tracking puts on the critical path."""
     c = report["contenders"]
     inproc = c[CONTENDER]["overhead_vs_bare_s"]
     report["in_process_meets_target"] = inproc <= TARGET_OVERHEAD_S
-    report["background_start_saves_s"] = c[BASELINE]["first_step_s"] - c[CONTENDER]["first_step_s"]
-    report["sync_to_background_start_ratio"] = c[BASELINE]["first_step_s"] / c[CONTENDER]["first_step_s"]
     report["torchrun_to_in_process_ratio"] = c["torchrun"]["first_step_s"] / c[CONTENDER]["first_step_s"]
-    report["mlflow_on_critical_path_s"] = {"sync": c[BASELINE]["mlflow_on_critical_path_s"],
-                                           "background": c[CONTENDER]["mlflow_on_critical_path_s"]}
+    report["tracking_on_critical_path_s"] = c[CONTENDER]["mlflow_on_critical_path_s"]
+    report["tracking_off_saves_s"] = c[CONTENDER]["first_step_s"] - c["in-process, tracking off"]["first_step_s"]
     print(f"in-process overhead {inproc:.2f} s (target <= {TARGET_OVERHEAD_S} s): "
-          f"{'met' if report['in_process_meets_target'] else 'NOT met'}; MLflow run start in the background saves "
-          f"{report['background_start_saves_s']:.2f} s (sync/background {report['sync_to_background_start_ratio']:.2f}x,"
-          f" sync start {c[BASELINE]['overhead_vs_bare_s']:+.2f} s vs bare); torchrun/in-process "
-          f"{report['torchrun_to_in_process_ratio']:.2f}x")
-    span = report["mlflow_on_critical_path_s"]
-    print(f"MLflow on the critical path (median per run): sync start {span['sync']:.2f} s, background start "
-          f"{span['background']:.2f} s ({span['sync'] / max(span['background'], 1e-3):.0f}x less)")
+          f"{'met' if report['in_process_meets_target'] else 'NOT met'}; torchrun/in-process "
+          f"{report['torchrun_to_in_process_ratio']:.2f}x; MLflow records on the critical path (median per run) "
+          f"{report['tracking_on_critical_path_s']:.2f} s, tracking off {report['tracking_off_saves_s']:+.2f} s")
 
 
 def plot(report: dict, path: Path) -> None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from worldpipe.tracking.delivery_loop import RETRY_FIRST_S, retry_delay
+from worldpipe.tracking.delivery import RETRY_FIRST_S, retry_delay
 from worldpipe.tracking.recorder import RunRecorder
 
 
@@ -30,7 +30,8 @@ def test_records_reach_a_server_that_comes_back_mid_run(tmp_path, caplog):
     server = MlflowServer(tmp_path / "server").start()
     recorder = RunRecorder(True, server.url, "adversarial-retry", run_dir=tmp_path / "run")
     try:
-        run_id = recorder.start(None, "retry", tags={"worldpipe.test": "retry"})
+        recorder.start(None, "retry", tags={"worldpipe.test": "retry"})
+        run_id = recorder.await_run_id()
         assert run_id is not None
         server.kill()
         with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
@@ -39,7 +40,7 @@ def test_records_reach_a_server_that_comes_back_mid_run(tmp_path, caplog):
             recorder.commit(5, tags={"worldpipe.checkpoint_step": "5"})
             deadline = time.monotonic() + 120
             while not any("unreachable" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < deadline, "the delivery thread never tried the dead server"
+                assert time.monotonic() < deadline, "the courier never tried the dead server"
                 time.sleep(0.05)
         assert recorder.spool.pending(), "records must wait in the spool while the server is down"
 

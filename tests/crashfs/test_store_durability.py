@@ -174,7 +174,7 @@ def test_every_cut_of_a_dataset_build_leaves_it_sealed_and_verified_or_unsealed(
 def test_every_cut_of_the_mlflow_store_creation_leaves_no_store_or_a_whole_one(crashfs, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from worldpipe.tracking.delivery import create_sqlite_store
+    from worldpipe.tracking.connection import create_sqlite_store
 
     db = Path("results/mlflow.db")
     create_sqlite_store(crashfs.path / db)

@@ -71,7 +71,7 @@ def _ratio_fields(bench: dict) -> None:
     assert {f"knee_throughput_ratio_vs_no_batching[{name}]" for name in bench["rollout"]["settings"]} <= set(rollout)
     assert bench["startup"]["torchrun_to_in_process_ratio"] > 0
     assert all("overhead_vs_bare_s" in c for c in bench["startup"]["contenders"].values())
-    _startup_shows_sync_and_background_run_start(bench["startup"])
+    _startup_reports_each_contender_and_tracking_on_the_critical_path(bench["startup"])
     assert bench["loop"]["loop_ratio"] > 0 and bench["loop"]["steps"] == TINY["loop"]["steps"]
     assert "trainer, compiled" not in bench["loop"]["contenders"]  # no_compile: true reached the CLI
     assert "run_level_checkpoint_overhead" in bench["loop"] and "run_level_async_checkpoint_overhead" in bench["loop"]
@@ -99,12 +99,11 @@ def _ratio_fields(bench: dict) -> None:
     assert compile_["warm_over_cold_first_step"] > 0 and set(compile_["break_even_steps"]) == {"cold", "warm"}
 
 
-STARTUP_CONTENDERS = {"bare script", "torchrun", "in-process", "in-process, sync run start", "in-process, resume",
-                      "in-process, tracking off"}
+STARTUP_CONTENDERS = {"bare script", "torchrun", "in-process", "in-process, resume", "in-process, tracking off"}
 
 
-def _startup_shows_sync_and_background_run_start(report: dict) -> None:
-    # The synchronous MLflow run start (before) and the background one (after) side by side, one round each.
+def _startup_reports_each_contender_and_tracking_on_the_critical_path(report: dict) -> None:
+    # One round each; the MLflow run opened by the courier is an event after the first step, off the critical path.
     contenders = report["contenders"]
     assert set(contenders) == STARTUP_CONTENDERS
     assert len(report["machine"]["load_average"]) == 3
@@ -112,15 +111,12 @@ def _startup_shows_sync_and_background_run_start(report: dict) -> None:
         assert len(c["all_runs_s"]) == 1 and c["first_step_s"] == c["all_runs_s"][0], name
         # The breakdown's spans add up to the time to the first step of the run it describes.
         assert sum(c["breakdown_s"].values()) == pytest.approx(c["first_step_s"]), name
-    for name in ("in-process", "in-process, sync run start"):
-        assert contenders[name]["mlflow_on_critical_path_s"] is not None
-        assert "mlflow_run_opened" in contenders[name]["delivery_thread_events_s"], name
-    assert "mlflow_run_opened" not in contenders["in-process, tracking off"]["delivery_thread_events_s"]
-    assert report["mlflow_on_critical_path_s"] == {
-        "sync": contenders["in-process, sync run start"]["mlflow_on_critical_path_s"],
-        "background": contenders["in-process"]["mlflow_on_critical_path_s"]}
-    assert report["background_start_saves_s"] == pytest.approx(
-        contenders["in-process, sync run start"]["first_step_s"] - contenders["in-process"]["first_step_s"])
+    assert contenders["in-process"]["mlflow_on_critical_path_s"] is not None
+    assert "mlflow_run_opened" in contenders["in-process"]["courier_events_s"]
+    assert "mlflow_run_opened" not in contenders["in-process, tracking off"]["courier_events_s"]
+    assert report["tracking_on_critical_path_s"] == contenders["in-process"]["mlflow_on_critical_path_s"]
+    assert report["tracking_off_saves_s"] == pytest.approx(
+        contenders["in-process"]["first_step_s"] - contenders["in-process, tracking off"]["first_step_s"])
 
 
 def _comm_agrees_with_its_exact_models(comm: dict) -> None:

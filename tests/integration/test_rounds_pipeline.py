@@ -92,7 +92,7 @@ def test_the_lineage_shows_in_data_info_and_in_mlflow(rounds, env_with_venv):
     assert summary["rounds"][1]["lineage"]["collector"]["mlflow_run_id"] == summary["rounds"][0]["mlflow_run_id"]
     assert (summary_file.parent / "return_vs_round.png").stat().st_size > 0
 
-    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.connection import client_for
 
     client = client_for(_uri(project))
     parent = client.get_run(summary["mlflow_parent_run_id"])

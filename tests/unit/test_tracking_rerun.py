@@ -1,8 +1,8 @@
-"""Rerun checks without training: code drift, the verdict of a comparison, recovery of a lost server."""
+"""Rerun checks without training: code drift, the verdict of a comparison, a lost server that comes back."""
 
 from __future__ import annotations
 
-import socket
+import logging
 import time
 from types import SimpleNamespace
 
@@ -69,26 +69,33 @@ def test_comparison_verdicts(sqlite_uri):
     assert not digest_only.identical and "digest" in digest_only.message
 
 
-def test_recorder_replays_in_the_background_when_the_server_answers_again(tmp_path, sqlite_uri, caplog):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    recorder = RunRecorder(True, dead, "recovery", run_dir=tmp_path, retry_s=0.5)
-    recorder.start(None, "recovery", {})
-    recorder.add_metrics(1, {"x": 1.0}, 1)
-    recorder.stage(1)
-    recorder.commit(1)  # returns at once: delivery is the background thread's job
-    assert recorder.run_id is None and "unreachable" in caplog.text
-    recorder.uri = sqlite_uri  # the server is back
-    deadline = time.monotonic() + 60
-    while "reachable again" not in caplog.text:
-        assert time.monotonic() < deadline, "the background thread never replayed the spool"
-        time.sleep(0.1)
-    assert recorder.run_id is not None
-    recorder.add_metrics(2, {"x": 2.0}, 2)
-    recorder.stage(2)
-    recorder.commit(2)
-    recorder.end()
-    history = MlflowClient(sqlite_uri).get_metric_history(recorder.run_id, "x")
-    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0)]
-    assert MlflowClient(sqlite_uri).get_run(recorder.run_id).info.status == "FINISHED"
+@pytest.mark.integration
+def test_the_courier_replays_on_its_own_when_the_server_answers_again(tmp_path, caplog):
+    from integration.mlflow_support import MlflowServer
+
+    server = MlflowServer(tmp_path / "server")  # not started yet: nothing listens on its port
+    recorder = RunRecorder(True, server.url, "recovery", run_dir=tmp_path / "run", retry_s=0.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
+            recorder.start(None, "recovery", {})
+            recorder.add_metrics(1, {"x": 1.0}, 1)
+            recorder.stage(1)
+            recorder.commit(1)  # returns at once: delivery is the courier's job
+            assert recorder.await_run_id() is None and "unreachable" in caplog.text
+            server.start()  # the server is back; nobody runs `worldpipe tracking sync`
+            deadline = time.monotonic() + 120
+            while "reachable again" not in caplog.text:
+                assert time.monotonic() < deadline, "the courier never replayed the spool"
+                time.sleep(0.1)
+        run_id = recorder.run_id
+        assert run_id is not None
+        recorder.add_metrics(2, {"x": 2.0}, 2)
+        recorder.stage(2)
+        recorder.commit(2)
+        recorder.end()
+        client = MlflowClient(server.url)
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "x")) == [(1, 1.0), (2, 2.0)]
+        assert client.get_run(run_id).info.status == "FINISHED"
+    finally:
+        recorder.abandon()  # nothing left to stop after end(); the courier, if the test failed before it
+        server.kill()

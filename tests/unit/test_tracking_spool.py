@@ -1,18 +1,22 @@
-"""The durable spool and its replay into a real MLflow SQLite backend: nothing lost, nothing duplicated."""
+"""The durable spool and its replay into a real MLflow SQLite backend: nothing lost, nothing duplicated.
+
+Every recorder delivers as training does, through its courier (a real child process); an unreachable server is a
+127.0.0.1 port nothing listens on."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from processes import wait_gone
 from worldpipe.cli import main as cli_main
 from worldpipe.tracking import spool as spool_module
-from worldpipe.tracking.delivery import RECORD_KEY_TAG, deliver, metric_fate
-from worldpipe.tracking.delivery_loop import DeliveryLoop
+from worldpipe.tracking.delivery import RECORD_KEY_TAG, DeliveryLoop, deliver, metric_fate
 from worldpipe.tracking.history import duplicate_steps, histories
 from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.recorder import RunRecorder
@@ -81,16 +85,27 @@ def test_metric_fate_rules():
     assert metric_fate([staged], 0, lambda gate: False) == "void"
 
 
-def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_path, dead_uri, sqlite_uri, caplog):
+def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_path, dead_uri, sqlite_uri, caplog,
+                                                                         capsys):
     run_dir = tmp_path / "run"
-    recorder = RunRecorder(True, dead_uri, "spool-offline", run_dir=run_dir)
-    assert recorder.start(None, "offline", {"worldpipe.seed": "0"}, checkpoint_dir=str(run_dir / "ckpt")) is None
-    assert "unreachable" in caplog.text and "worldpipe tracking sync" in caplog.text
-    long = "z" * (MAX_PARAM_VALUE_LENGTH + 10)
-    recorder.log_params({"trainer.steps": 40, "model.name": "rssm", "notes": long})
-    _simulate(recorder, range(1, 41), every=10)
-    recorder.end("FINISHED")
+    with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
+        recorder = RunRecorder(True, dead_uri, "spool-offline", run_dir=run_dir)
+        assert recorder.start(None, "offline", {"worldpipe.seed": "0"}, checkpoint_dir=str(run_dir / "ckpt")) is None
+        assert recorder.await_run_id() is None  # tried: the courier met the dead server
+        long = "z" * (MAX_PARAM_VALUE_LENGTH + 10)
+        recorder.log_params({"trainer.steps": 40, "model.name": "rssm", "notes": long})
+        _simulate(recorder, range(1, 41), every=10)
+        recorder.end("FINISHED")
+    # The courier's warning, logged in this process under the same logger, once for the whole outage.
+    unreachable = [r for r in caplog.records if "is unreachable" in r.getMessage()]
+    assert len(unreachable) == 1 and "worldpipe tracking sync" in unreachable[0].getMessage()
+    assert unreachable[0].name == "worldpipe.tracking"
+    assert any("still spooled" in r.getMessage() for r in caplog.records)
     assert recorder.run_id is None and len(Spool(run_dir).pending()) > 10
+    assert cli_main(["tracking", "status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"pending: {len(Spool(run_dir).pending())}" in out and "open" in out
+    assert json.loads((run_dir / "tracking" / "state.json").read_text())["acked"] == 0
 
     assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
     state = Spool(run_dir).state()
@@ -144,11 +159,13 @@ def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
     straight.end()
 
     crashed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
-    run_id = crashed.start(None, "crashed", {})
+    crashed.start(None, "crashed", {})
+    run_id = crashed.await_run_id()
     # Steps 21..30 are staged but checkpoint 30 never became durable; 31..33 were only in memory.
     _simulate(crashed, range(1, 34), every=10, crash_after_stage=30)
-    crashed._stop_thread()  # the process died: no delivery thread, no live writer
-    crashed.spool.release_active()
+    courier = crashed.courier_pid
+    crashed.abandon()  # the process died: its courier's control pipe closed, no live writer
+    assert not wait_gone({courier}), "the courier outlived its abandoned segment"
     resumed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
     assert resumed.start(run_id, "crashed", {}, resume_step=20) == run_id
     _simulate(resumed, range(21, 41), every=10, ts=1000)  # recomputed: same values, later timestamps
@@ -162,7 +179,8 @@ def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
 
 def test_changed_param_on_resume_is_recorded_as_tag(tmp_path, sqlite_uri):
     recorder = RunRecorder(True, sqlite_uri, "spool-params", run_dir=tmp_path)
-    run_id = recorder.start(None, "params", {})
+    recorder.start(None, "params", {})
+    run_id = recorder.await_run_id()
     recorder.log_params({"trainer.steps": 40, "seed": 0})
     recorder.end()
     again = RunRecorder(True, sqlite_uri, "spool-params", run_dir=tmp_path)
@@ -173,16 +191,6 @@ def test_changed_param_on_resume_is_recorded_as_tag(tmp_path, sqlite_uri):
     assert run.data.params == {"trainer.steps": "40", "seed": "0", "new.key": "x"}
     assert run.data.tags["worldpipe.changed.trainer.steps"] == "80"
     assert "worldpipe.changed.seed" not in run.data.tags
-
-
-def test_status_command_lists_pending_records(tmp_path, dead_uri, capsys):
-    recorder = RunRecorder(True, dead_uri, "spool-status", run_dir=tmp_path)
-    recorder.start(None, "status", {})
-    recorder.spool.release_active()
-    assert cli_main(["tracking", "status", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "pending: 1" in out and "open" in out
-    assert json.loads((tmp_path / "tracking" / "state.json").read_text())["acked"] == 0
 
 
 @pytest.mark.parametrize("published", [True, False])
@@ -198,8 +206,7 @@ def test_sync_decides_a_dead_writers_staged_metrics_by_its_checkpoints(tmp_path,
     recorder.stage(10)
     if published:  # the checkpoint became durable, the process died before journaling the commit
         CheckpointManager(str(ckpt_dir)).save(10, example_state())
-    recorder._stop_thread()
-    recorder.spool.release_active()
+    recorder.abandon()
 
     assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri, "--mark-killed"]) == 0
     run_id = Spool(run_dir).state()["run_id"]
@@ -213,19 +220,24 @@ def test_next_successful_start_replays_what_an_offline_segment_spooled(tmp_path,
     offline = RunRecorder(True, dead_uri, "spool-next-start", run_dir=tmp_path)
     offline.start(None, "segments", {})
     offline.log_params({"seed": 0})
-    _simulate(offline, range(1, 21), every=10)
-    offline._stop_thread()  # preempted/crashed without reaching the server
-    offline.spool.release_active()
+    _simulate(offline, range(1, 24), every=10)  # checkpoints 10 and 20 durable; 21..23 only in memory
+    assert offline.await_run_id() is None
+    offline.abandon()  # preempted/crashed without reaching the server: the run was never created
+    assert Spool(tmp_path).state()["run_id"] is None
 
     online = RunRecorder(True, sqlite_uri, "spool-next-start", run_dir=tmp_path)
-    run_id = online.start(None, "segments", {}, resume_step=20)  # the checkpoint held no run id
-    assert run_id is not None
+    online.start(None, "segments", {}, resume_step=20)  # the checkpoint held no run id
     _simulate(online, range(21, 41), every=10)
+    run_id = online.await_run_id()
+    assert run_id is not None
     online.end()
     client = MlflowClient(sqlite_uri)
+    experiment = client.get_experiment_by_name("spool-next-start")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
     history = histories(client, run_id)
     assert [s for s, _, _ in history["lr"]] == list(range(1, 41)) and not duplicate_steps(history)
     assert client.get_run(run_id).data.params == {"seed": "0"}
+    assert len(client.list_artifacts(run_id, "checkpoints")) == 4
 
 
 def test_the_run_start_is_reported_once_its_open_record_is_acknowledged_not_after_the_batch(tmp_path, sqlite_uri):

@@ -14,11 +14,11 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from worldpipe.tracking.delivery import SCRATCH_STORE, create_sqlite_store
+from worldpipe.tracking.connection import SCRATCH_STORE, create_sqlite_store
 
 pytestmark = pytest.mark.slow  # imports MLflow in a child process: seconds
 
-CREATE = "import sys; from pathlib import Path; from worldpipe.tracking.delivery import create_sqlite_store; " \
+CREATE = "import sys; from pathlib import Path; from worldpipe.tracking.connection import create_sqlite_store; " \
          "create_sqlite_store(Path(sys.argv[1]))"
 
 

@@ -38,7 +38,7 @@ def _summarize(args) -> int:
         raise UsageError(f"--rounds-json: not JSON ({err}); the pipeline's summarize_rounds rule writes it") from None
     summary = summarize_rounds(records)
     if args.tracking_uri != "":
-        from worldpipe.tracking.history import client_for
+        from worldpipe.tracking.connection import client_for
         from worldpipe.tracking.rounds_runs import record_rounds
 
         summary["mlflow_parent_run_id"] = record_rounds(client_for(args.tracking_uri), args.mlflow_experiment,

@@ -53,7 +53,7 @@ def _points(args) -> int:
 def _open(args) -> int:
     from worldpipe.core.atomic import write_text_atomic
     from worldpipe.pipeline.sweep import SweepError, expand_sweep, swept_keys
-    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.connection import client_for
     from worldpipe.tracking.sweep_runs import open_parent_run
 
     try:
@@ -83,7 +83,7 @@ def _parent_link(client, run_id: str) -> str:
 def _summarize(args) -> int:
     from worldpipe.pipeline.sweep import SweepError
     from worldpipe.tracking.comparison import DEFAULT_METRIC, TRAINING_METRICS
-    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.connection import client_for
     from worldpipe.tracking.sweep_runs import summarize_sweep
 
     parent = _record("--parent", args.parent, "`worldpipe sweep open --out` writes it")
@@ -109,7 +109,7 @@ def _record(option: str, path: str, writer: str) -> dict:
 
 
 def _link(args) -> int:
-    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.connection import client_for
     from worldpipe.tracking.sweep_runs import link_point
 
     parent = _record("--parent", args.parent, "`worldpipe sweep open --out` writes it")

@@ -150,7 +150,7 @@ def _compare(args) -> int:
         resolve,
         run_ids_of,
     )
-    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.connection import client_for
 
     if args.as_json and args.as_csv:
         raise ComparisonError("--json and --csv exclude each other")

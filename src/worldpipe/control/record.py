@@ -8,9 +8,8 @@ from typing import Any
 from worldpipe.checkpoint.layout import step_identity
 from worldpipe.evaluate.logged_model import find_logged_model
 from worldpipe.evaluate.record import recorded_run_id
+from worldpipe.tracking.connection import fail_fast_over_http, resolve_tracking_uri
 from worldpipe.tracking.control import log_control
-from worldpipe.tracking.courier import fail_fast_over_http
-from worldpipe.tracking.recorder import resolve_tracking_uri
 
 log = logging.getLogger("worldpipe.control")
 

@@ -19,11 +19,10 @@ from worldpipe.checkpoint import CheckpointManager, state_digest
 from worldpipe.config.paths import COMPLETION_RECORD
 from worldpipe.data.manifest import load_manifest
 from worldpipe.evaluate.logged_model import ModelRecord, log_world_model
-from worldpipe.tracking.courier import fail_fast_over_http
+from worldpipe.tracking.connection import fail_fast_over_http, resolve_tracking_uri
 from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
 from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation, log_model_evaluation
 from worldpipe.tracking.links import model_url, run_url
-from worldpipe.tracking.recorder import resolve_tracking_uri
 
 log = logging.getLogger("worldpipe.evaluate.open_loop")
 MODELS_SCHEME = "models:/"  # a logged model's URI: models:/<model id>

@@ -19,8 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from worldpipe.core.atomic import makedirs_durably, write_text_atomic
+from worldpipe.tracking.connection import resolve_tracking_uri
 from worldpipe.tracking.courier import start_early
-from worldpipe.tracking.recorder import courier_wanted, resolve_tracking_uri
 from worldpipe.trainer.preemption import EXIT_PREEMPTED
 
 LAUNCHER_ENV = "WORLDPIPE_LAUNCHER"
@@ -47,7 +47,7 @@ def start_courier_early(cfg: DictConfig) -> None:
     """Start the run's tracking courier now, before torch loads, in the process that will hold its recorder (the
     one-process launcher, or rank 0's torchrun worker): MLflow's import and store then overlap the trainer's
     start-up, and the run exists by the first checkpoint (which names it) instead of holding that checkpoint up."""
-    if cfg.tracking.enabled and courier_wanted():
+    if cfg.tracking.enabled:
         start_early(cfg.run_dir, resolve_tracking_uri(cfg.tracking.uri), cfg.tracking.system_metrics_interval_s,
                     cfg.tracking.system_metrics_samples_before_logging)
 

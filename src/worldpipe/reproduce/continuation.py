@@ -25,8 +25,8 @@ from worldpipe.reproduce.launching import (
     training_config,
 )
 from worldpipe.reproduce.rerun import EXIT_ERROR
-from worldpipe.tracking.history import RecordError, client_for, load_recorded_run, read_artifact
-from worldpipe.tracking.recorder import resolve_tracking_uri
+from worldpipe.tracking.connection import client_for, resolve_tracking_uri
+from worldpipe.tracking.history import RecordError, load_recorded_run, read_artifact
 from worldpipe.tracking.records import CHECKPOINT_ARTIFACT_DIR
 
 

@@ -40,15 +40,14 @@ from worldpipe.reproduce.launching import (
     rebuilt_of,
     training_config,
 )
+from worldpipe.tracking.connection import client_for, resolve_tracking_uri
 from worldpipe.tracking.history import (
     RecordError,
-    client_for,
     first_difference,
     histories,
     largest_relative_difference,
     load_recorded_run,
 )
-from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS, numerics_from_tags
 
 # The CLI's exit statuses (worldpipe.core.errors), by what a rerun concludes.

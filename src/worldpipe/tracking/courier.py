@@ -1,32 +1,22 @@
-"""The courier: a child process that delivers a training run's records to MLflow and samples the host's system
-metrics, so that the training process never imports MLflow nor runs a delivery or sampling thread.
+"""The courier: the child process that delivers a training run's records to MLflow and samples the host's system
+metrics, so the training process never imports MLflow nor runs a delivery or sampling thread (their GIL time
+slowed its first steps: docs/benchmarks.md). It replays the durable journal (:mod:`worldpipe.tracking.spool`) as
+``worldpipe tracking sync`` does, continuously, for one segment (:class:`~worldpipe.tracking.delivery.DeliveryLoop`).
+Started ahead of its segment (by the recorder, or before torch loads by the launcher: :func:`start_early`), it
+imports MLflow, opens the store and waits until the recorder, having journaled the segment's ``open``, wakes it.
 
-Importing MLflow, creating its store and the run, and sampling the host took seconds of the training process's
-GIL at its start (a py-spy ``--gil`` profile of a smoke run: the sampler and delivery threads held it for ~1800
-samples; the first half of the run paid 11.6 ms/step against 6.2 ms steady). The records were already durable in
-the spool journal before any delivery saw them (:mod:`worldpipe.tracking.spool`), and ``worldpipe tracking sync``
-already delivers a journal from another process; the courier does the same, continuously, for one segment of a
-run (:class:`~worldpipe.tracking.delivery_loop.DeliveryLoop`: wake-ups, retries with backoff, one warning per
-outage).
+Control, parent -> courier, one byte each on its stdin: ``w`` records were appended (never blocking: a wake-up
+already waiting is enough), ``s`` the segment ends (log the last system sample), ``x`` deliver everything (the
+``end`` record is journaled), report, exit. End of file, or another parent PID (checked every second, in case a
+child forked by the parent holds the pipe), is the parent's death (``kill -9`` included): the courier exits after
+the delivery in flight. Replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on
+stdout): ``tried`` (the segment's ``open`` record was tried: a run id, if any, is in the spool's ``state.json``),
+``opened`` (the run exists), ``log`` (re-emitted by the parent under the same logger), ``done`` (the final report).
 
-Between the two processes (the parent's side is :class:`Courier`):
-
-- control, parent -> courier, on the courier's stdin: one byte each — ``w`` records were appended (one write per
-  append batch, never blocking: a wake-up already waiting is enough), ``s`` the segment ends (take the last system
-  sample, log it, stop sampling), ``x`` deliver everything (the ``end`` record is journaled by then), report,
-  exit. End of file is the parent's death (``kill -9`` included): the courier exits after the delivery in
-  flight, if any; it also checks ``os.getppid()`` every second, in case a child forked by the parent holds the
-  pipe's write end.
-- replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on stdout): ``tried`` (a
-  delivery has tried the segment's ``open`` record: the run id, if any, is in the spool's ``state.json``),
-  ``opened`` (the run exists), ``log`` (a log record, re-emitted by the parent under the same logger, so warnings
-  read as before), ``done`` (the final delivery's report).
-
-The courier runs in the parent's process group (``kill -9`` of the group ends it too), at the parent's CPU
-priority until the run start has been tried (the first checkpoint waits for it) and at nice +10 after that,
-ignores SIGINT and SIGTERM (the parent, which answers them with a checkpoint, says when the courier ends), and is
-started with ``subprocess`` (no fork of a torch-loaded process). Its PID is recorded in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops
-and reaps it by that PID.
+The courier runs in the parent's process group, at its CPU priority until the run start has been tried (the first
+checkpoint waits for it) and at nice +10 after, ignores SIGINT and SIGTERM (the parent, which answers them with a
+checkpoint, says when it ends), and is started with ``subprocess`` (no fork of a torch-loaded process). Its PID is
+in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops and reaps it by that PID.
 """
 
 from __future__ import annotations
@@ -47,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from worldpipe.core.atomic import write_text_atomic
-from worldpipe.tracking.delivery import tracking_client
-from worldpipe.tracking.delivery_loop import DeliveryLoop
+from worldpipe.tracking.connection import fail_fast_over_http, tracking_client
+from worldpipe.tracking.delivery import DeliveryLoop
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
@@ -58,24 +48,25 @@ MODULE = "worldpipe.tracking.courier"
 # started before its parent imported torch (early enough for MLflow's import to overlap torch's).
 RECORD_NAME = "courier.json"
 WAKE, STOP_SAMPLING, FINISH = b"w", b"s", b"x"
-# Once the run start has been tried, the courier steps below the training process (nice +10): what is left
-# (deliveries, system samples) is never waited for before the end. The start itself keeps the parent's priority:
-# the first checkpoint waits for it, and at nice +10 on a busy 2-core machine it came 10-15 s later.
-NICE = 10
+NICE = 10  # after the start: what is left is never waited for before the end (docs/benchmarks.md compares both)
 PARENT_POLL_S = 1.0  # how often an idle courier checks that its parent is alive (besides the pipe's end of file)
 EXIT_WAIT_S = 10.0  # how long a courier that has reported may take to exit before it is killed
+
+
+def _ignore() -> None:
+    """Whom a courier's replies tell until a recorder takes it (:meth:`Courier.report_to`)."""
 
 
 class Courier:
     """The training process's handle on its courier: wake it, end its segment, stop and reap it by PID."""
 
-    def __init__(self, proc: subprocess.Popen, replies: int, record: os.PathLike,
-                 on_tried: Callable[[], None], on_opened: Callable[[], None]):
+    def __init__(self, proc: subprocess.Popen, replies: int, record: os.PathLike):
         self._proc = proc
         self._control: int | None = proc.stdin.fileno()
         os.set_blocking(self._control, False)
         self._record = record
-        self._on_tried, self._on_opened = on_tried, on_opened
+        self._on_tried: Callable[[], None] = _ignore
+        self._on_opened: Callable[[], None] = _ignore
         self._report: dict[str, Any] | None = None
         self._done = threading.Event()  # the final report arrived, or the courier is gone
         # Blocks in os.read (no GIL held) until the courier writes; a handful of lines per segment.
@@ -84,22 +75,16 @@ class Courier:
         self._reader.start()
 
     @classmethod
-    def start(cls, spool: Spool, uri: str, open_seq: int | None, resume: bool, retry_s: float,
-              system_metrics_s: float, system_metrics_samples: int, on_tried: Callable[[], None],
-              on_opened: Callable[[], None]) -> Courier:
-        """Start the courier of the segment opened by journal record ``open_seq`` (raises OSError if it cannot).
-
-        ``open_seq`` None: started ahead of its segment, while the trainer sets up: it imports MLflow, then waits for
-        its first wake-up (sent once the segment's ``open`` record is journaled) and delivers that segment.
-        """
+    def start(cls, spool: Spool, uri: str, retry_s: float, system_metrics_s: float,
+              system_metrics_samples: int) -> Courier:
+        """Start a courier for the run of ``spool`` (raises OSError if no process can be started): it imports
+        MLflow, then waits for its first wake-up, sent once its segment's ``open`` record is journaled."""
         replies, reply_end = os.pipe()
         argv = [sys.executable, "-m", MODULE, "--run-dir", str(spool.run_dir), "--uri", uri,
                 "--parent", str(os.getpid()), "--reply-fd", str(reply_end),
                 "--retry-s", str(retry_s), "--system-metrics-s", str(system_metrics_s or 0.0),
                 "--system-metrics-samples", str(system_metrics_samples),
-                "--log-level", str(logging.getLogger().getEffectiveLevel())] + (["--resume"] if resume else [])
-        if open_seq is not None:
-            argv += ["--open-seq", str(open_seq)]
+                "--log-level", str(logging.getLogger().getEffectiveLevel())]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(reply_end,))
         except BaseException:
@@ -110,13 +95,10 @@ class Courier:
         record = spool.dir / RECORD_NAME
         write_text_atomic(record, json.dumps({"pid": proc.pid, "parent_pid": os.getpid(),
                                               "before_torch": "torch" not in sys.modules}))
-        courier = cls(proc, replies, record, on_tried, on_opened)
-        if open_seq is not None:
-            courier.wake()  # the open record is waiting
-        return courier
+        return cls(proc, replies, record)
 
     def report_to(self, on_tried: Callable[[], None], on_opened: Callable[[], None]) -> None:
-        """Whom its replies tell (a courier started early replies only once woken, after its recorder adopted it)."""
+        """Whom its replies tell (it replies only once woken, after its recorder took it)."""
         self._on_tried, self._on_opened = on_tried, on_opened
 
     @property
@@ -157,12 +139,8 @@ class Courier:
     def _send(self, byte: bytes) -> None:
         if self._control is None:
             return  # reaped: its descriptor number may belong to another file by now
-        try:
+        with contextlib.suppress(OSError):  # a full pipe holds wake-ups enough; a gone courier: finish() notices
             os.write(self._control, byte)
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups the courier has not read yet: it will deliver anyway
-        except (BrokenPipeError, ValueError, OSError):
-            pass  # the courier is gone: finish() notices; the records wait in the journal
 
     def _reap(self, kill: bool = False, wait_s: float = 0.0) -> None:
         """Wait for the courier's exit (killing it by PID if asked, or if it outstays ``wait_s``), then forget it."""
@@ -186,14 +164,19 @@ class Courier:
     def _read_replies(self, fd: int) -> None:
         buffer = b""
         try:
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    self._handle(json.loads(line))
+            while chunk := os.read(fd, 65536):
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for message in map(json.loads, lines):
+                    if "log" in message:
+                        name, level, text = message["log"]
+                        logging.getLogger(name).log(level, "%s", text)
+                    elif "tried" in message:
+                        self._on_tried()
+                    elif "opened" in message:
+                        self._on_opened()
+                    elif "done" in message:
+                        self._report = message["done"]
+                        self._done.set()
         except Exception as err:  # noqa: BLE001 - a garbled reply must not kill the training process
             log.warning("tracking courier: unreadable reply (%s)", err)
         finally:
@@ -201,84 +184,48 @@ class Courier:
             self._on_tried()  # nobody waits for a run start the courier can no longer report
             self._done.set()
 
-    def _handle(self, message: dict[str, Any]) -> None:
-        if "log" in message:
-            name, level, text = message["log"]
-            logging.getLogger(name).log(level, "%s", text)
-        elif "tried" in message:
-            self._on_tried()
-        elif "opened" in message:
-            self._on_opened()
-        elif "done" in message:
-            self._report = message["done"]
-            self._done.set()
 
-
-# Couriers started by the launcher before the trainer exists (one per run directory and URI): the recorder of that
-# run adopts its own (:func:`adopt_early`), any other is abandoned then.
+# Couriers started before the trainer exists (one per run directory and URI): the recorder of that run takes its
+# own (:func:`adopt_early`), any other is abandoned then.
 _EARLY: dict[tuple[str, str], Courier] = {}
 
 
 def start_early(run_dir: str | os.PathLike, uri: str, system_metrics_s: float, system_metrics_samples: int,
                 retry_s: float = 30.0) -> None:
-    """Start a run's courier now, ahead of its trainer (a one-process run's launcher, before torch loads): MLflow's
-    import and store then overlap the trainer's own start-up. A courier that cannot start is left to the recorder."""
+    """Start a run's courier now, ahead of its trainer (a one-process run's launcher, rank 0's worker; before
+    torch loads): MLflow's import and store then overlap the trainer's own start-up. A courier that cannot start
+    is left to the recorder."""
     with contextlib.suppress(OSError):
-        _EARLY[(str(Path(run_dir).resolve()), uri)] = Courier.start(
-            Spool(run_dir), uri, None, False, retry_s, system_metrics_s, system_metrics_samples,
-            on_tried=lambda: None, on_opened=lambda: None)
+        _EARLY[(str(Path(run_dir).resolve()), uri)] = Courier.start(Spool(run_dir), uri, retry_s, system_metrics_s,
+                                                                    system_metrics_samples)
 
 
-def adopt_early(run_dir: str | os.PathLike, uri: str, on_tried: Callable[[], None],
-                on_opened: Callable[[], None]) -> Courier | None:
-    """The courier :func:`start_early` started for this run (its replies now go to the recorder), if any."""
+def adopt_early(run_dir: str | os.PathLike, uri: str) -> Courier | None:
+    """The courier :func:`start_early` started for this run, if any and still alive."""
     courier = _EARLY.pop((str(Path(run_dir).resolve()), uri), None)
     for other in _EARLY.values():  # started for another run or URI: never used
         other.abandon()
     _EARLY.clear()
-    if courier is None or not courier.alive():
-        return None
-    courier.report_to(on_tried, on_opened)
-    return courier
-
-
-# A delivery must not stall for minutes on an unreachable server (MLflow's defaults retry 7 times with
-# exponential backoff and wait 120 s per request): records are spooled, so fail fast and retry later.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
-
-
-def fail_fast_over_http() -> None:
-    """Make this process's MLflow HTTP calls give up in seconds on an unreachable server (unless the user set
-    the MLflow variables): every caller either spools what it could not deliver or reports it in one line.
-    Every courier applies it to itself, however early it was started."""
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    return courier if courier is not None and courier.alive() else None
 
 
 # ---- the courier process ----
-class _Replies:
-    """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread."""
+class _Replies(logging.Handler):
+    """JSON lines to the parent, one write each (atomic below PIPE_BUF), from any thread; log records among them."""
 
     def __init__(self, fd: int):
-        self._fd, self._lock = fd, threading.Lock()
+        super().__init__()
+        self._fd = fd
 
     def send(self, **message: Any) -> None:
-        data = (json.dumps(message) + "\n").encode()
-        with self._lock, contextlib.suppress(OSError):  # a dead parent reads nothing
-            view = memoryview(data)
+        view = memoryview((json.dumps(message) + "\n").encode())
+        with self.lock, contextlib.suppress(OSError):  # a dead parent reads nothing
             while view:
                 view = view[os.write(self._fd, view):]
 
-
-class _ForwardLogs(logging.Handler):
-    def __init__(self, replies: _Replies):
-        super().__init__()
-        self._replies = replies
-
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._replies.send(log=[record.name, record.levelno, record.getMessage()])
+            self.send(log=[record.name, record.levelno, record.getMessage()])
         except Exception:  # noqa: BLE001 - logging must not raise
             self.handleError(record)
 
@@ -287,7 +234,6 @@ class _Control:
     """The parent's bytes on stdin, read between deliveries."""
 
     def __init__(self, parent: int, on_stop_sampling: Callable[[], None]):
-        self._fd = sys.stdin.fileno()
         self._parent = parent
         self._on_stop_sampling = on_stop_sampling
         self.finishing = False  # ``x``: deliver everything and exit
@@ -302,26 +248,18 @@ class _Control:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = PARENT_POLL_S if deadline is None else min(PARENT_POLL_S, max(0.0, deadline - time.monotonic()))
-            ready, _, _ = select.select([self._fd], [], [], left)
-            if ready:
-                self._read()
+            if select.select([sys.stdin], [], [], left)[0]:
+                data = os.read(sys.stdin.fileno(), 65536)
+                self.woken, self.orphaned = True, self.orphaned or not data
+                if STOP_SAMPLING in data:
+                    self._on_stop_sampling()
+                self.finishing = self.finishing or FINISH in data
                 return
             if os.getppid() != self._parent:
                 self.orphaned = True
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 return
-
-    def _read(self) -> None:
-        data = os.read(self._fd, 65536)
-        if not data:
-            self.orphaned = True
-            return
-        self.woken = True
-        if STOP_SAMPLING in data:
-            self._on_stop_sampling()
-        if FINISH in data:
-            self.finishing = True
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -330,9 +268,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--uri", required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--reply-fd", type=int, required=True)
-    parser.add_argument("--open-seq", type=int, help="the segment's open record (default: the journal's newest, "
-                        "read at the first wake-up: a courier started ahead of its segment)")
-    parser.add_argument("--resume", action="store_true")
     parser.add_argument("--retry-s", type=float, default=30.0)
     parser.add_argument("--system-metrics-s", type=float, default=0.0)
     parser.add_argument("--system-metrics-samples", type=int, default=1)
@@ -341,13 +276,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def serve(argv: list[str] | None = None) -> int:
-    """The courier's life: deliver on wake-ups until told to finish (report, exit) or orphaned (exit)."""
+    """The courier's life: wait for its segment, deliver on wake-ups until told to finish (report, exit) or
+    orphaned (exit)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     fail_fast_over_http()  # the launcher may have started us before the recorder set them in its own process
     replies = _Replies(args.reply_fd)
-    root = logging.getLogger()
-    root.addHandler(_ForwardLogs(replies))
-    root.setLevel(args.log_level)
+    logging.getLogger().addHandler(replies)
+    logging.getLogger().setLevel(args.log_level)
     if os.getppid() != args.parent:
         return 0  # the parent died before we started
     # The parent decides when the courier ends (``x``, or its own end): a Ctrl-C or a SIGTERM sent to the whole
@@ -363,35 +298,25 @@ def serve(argv: list[str] | None = None) -> int:
     spool = Spool(args.run_dir)
     loop = DeliveryLoop(spool, args.uri, args.retry_s, on_tried=tried, on_opened=lambda: replies.send(opened=True))
     control = _Control(args.parent, loop.stop_sampling)
-    if args.open_seq is None:
-        # Started ahead of its segment: MLflow's import and store (seconds of CPU) overlap the trainer's set-up
-        # instead of its first steps; the segment is the newest open record once the parent wakes us.
-        with contextlib.suppress(Exception):  # a store that cannot be opened is the delivery's to report
-            tracking_client(args.uri)
-        while not (control.woken or control.stopping()):
-            control.wait(None)
-        opened = [record for record in spool.records() if record.get("op") == "open"]
-        if control.stopping() or not opened:
-            return 0  # never used (the parent ended before its segment began): nothing to deliver
-        args.open_seq, args.resume = opened[-1]["seq"], int(opened[-1].get("resume_step") or 0) > 0
-    loop.begin(args.open_seq, args.resume, args.system_metrics_s, args.system_metrics_samples)
-    first = {"due": control.woken}  # the wake-up that named the segment asks for its first delivery
-
-    def wait(timeout: float | None) -> None:
-        if not first.pop("due", False):
-            control.wait(timeout)
-
-    loop.run(wait, control.stopping)
+    # MLflow's import and store (seconds of CPU) overlap the trainer's set-up instead of its first steps.
+    with contextlib.suppress(Exception):  # a store that cannot be opened is the delivery's to report
+        tracking_client(args.uri)
+    while not (control.woken or control.orphaned):
+        control.wait(None)
+    opened = [record for record in spool.records() if record.get("op") == "open"]
+    if control.orphaned or not opened:
+        return 0  # never given a segment: nothing to deliver
+    loop.begin(opened[-1]["seq"], int(opened[-1].get("resume_step") or 0) > 0, args.system_metrics_s,
+               args.system_metrics_samples)
+    while not control.stopping():
+        if loop.due():  # woken early by a new record while a retry waits: it waits with the others
+            loop.deliver_now()
+        control.wait(None if loop.retry_at is None else max(0.0, loop.retry_at - time.monotonic()))
     if control.orphaned:
         return 0  # the records wait in the journal: the next start or `worldpipe tracking sync` delivers them
     loop.stop_sampling()  # a no-op if ``s`` came first
-    try:
-        report = loop.deliver_now()
-    except Exception as err:  # noqa: BLE001 - reported as undelivered; the records stay spooled
-        log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
-        replies.send(done={"pending": len(loop.spool.pending()), "error": str(err)})
-    else:
-        replies.send(done={"pending": report.pending, "error": report.error})
+    report = loop.deliver_now()
+    replies.send(done={"pending": report.pending, "error": report.error})
     return 0
 
 

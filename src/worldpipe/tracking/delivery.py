@@ -18,25 +18,27 @@ Record kinds and why replaying each is idempotent:
 - ``inputs``    datasets as run inputs; one already logged (same name, digest, context) is skipped.
 - ``commit``    marker: checkpoint ``step`` is durable.
 - ``end``       set_terminated with the recorded end time.
+
+:func:`deliver` replays what is pending once (``worldpipe tracking sync``); a :class:`DeliveryLoop` does it for one
+training segment while its records are journaled (in the courier, :mod:`worldpipe.tracking.courier`): with
+retries after a failure, one warning per outage, and the host's system metrics beside them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
-import re
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldpipe.core.atomic import fsync_dir, makedirs_durably
+from worldpipe.tracking.connection import ensure_experiment, tracking_client
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
-from worldpipe.tracking.mlflow_import import import_mlflow
 from worldpipe.tracking.spool import Spool
+from worldpipe.tracking.system_metrics import SystemMetricsSampler
 
 log = logging.getLogger("worldpipe.tracking")
 
@@ -78,77 +80,6 @@ def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | N
     return None
 
 
-def tracking_client(uri: str):
-    """An MLflow client of ``uri``. MLflow caches the store behind it per URI (for SQLite: the engine and the
-    schema check, seconds on a cold start), so a first call ahead of the deliveries takes that off their path."""
-    import_mlflow()  # the early system-metrics sampler may be importing MLflow in its thread right now
-    from mlflow.tracking import MlflowClient
-
-    if uri.startswith("sqlite:///"):
-        create_sqlite_store(Path(uri.removeprefix("sqlite:///")))
-    return MlflowClient(tracking_uri=uri)
-
-
-SCRATCH_STORE = ".{name}.creating-{pid}"  # a SQLite store being created, beside where it will appear
-
-
-def create_sqlite_store(path: Path) -> None:
-    """Make the SQLite store at ``path`` if there is none, so that it appears whole.
-
-    MLflow creates a store's tables one by one, and a process killed half-way leaves a file it can no longer
-    open ("table ... already exists"). Here the tables are made in a scratch file beside ``path``, which is then
-    linked into place: a kill leaves only the scratch file (removed by the next creator), and of two processes
-    creating the same store at once (two training jobs of a pipeline) the second uses the first's.
-    """
-    if path.exists():
-        return
-    import psutil
-    from mlflow.tracking import MlflowClient
-
-    makedirs_durably(path.parent)  # the store is only as durable as the names leading to it
-    # A dead creator's scratch file, and SQLite's rollback journal of it
-    scratch_name = re.compile(re.escape(SCRATCH_STORE.format(name=path.name, pid="")) + r"(\d+)(-journal)?")
-    for stale in path.parent.iterdir():
-        found = scratch_name.fullmatch(stale.name)
-        if found and not psutil.pid_exists(int(found[1])):
-            stale.unlink(missing_ok=True)
-    scratch = path.with_name(SCRATCH_STORE.format(name=path.name, pid=os.getpid()))
-    scratch.unlink(missing_ok=True)
-    try:
-        MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments(max_results=1)  # creates the tables
-        with contextlib.suppress(FileExistsError):  # created meanwhile by another process: that one is used
-            os.link(scratch, path)
-        fsync_dir(path.parent)
-    finally:
-        scratch.unlink(missing_ok=True)
-
-
-def _local_artifact_location(client, name: str) -> str | None:
-    """Artifacts of a database-file backend beside the database (MLflow's default is ./mlruns of the cwd)."""
-    uri = str(client.tracking_uri)
-    if not uri.startswith("sqlite:///"):
-        return None  # a server decides (proxied artifacts) or the backend's own default
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-    return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / slug).as_uri()
-
-
-def _experiment_id(client, name: str) -> str:
-    from mlflow.exceptions import MlflowException
-
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        if experiment.lifecycle_stage == "deleted":
-            client.restore_experiment(experiment.experiment_id)
-        return experiment.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=_local_artifact_location(client, name))
-    except MlflowException:  # created concurrently (or by a create whose answer was lost)
-        experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
-
-
 class _Applier:
     def __init__(self, spool: Spool, client, state: dict):
         self.spool, self.client, self.state = spool, client, state
@@ -173,18 +104,18 @@ class _Applier:
             state["experiment_id"] = client.get_run(run_id).info.experiment_id  # raises if it does not exist
             client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         else:
-            experiment_id = _experiment_id(client, record["experiment"])
+            experiment = ensure_experiment(client, record["experiment"])
             key = record["record_key"]
-            found = client.search_runs([experiment_id], filter_string=f"tags.`{RECORD_KEY_TAG}` = '{key}'",
+            found = client.search_runs([experiment], filter_string=f"tags.`{RECORD_KEY_TAG}` = '{key}'",
                                        max_results=1)
             if found:
                 run_id = found[0].info.run_id
             else:
                 tags = {**record.get("tags", {}), **new_run.get("tags", {}), RECORD_KEY_TAG: key}
-                run = client.create_run(experiment_id, start_time=record["time_ms"], tags=tags,
+                run = client.create_run(experiment, start_time=record["time_ms"], tags=tags,
                                         run_name=record.get("run_name"))
                 run_id = run.info.run_id
-            state["experiment_id"] = experiment_id
+            state["experiment_id"] = experiment
             state["run_id"] = run_id
             if new_run.get("copy_history_from"):
                 self._copy_history(new_run["copy_history_from"], int(new_run["through_step"]))
@@ -333,3 +264,102 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
 def _short(err: Exception, limit: int = 300) -> str:
     text = " ".join(str(err).split())
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+# After a failed delivery the loop retries on its own, first after this many seconds, doubling up to `retry_s`:
+# a server that comes back mid-run gets the waiting records without a manual sync.
+RETRY_FIRST_S = 1.0
+
+
+def retry_delay(failures: int, first_s: float, cap_s: float) -> float:
+    """Seconds before retry number ``failures`` (1-based): exponential backoff from ``first_s``, capped."""
+    return min(cap_s, first_s * 2.0 ** max(0, failures - 1))
+
+
+class DeliveryLoop:
+    """Replays a spool into MLflow for one segment, on demand and after failures; samples the host meanwhile.
+
+    A segment starts with its ``open`` record (:meth:`begin`): the first delivery attempt after it is reported
+    (``on_tried``: whoever needs the run id may now read it from the spool's state), and so is its
+    acknowledgement (``on_opened``: the run exists; system metrics taken so far are logged to it from then on).
+    """
+
+    def __init__(self, spool: Spool, uri: str, retry_s: float = 30.0,
+                 on_tried: Callable[[], None] | None = None, on_opened: Callable[[], None] | None = None):
+        self.spool, self.uri, self.retry_s = spool, uri, retry_s
+        self.on_tried, self.on_opened = on_tried, on_opened
+        self.retry_at: float | None = None  # monotonic time of the next retry while records wait
+        self._failures = 0  # consecutive failed deliveries
+        self._offline = False
+        self._open_seq: int | None = None
+        self._open_tried = self._open_acked = False
+        self._sampler: SystemMetricsSampler | None = None  # this segment's, from its start to its end
+
+    def begin(self, open_seq: int, resume: bool, system_metrics_s: float = 0.0, system_metrics_samples: int = 1,
+              ) -> None:
+        """A segment opened with record ``open_seq``: start sampling the host (every ``system_metrics_s``; 0: off)."""
+        self._open_seq, self._open_tried, self._open_acked = open_seq, False, False
+        if system_metrics_s and system_metrics_s > 0:
+            self._sampler = SystemMetricsSampler(system_metrics_s, self.uri, system_metrics_samples,
+                                                 self._opened_run_id, resume).start()
+
+    def stop_sampling(self) -> None:
+        """The segment ends: log the last system sample (before the run is marked terminated) and stop."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
+
+    def _opened_run_id(self) -> str | None:
+        """The run id once this segment's open record is acknowledged (a resumed one's may name another run)."""
+        state = self.spool.state()
+        return state["run_id"] if self._open_seq is not None and state["acked"] >= self._open_seq else None
+
+    def due(self) -> bool:
+        """False while a retry is not due yet (new records wait with the others until it is)."""
+        return self.retry_at is None or time.monotonic() >= self.retry_at
+
+    def deliver_now(self) -> DeliveryReport:
+        """Replay what is pending now; warn once when the server becomes unreachable, once when it is back."""
+        try:
+            report = deliver(self.spool, self.uri, on_acked=self._acked)
+        except Exception as err:  # noqa: BLE001 - delivery must survive anything; records stay spooled
+            log.warning("tracking delivery failed unexpectedly (%s); records stay spooled", err)
+            report = DeliveryReport(pending=len(self.spool.pending()), error=str(err))
+        else:
+            if report.error and not self._offline:
+                log.warning(
+                    "MLflow tracking at %s is unreachable (%s). Training continues; %d record(s) are spooled "
+                    "durably in %s and will be replayed when the server answers again, or run: "
+                    "worldpipe tracking sync %s", self.uri, report.error, report.pending, self.spool.journal,
+                    self.spool.run_dir)
+            elif not report.error and self._offline:
+                log.warning("MLflow tracking at %s is reachable again: replayed %d spooled record(s)", self.uri,
+                            report.delivered)
+            self._offline = bool(report.error)
+        if report.error:
+            self._failures += 1
+            self.retry_at = time.monotonic() + retry_delay(self._failures, min(RETRY_FIRST_S, self.retry_s),
+                                                           self.retry_s)
+        else:
+            self._failures, self.retry_at = 0, None
+        self._opened()  # after the warning, if any: whoever waits for the run start sees it said first
+        return report
+
+    def _acked(self, record: dict) -> None:
+        """The segment's start is acknowledged: say so now, not after the rest of the batch (the first one holds
+        every config param and the start's artifacts, while the trainer's first checkpoint waits for the run id)."""
+        if record["seq"] == self._open_seq:
+            self._opened()
+
+    def _opened(self) -> None:
+        """After a delivery attempt: the segment's start has been tried; once acknowledged, the run exists."""
+        if self._open_seq is None or self._open_acked:
+            return
+        if not self._open_tried:
+            self._open_tried = True
+            if self.on_tried is not None:
+                self.on_tried()
+        if self.spool.state()["acked"] >= self._open_seq:
+            self._open_acked = True
+            if self.on_opened is not None:
+                self.on_opened()

@@ -14,12 +14,11 @@ from typing import Any
 import yaml
 
 from worldpipe.config.identity import flatten
+from worldpipe.tracking.connection import client_for  # noqa: F401 - re-exported: `worldpipe train` asks here
 from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
-from worldpipe.tracking.courier import fail_fast_over_http
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
-from worldpipe.tracking.recorder import resolve_tracking_uri
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
@@ -30,14 +29,6 @@ NOT_TRAINING_PREFIXES = (SYSTEM_PREFIX, EVAL_PREFIX, CONTROL_PREFIX)
 
 class RecordError(RuntimeError):
     """The MLflow records of a run are missing or inconsistent."""
-
-def client_for(uri: str | None):
-    """An MlflowClient for `uri` (resolved like training resolves it) that fails fast when the server is down."""
-    from mlflow.tracking import MlflowClient
-
-    fail_fast_over_http()
-    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
-
 
 def read_artifact(client, run_id: str, path: str) -> bytes:
     """Bytes of one artifact file of a run; RecordError if it is not there."""
@@ -73,27 +64,28 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def _aligned(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[str, list[tuple[int, int, float]]],
+             ignore: Iterable[str]) -> dict[tuple[int, str], tuple[Any, Any]]:
+    """{(step, metric): (value in a, value in b)} over the training metrics either history holds (None: absent)."""
+    out = {}
+    for key in (set(a) | set(b)) - set(ignore):
+        if not key.startswith(NOT_TRAINING_PREFIXES):
+            va, vb = ({s: v for s, _, v in history.get(key, [])} for history in (a, b))
+            out.update({(step, key): (va.get(step), vb.get(step)) for step in set(va) | set(vb)})
+    return out
+
+
 def first_difference(a: Mapping[str, list[tuple[int, int, float]]], b: Mapping[str, list[tuple[int, int, float]]],
                      ignore: Iterable[str] = TIMING_METRICS) -> tuple[int, str, Any, Any] | None:
     """First (step, metric, value_a, value_b) where two histories differ bitwise; None if identical.
 
     Values are compared per step (timestamps ignored); a step or metric present on one side only is a
-    difference (its missing side shown as None); system and evaluation metrics (open- and closed-loop) are not compared. Steps are visited in order, metrics
-    by name within a step.
+    difference (its missing side shown as None); system and evaluation metrics (open- and closed-loop) are not
+    compared. Steps are visited in order, metrics by name within a step.
     """
-    skip = set(ignore)
-    keys = sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES))
-    by_step: dict[int, dict[str, tuple[Any, Any]]] = {}
-    for key in keys:
-        va = {s: v for s, _, v in a.get(key, [])}
-        vb = {s: v for s, _, v in b.get(key, [])}
-        for step in set(va) | set(vb):
-            by_step.setdefault(step, {})[key] = (va.get(step), vb.get(step))
-    for step in sorted(by_step):
-        for key in sorted(by_step[step]):
-            x, y = by_step[step][key]
-            if x is None or y is None or not _same(x, y):
-                return step, key, x, y
+    for (step, key), (x, y) in sorted(_aligned(a, b, ignore).items()):
+        if x is None or y is None or not _same(x, y):
+            return step, key, x, y
     return None
 
 
@@ -102,20 +94,12 @@ def largest_relative_difference(a: Mapping[str, list[tuple[int, int, float]]],
                                 ignore: Iterable[str] = TIMING_METRICS) -> tuple[float, int | None, str | None]:
     """(largest |x - y| / max(|x|, |y|), its step, its metric) over the values both histories hold at the same
     step (the metrics :func:`first_difference` compares); inf where only one side holds a value or one is NaN."""
-    skip = set(ignore)
     worst: tuple[float, int | None, str | None] = (0.0, None, None)
-    for key in sorted(k for k in (set(a) | set(b)) - skip if not k.startswith(NOT_TRAINING_PREFIXES)):
-        va = {s: v for s, _, v in a.get(key, [])}
-        vb = {s: v for s, _, v in b.get(key, [])}
-        for step in sorted(set(va) | set(vb)):
-            x, y = va.get(step), vb.get(step)
-            if x is None or y is None or math.isnan(x) != math.isnan(y):
-                return math.inf, step, key
-            if _same(x, y):
-                continue
-            relative = abs(x - y) / max(abs(x), abs(y))
-            if relative > worst[0]:
-                worst = (relative, step, key)
+    for (step, key), (x, y) in sorted(_aligned(a, b, ignore).items(), key=lambda item: item[0][::-1]):
+        if x is None or y is None or math.isnan(x) != math.isnan(y):
+            return math.inf, step, key
+        if not _same(x, y) and abs(x - y) / max(abs(x), abs(y)) > worst[0]:
+            worst = (abs(x - y) / max(abs(x), abs(y)), step, key)
     return worst
 
 

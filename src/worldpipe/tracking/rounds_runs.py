@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worldpipe.tracking.delivery import _experiment_id
-from worldpipe.tracking.evaluation import PARENT_RUN_TAG, show_in_model_training_view
+from worldpipe.tracking.evaluation import PARENT_RUN_TAG, grouping_run
 
 ROUNDS_TAG = "worldpipe.rounds.id"
 ROLE_TAG = "worldpipe.rounds.role"  # "parent" on the parent run, "round" on each round's training run
@@ -22,18 +21,9 @@ PREFIX = "rounds/"
 
 def record_rounds(client, experiment: str, rounds_id: str, name: str, summary: Mapping[str, Any]) -> str:
     """Open (or find) the loop's parent run, nest every round's training run under it, log the outcome; its id."""
-    from mlflow.entities import Metric, RunStatus, RunTag
+    from mlflow.entities import Metric, RunTag
 
-    experiment_id = _experiment_id(client, experiment)
-    show_in_model_training_view(client, experiment_id)
-    found = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{ROUNDS_TAG}` = '{rounds_id}' AND tags.`{ROLE_TAG}` = 'parent'"))
-    if found:
-        parent = found[0].info.run_id
-    else:
-        parent = client.create_run(experiment_id, run_name=name, tags={ROUNDS_TAG: rounds_id, ROLE_TAG: "parent"}
-                                   ).info.run_id
-        client.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))  # it groups, it does not run
+    parent = grouping_run(client, experiment, name, {ROUNDS_TAG: rounds_id, ROLE_TAG: "parent"})
     metrics = []
     for row in summary["rounds"]:
         if row.get("mlflow_run_id"):

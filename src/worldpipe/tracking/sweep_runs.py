@@ -16,9 +16,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# The experiment is created as training creates it (artifacts beside a SQLite store), whichever comes first.
-from worldpipe.tracking.delivery import _experiment_id
-from worldpipe.tracking.evaluation import PARENT_RUN_TAG, show_in_model_training_view
+from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
+from worldpipe.tracking.evaluation import PARENT_RUN_TAG, grouping_run
 
 SWEEP_TAG = "worldpipe.sweep.name"
 ROLE_TAG = "worldpipe.sweep.role"  # "parent" on the parent run, "point" on a point's training run
@@ -27,7 +26,6 @@ POINT_TAG = "worldpipe.sweep.point"
 POINTS_PARAM = "sweep.points"
 BEST_RUN_TAG, BEST_ID_TAG, BEST_BY_TAG = "worldpipe.sweep.best_run", "worldpipe.sweep.best_run_id", "worldpipe.sweep.best_by"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
-CHANGED_TAG_PREFIX = "worldpipe.changed."  # a param whose value changed (MLflow refuses to change a param)
 VALUE_TAG_PREFIX = "worldpipe.sweep.value."  # point: one tag per swept key
 PARENT, POINT = "parent", "point"
 
@@ -36,18 +34,7 @@ def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], po
                     values: Mapping[str, Sequence[Any]] | None = None) -> str:
     """The parent run of sweep ``sweep`` in MLflow experiment ``experiment``, created on first use; params: the
     number of points and each swept key's ``values``."""
-    from mlflow.entities import RunStatus
-
-    experiment_id = _experiment_id(client, experiment)
-    show_in_model_training_view(client, experiment_id)
-    found = client.search_runs([experiment_id], max_results=1,
-                               filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' AND tags.`{ROLE_TAG}` = '{PARENT}'")
-    if found:
-        run_id = found[0].info.run_id
-    else:
-        run_id = client.create_run(experiment_id, run_name=sweep,
-                                   tags={SWEEP_TAG: sweep, ROLE_TAG: PARENT}).info.run_id
-        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))  # it groups, it does not run
+    run_id = grouping_run(client, experiment, sweep, {SWEEP_TAG: sweep, ROLE_TAG: PARENT})
     client.set_tag(run_id, KEYS_TAG, json.dumps(list(keys)))
     client.set_tag(run_id, "worldpipe.sweep.points", str(points))
     params = {POINTS_PARAM: str(points), **{key: json.dumps(list(v)) for key, v in (values or {}).items()}}

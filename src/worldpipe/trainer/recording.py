@@ -36,7 +36,7 @@ from worldpipe.core.locations import recorded_form
 from worldpipe.measure.startup import mark
 from worldpipe.tracking.datasets import TRAINING, DatasetRecord
 from worldpipe.tracking.links import MLFLOW_EXPERIMENT_KEY
-from worldpipe.tracking.recorder import RunRecorder, background_start_wanted, courier_wanted
+from worldpipe.tracking.recorder import RunRecorder
 from worldpipe.tracking.records import (
     IDENTITY_ARTIFACT,
     checkpoint_artifacts,
@@ -100,7 +100,6 @@ class TrainingRecords:
         self.recorder = RunRecorder(cfg.tracking.enabled and is_main, cfg.tracking.uri, cfg.tracking.experiment,
                                     run_dir=self.run_dir, system_metrics_s=cfg.tracking.system_metrics_interval_s,
                                     system_metrics_samples=cfg.tracking.system_metrics_samples_before_logging,
-                                    background_start=background_start_wanted(), courier=courier_wanted(),
                                     on_opened=lambda: mark("mlflow_run_opened"))
         self._identity: dict[str, Any] | None = None  # the trainer's identity dict: checkpoints record it
         self._start_files: _Helper | None = None  # the start's artifacts, journaled off the critical path
@@ -131,10 +130,7 @@ class TrainingRecords:
             # Not waiting for the run start: the end of the segment names the run in identity.json.
             self.recorder.log_files(start_artifacts(frozen, manifest, self.run_dir, start_step))
 
-        if self.recorder.background_start:
-            self._start_files = _Helper(journal, "worldpipe-start-records")
-        else:
-            journal()
+        self._start_files = _Helper(journal, "worldpipe-start-records")
 
     def _settle_start(self) -> None:
         """Wait for the start's artifacts to be journaled (raising what assembling them raised)."""
