@@ -23,6 +23,16 @@ def register(cli: click.Group) -> None:
             click.Option(["--plot"], required=True, help="PNG: return against round"),
             click.Option(["--mlflow-experiment"], default="worldpipe", show_default=True),
             click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db")]))
+    rounds.add_command(command(
+        "time-to-quality", _time_to_quality, "Across loop seeds: the return against real env steps and against the "
+        "loop's wall-clock (median, 95% CI), with the env's published anchors: a JSON summary, a plot, and one MLflow "
+        "parent over the loops' parents.", [
+            click.Argument(["summaries"], nargs=-1, required=True),
+            click.Option(["--name"], default="", help="the parent MLflow run's name (default: loops-<id>)"),
+            click.Option(["--id", "loops_id"], required=True, help="the loops' identity (results/rounds/<id>)"),
+            click.Option(["--out"], required=True, help="JSON summary to write"),
+            click.Option(["--plot"], required=True, help="PNG: return against env steps and wall-clock"),
+            click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db; '' skips")]))
     cli.add_command(rounds)
 
 
@@ -38,12 +48,44 @@ def _summarize(args) -> int:
         raise UsageError(f"--rounds-json: not JSON ({err}); the pipeline's summarize_rounds rule writes it") from None
     summary = summarize_rounds(records)
     if args.tracking_uri != "":
+        from worldpipe.control.loop_records import log_env_steps
         from worldpipe.tracking.history import client_for
         from worldpipe.tracking.rounds_runs import record_rounds
 
-        summary["mlflow_parent_run_id"] = record_rounds(client_for(args.tracking_uri), args.mlflow_experiment,
-                                                        args.rounds_id, args.name, summary)
+        client = client_for(args.tracking_uri)
+        summary["mlflow_parent_run_id"] = record_rounds(client, args.mlflow_experiment, args.rounds_id, args.name,
+                                                        summary)
+        log_env_steps(client, summary["mlflow_parent_run_id"], summary)
     plot_rounds(summary, args.plot)
+    write_text_atomic(Path(args.out), json.dumps(summary, indent=1, sort_keys=True))
+    print(table(summary))
+    return 0
+
+
+def _time_to_quality(args) -> int:
+    from worldpipe.control.time_to_quality import plot_time_to_quality, summarize_loops, table
+    from worldpipe.core.atomic import write_text_atomic
+    from worldpipe.core.errors import UsageError
+
+    summaries = []
+    for file in args.summaries:
+        try:
+            summaries.append(json.loads(Path(file).read_text()))
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{file}: not a loop's summary ({type(err).__name__}: {err}); `worldpipe rounds "
+                             "summarize` writes one (the pipeline's summarize_rounds rule)") from None
+    try:
+        summary = summarize_loops(summaries)
+    except (KeyError, ValueError) as err:
+        raise UsageError(f"time-to-quality: {err}") from None
+    summary["summaries"] = list(args.summaries)
+    if args.tracking_uri != "":
+        from worldpipe.control.loop_records import record_loops
+        from worldpipe.tracking.history import client_for
+
+        summary["mlflow_parent_run_id"] = record_loops(client_for(args.tracking_uri), args.loops_id,
+                                                       args.name or args.loops_id, summary)
+    plot_time_to_quality(summary, args.plot)
     write_text_atomic(Path(args.out), json.dumps(summary, indent=1, sort_keys=True))
     print(table(summary))
     return 0
