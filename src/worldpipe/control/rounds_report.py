@@ -53,9 +53,13 @@ def summarize_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
         first = first or control
         planner = control["contenders"]["planner"]
         copied = ((manifest.get("lineage") or {}).get("episodes") or {}).get("copied", 0)
-        collected = manifest["steps"] - (previous_steps if copied else 0)  # union: the parent's steps come first
-        env_steps, previous_steps = env_steps + collected, manifest["steps"]
+        # Stored steps are decisions; each is action_repeat steps of the env (DeepMind Control's anchors count those).
+        repeat = int(manifest["spec"].get("action_repeat", 1))
+        steps = manifest["steps"] * repeat
+        collected = steps - (previous_steps if copied else 0)  # union: the parent's steps come first
+        env_steps, previous_steps = env_steps + collected, steps
         rows.append({
+            "run_hash": Path(entry["run_dir"]).name, "control_hash": Path(entry["control"]).parent.name,
             "env_steps": env_steps, "collected_steps": collected, "wall_clock_s": wall_clock(entry.get("benchmarks")),
             "round": entry["round"], "run_dir": entry["run_dir"], "mlflow_run_id": control.get("mlflow_run_id"),
             "checkpoint_digest": control["checkpoint_digest"], "dataset_hash": manifest["dataset_hash"],

@@ -87,18 +87,21 @@ def collected_spec(rounds: Mapping[str, Any], previous: Round, base: Dataset, pl
 
 def round_count(rounds: Mapping[str, Any], base: Dataset) -> int:
     """Collection rounds after round 0: ``count``, or as many as ``budget_steps`` real env steps hold (round 0's
-    episodes included, every episode counted at its full ``max_steps``). PipelineError where neither or both."""
+    episodes included, every episode counted at its full ``max_steps`` times its ``action_repeat``). PipelineError
+    where neither or both."""
     has_count, has_budget = rounds.get("count") is not None, rounds.get("budget_steps") is not None
     if has_count == has_budget:
         raise PipelineError("rounds: give either `count` (collection rounds after round 0) or `budget_steps` (real "
                             f"env steps, round 0's included), not {'both' if has_count else 'neither'}")
     if has_count:
         return int(rounds["count"])
-    first = base.spec["episodes"] * base.spec["max_steps"]
+    # Real env steps: an action held for action_repeat control steps is that many steps of the env.
+    episode = base.spec["max_steps"] * base.spec.get("action_repeat", 1)
+    first = base.spec["episodes"] * episode
     if rounds["budget_steps"] < first:
         raise PipelineError(f"rounds.budget_steps: {rounds['budget_steps']} is less than round 0's {first} steps "
-                            f"({base.name}: {base.spec['episodes']} episodes of {base.spec['max_steps']})")
-    return (int(rounds["budget_steps"]) - first) // (int(rounds["episodes"]) * base.spec["max_steps"])
+                            f"({base.name}: {base.spec['episodes']} episodes of {episode})")
+    return (int(rounds["budget_steps"]) - first) // (int(rounds["episodes"]) * episode)
 
 
 def loop_seeds(config: Mapping[str, Any]) -> list[int]:
