@@ -32,7 +32,11 @@ def register(cli: click.Group) -> None:
             click.Option(["--id", "loops_id"], required=True, help="the loops' identity (results/rounds/<id>)"),
             click.Option(["--out"], required=True, help="JSON summary to write"),
             click.Option(["--plot"], required=True, help="PNG: return against env steps and wall-clock"),
-            click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db; '' skips")]))
+            click.Option(["--tracking-uri"], help="default: $MLFLOW_TRACKING_URI, else results/mlflow.db; '' skips"),
+            click.Option(["--docs"], metavar="DIR", help="also write the figure for the docs into DIR, with a JSON "
+                         "record beside it naming every loop's runs (needs --config)"),
+            click.Option(["--config", "config_file"], metavar="FILE",
+                         help="the pipeline config the loops were planned from (recorded with --docs)")]))
     cli.add_command(rounds)
 
 
@@ -87,5 +91,30 @@ def _time_to_quality(args) -> int:
                                                        args.name or args.loops_id, summary)
     plot_time_to_quality(summary, args.plot)
     write_text_atomic(Path(args.out), json.dumps(summary, indent=1, sort_keys=True))
+    if args.docs:
+        if not args.config_file:
+            raise UsageError("--docs needs --config: the pipeline config the loops were planned from")
+        _docs_figure(summary, summaries, args)
     print(table(summary))
     return 0
+
+
+def _docs_figure(summary: dict, summaries: list[dict], args) -> None:
+    """The figure for the docs and its record: the command, the config, every loop's runs, the numbers drawn."""
+    from worldpipe.control.time_to_quality import plot_time_to_quality
+    from worldpipe.core.atomic import write_text_atomic
+
+    name = "time-to-quality-" + summary["env_id"].replace("dm_control/", "dmc-").replace("/", "-").lower()
+    figure = Path(args.docs) / f"{name}.png"
+    plot_time_to_quality(summary, figure)
+    command = ["worldpipe rounds time-to-quality", *args.summaries, f"--id {args.loops_id}", f"--docs {args.docs}",
+               f"--config {args.config_file}"]
+    record = {
+        "command": " ".join(command), "config": args.config_file, "env_id": summary["env_id"],
+        "loops": [[{key: row[key] for key in ("round", "run_hash", "control_hash", "mlflow_run_id",
+                                               "checkpoint_digest", "env_steps", "return_mean", "return_ci95")}
+                   for row in loop["rounds"]] for loop in summaries],
+        "values": {"rounds": summary["rounds"], "random": summary["random"], "ceiling": summary["ceiling"],
+                   "quality": summary["quality"], "anchors": summary["anchors"], "ci": summary["ci"]},
+    }
+    write_text_atomic(figure.with_suffix(".json"), json.dumps(record, indent=1, sort_keys=True))
