@@ -28,7 +28,7 @@ def register(cli: click.Group) -> None:
         "loop's wall-clock (median, 95% CI), with the env's published anchors: a JSON summary, a plot, and one MLflow "
         "parent over the loops' parents.", [
             click.Argument(["summaries"], nargs=-1, required=True),
-            click.Option(["--name"], default="", help="the parent MLflow run's name (default: loops-<id>)"),
+            click.Option(["--name"], help="the parent MLflow run's name (default: the loops' id)"),
             click.Option(["--id", "loops_id"], required=True, help="the loops' identity (results/rounds/<id>)"),
             click.Option(["--out"], required=True, help="JSON summary to write"),
             click.Option(["--plot"], required=True, help="PNG: return against env steps and wall-clock"),
