@@ -89,6 +89,19 @@ def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
             except ValueError as err:
                 raise PipelineError(f"datasets: {name}: {err}") from err
             found[full["name"]] = Dataset(full["name"], full, spec_hash(full))
+        if train["env_id"].startswith("dm_control/"):  # the key order against the task's, before any job runs
+            from worldpipe.data.environments import (
+                EnvSetupError,
+                check_observation_keys,
+                make_bare_env,
+                observation_keys_of,
+            )
+
+            try:
+                check_observation_keys(train["env_id"], observation_keys_of(make_bare_env(train["env_id"])),
+                                       train.get("observation_keys"))
+            except EnvSetupError as err:
+                raise PipelineError(f"datasets: {name}: {err}") from None
     return found
 
 
