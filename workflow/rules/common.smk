@@ -256,6 +256,18 @@ def training_resources():
     }
 
 
+LOOPS_BY_ID = {rounds_id(found): found for found in LOOPS}
+
+
+def loop_of(wildcards):
+    """The loop (its rounds) a results/rounds/{rounds_id} target stands for."""
+    found = LOOPS_BY_ID.get(wildcards.rounds_id)
+    if found is None:
+        raise WorkflowError(f"rounds/{wildcards.rounds_id} is not a loop of the current config "
+                            f"({', '.join(LOOPS_BY_ID) or 'none'})")
+    return found
+
+
 def rounds_records(found):
     """Per round of one loop, the records its summary reads (in round order): its run's evaluations, its dataset's
     manifest, and the Snakemake benchmarks of the jobs that made it (collection, training, evaluation), read when

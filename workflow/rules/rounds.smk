@@ -3,7 +3,6 @@
 # by train_model, evaluate_model and evaluate_control like any run; this file adds only the loops' summaries: per
 # loop, the return against round (and against real env steps), the rounds nested under one MLflow parent run; across
 # loop seeds (`rounds: loop_seeds`), time-to-quality.
-LOOPS_BY_ID = {rounds_id(found): found for found in LOOPS}
 ROUNDS_DIRS = [paths.rounds_dir(loop_id, Path(CONF_DIR)) for loop_id in LOOPS_BY_ID]
 LOOPS_ID = loops_id(LOOPS) if LOOPS else "none"
 LOOPS_DIR = paths.rounds_dir(LOOPS_ID, Path(CONF_DIR))
@@ -11,14 +10,6 @@ LOOPS_DIR = paths.rounds_dir(LOOPS_ID, Path(CONF_DIR))
 
 wildcard_constraints:
     rounds_id=HASH_PATTERN,
-
-
-def loop_of(wildcards):
-    found = LOOPS_BY_ID.get(wildcards.rounds_id)
-    if found is None:
-        raise WorkflowError(f"rounds/{wildcards.rounds_id} is not a loop of the current config "
-                            f"({', '.join(LOOPS_BY_ID) or 'none'})")
-    return found
 
 
 rule summarize_rounds:
@@ -66,6 +57,7 @@ rule summarize_time_to_quality:
         ),
     params:
         name=f"loops-{config['rounds']['experiment']}-{LOOPS_ID}" if LOOPS else "",
+        loops_id=LOOPS_ID,
         tracking=tracking_uri(),
     conda:
         "../envs/worldpipe.yaml"
@@ -76,5 +68,5 @@ rule summarize_time_to_quality:
     benchmark:
         f"{RULE_BENCHMARKS}/summarize_time_to_quality/{LOOPS_ID}.tsv"
     shell:
-        "worldpipe rounds time-to-quality {input.summaries} --name {params.name:q} --id {LOOPS_ID}"
+        "worldpipe rounds time-to-quality {input.summaries} --name {params.name:q} --id {params.loops_id}"
         " --out {output.summary} --plot {output.plot} --tracking-uri {params.tracking:q} > {log} 2>&1"
