@@ -22,7 +22,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case == "no key order" else case
+                                  for case in sorted(CASES)])  # the third: another parse of the same kind
 def test_a_dmc_dataset_that_cannot_be_collected_is_one_line_at_parse_time(case, repo, tmp_path, env_with_venv):
     changes, start = CASES[case]
     config = yaml.safe_load((repo / "conf/pipeline/dmc_cartpole.yaml").read_text())

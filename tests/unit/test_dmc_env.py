@@ -78,7 +78,7 @@ def test_observation_keys_that_do_not_fit_the_env_are_one_line(keys, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("env_id", [CARTPOLE, PENDULUM])
+@pytest.mark.parametrize("env_id", [CARTPOLE, pytest.param(PENDULUM, marks=pytest.mark.slow)])  # seconds each
 def test_the_true_simulator_gives_the_real_envs_rewards(env_id):
     from worldpipe.control.dynamics import true_simulator
 
