@@ -56,7 +56,7 @@ rule summarize_time_to_quality:
             labels={"figure": "time to quality", "loop": LOOPS_ID},
         ),
     params:
-        name=f"loops-{config['rounds']['experiment']}-{LOOPS_ID}" if LOOPS else "",
+        name=f"loops-{config['rounds']['experiment']}-{LOOPS_ID.removeprefix('loops-')}" if LOOPS else "",
         loops_id=LOOPS_ID,
         tracking=tracking_uri(),
     conda:
