@@ -65,5 +65,6 @@ rule all:
         ],
         [rules.plot_models_vs_baseline.output.plot] if RUNS_PLANNED else [],  # a sweep-only config has none
         [rules.plot_control_overview.output.plot] if CONTROLLED_RUNS else [],
-        [rules.summarize_rounds.output.plot] if ROUNDS else [],
+        [f"{directory}/return_vs_round.png" for directory in ROUNDS_DIRS],
+        [rules.summarize_time_to_quality.output.plot] if len(LOOPS) > 1 else [],  # across loop seeds
         sweep_targets(config.get("sweep"), Path(CONF_DIR)),

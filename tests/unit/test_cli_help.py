@@ -15,7 +15,7 @@ BENCHMARKS = ["bench activations", "bench checkpoint", "bench comm", "bench comp
 COMMANDS = ["bench", *BENCHMARKS, "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare",
             "control", "control evaluate", "control rerun", "control yardstick", "data", "data info", "data init",
             "data seal", "data verify", "data write", "evaluate", "figures", "plan", "rerun", "resume", "rollout", "rounds",
-            "rounds summarize", "runs",
+            "rounds summarize", "rounds time-to-quality", "runs",
             "runs begin", "runs end", "runs list", "runs status", "serve", "sweep", "sweep link", "sweep open",
             "sweep points", "sweep summarize", "tracking", "tracking server", "tracking status", "tracking sync"]
 # The commands with defaulted options (numbers, names): their help shows each default.

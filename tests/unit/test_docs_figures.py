@@ -38,6 +38,9 @@ def test_a_shown_figure_names_the_current_configs_runs(figure: Path):
     assert figure.is_file(), f"{figure} is shown but not committed"
     assert record_path.is_file(), f"{figure.name} has no {record_path.name}: make it with `worldpipe figures`"
     record = json.loads(record_path.read_text())
+    if "loops" in record:  # time to quality across loop seeds (`worldpipe rounds time-to-quality --docs`)
+        _check_loops_figure(figure, record)
+        return
     assert record["command"].startswith("worldpipe ") and record["runs"] and record["values"]
     assert set(record["values"]) == set(record["runs"])
     _, runs = plan(yaml.safe_load((REPO / record["config"]).read_text()), REPO / "conf")
@@ -50,3 +53,21 @@ def test_a_shown_figure_names_the_current_configs_runs(figure: Path):
                               f"`make pipeline` and `{record['command']}` again")
     for entry in record["runs"].values():
         assert entry["mlflow_run_id"] and entry["checkpoint_digest"] and entry["numerics"]
+
+
+def _check_loops_figure(figure: Path, record: dict) -> None:
+    """Every loop's runs and closed-loop evaluations drawn are the ones the recorded config plans now."""
+    from worldpipe.pipeline.rounds import plan_loops
+
+    assert record["command"].startswith("worldpipe rounds time-to-quality ") and record["values"]["rounds"]
+    config = yaml.safe_load((REPO / "conf/pipeline/default.yaml").read_text())
+    config.update(yaml.safe_load((REPO / record["config"]).read_text()))
+    known, _ = plan(config, REPO / "conf")
+    planned = {(r.run.run_hash[:12], r.run.control_hash[:12]) for found in plan_loops(config, known, REPO / "conf")
+               for r in found}
+    drawn = {(row["run_hash"], row["control_hash"]) for loop in record["loops"] for row in loop}
+    assert drawn <= planned, (f"{figure.name} was drawn from runs {sorted(drawn - planned)} that {record['config']} no "
+                              f"longer plans: run its pipeline and `{record['command']}` again")
+    for loop in record["loops"]:
+        for row in loop:
+            assert row["mlflow_run_id"] and row["checkpoint_digest"]

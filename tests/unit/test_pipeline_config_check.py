@@ -22,8 +22,8 @@ def rounds_config(**changes) -> dict:
     return {**config, "rounds": {k: v for k, v in config["rounds"].items() if v is not None}}
 
 
-KEYS = ("required: experiment, count, episodes, seed, context, planner; optional: exploration_std, "
-        "planner_overrides, train_on")
+KEYS = ("required: experiment, episodes, seed, context, planner; optional: count, budget_steps, warm_start, "
+        "loop_seeds, exploration_std, planner_overrides, train_on")
 
 
 @pytest.mark.parametrize(("changes", "line"), [

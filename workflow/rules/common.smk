@@ -26,7 +26,7 @@ from worldpipe.launch import slurm
 from worldpipe.pipeline.sweep import format_value, sweep_targets
 from worldpipe.pipeline import report_config
 from worldpipe.pipeline.config_check import refuse
-from worldpipe.pipeline.rounds import plan_rounds, rounds_id
+from worldpipe.pipeline.rounds import loops_id, plan_loops, rounds_id
 from worldpipe.pipeline.plan import (
     PipelineError,
     comparison_id,
@@ -58,14 +58,15 @@ if RECORDED_CONFIG is not None:
 # Snakefile is parsed: a bad value stops the pipeline before the data stages run.
 try:
     DATASETS, RUNS_PLANNED = plan(config, Path(CONF_DIR))
-    # Collection rounds (config `rounds`): their datasets join DATASETS; round 0 is the experiment's own run.
-    ROUNDS = plan_rounds(config, DATASETS, Path(CONF_DIR))
+    # Collection rounds (config `rounds`), one loop per loop seed: their datasets join DATASETS; loop seed 0's round 0
+    # is the experiment's own run.
+    LOOPS = plan_loops(config, DATASETS, Path(CONF_DIR))
 except PipelineError as err:
     refuse(f"pipeline config: {err}")
 # Every run the DAG may train, by experiment and short run hash: the experiments' current runs and the rounds'.
 RUNS_BY_HASH = {
     (run.experiment, paths.short(run.run_hash)): run
-    for run in [*RUNS_PLANNED.values(), *(r.run for r in ROUNDS)]
+    for run in [*RUNS_PLANNED.values(), *(r.run for found in LOOPS for r in found)]
 }
 
 HASH_PATTERN = f"[0-9a-f]{{{paths.HASH_CHARS}}}"
@@ -255,15 +256,40 @@ def training_resources():
     }
 
 
-def rounds_records():
-    """Per round, the records its summary reads (in round order)."""
-    return [
-        {
+LOOPS_BY_ID = {rounds_id(found): found for found in LOOPS}
+
+
+def loop_of(wildcards):
+    """The loop (its rounds) a results/rounds/{rounds_id} target stands for."""
+    found = LOOPS_BY_ID.get(wildcards.rounds_id)
+    if found is None:
+        raise WorkflowError(f"rounds/{wildcards.rounds_id} is not a loop of the current config "
+                            f"({', '.join(LOOPS_BY_ID) or 'none'})")
+    return found
+
+
+def rounds_records(found):
+    """Per round of one loop, the records its summary reads (in round order): its run's evaluations, its dataset's
+    manifest, and the Snakemake benchmarks of the jobs that made it (collection, training, evaluation), read when
+    present (a benchmark is a record of how long, not an input)."""
+    records = []
+    for r in found:
+        data = f"{r.dataset.name}-{paths.short(r.dataset.spec_hash)}"
+        run = f"{r.run.experiment}-{paths.short(r.run.run_hash)}"
+        parts = range(len(shard_parts(r.dataset)))
+        records.append({
             "round": r.index,
             "run_dir": r.run.dir,
             "metrics": run_file(rules.evaluate_model.output.metrics, r.run),
             "control": run_file(rules.evaluate_control.output.record, r.run),
             "manifest": dataset_file(rules.seal_dataset.output.manifest, r.dataset),
-        }
-        for r in ROUNDS
-    ]
+            "benchmarks": {
+                "collection": [f"{RULE_BENCHMARKS}/init_store/{data}.tsv",
+                               *(f"{RULE_BENCHMARKS}/simulate_episodes/{data}-{p}.tsv" for p in parts),
+                               f"{RULE_BENCHMARKS}/seal_dataset/{data}.tsv"],
+                "training": [f"{RULE_BENCHMARKS}/train_model/{run}.tsv"],
+                "evaluation": [f"{RULE_BENCHMARKS}/evaluate_model/{run}-{paths.short(r.run.eval_hash)}.tsv",
+                               f"{RULE_BENCHMARKS}/evaluate_control/{run}-{paths.short(r.run.control_hash)}.tsv"],
+            },
+        })
+    return records

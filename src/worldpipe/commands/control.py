@@ -94,10 +94,13 @@ def _evaluate(args) -> int:
     ceiling = (planner_config(args.planner, [*args.planner_overrides, *args.ceiling_overrides], conf_dir())
                if args.ceiling_overrides else {})
     identity = recorded_identity(where)
-    env_id, policy = settled_env(args.env_id, args.behaviour_policy, recorded_env(identity))
+    recorded = recorded_env(identity)
+    env_id, policy = settled_env(args.env_id, args.behaviour_policy, recorded)
     check_env(env_id, policy, identity)
+    # The env as the training data's spec made it (action repeat, observation key order), where it is recorded.
+    options = (recorded.env_options or {}) if env_id == recorded.env_id else {}
     settings = ControlSettings(env_id, policy, args.max_steps, args.episodes, args.seed, args.context, planner,
-                               args.http_episodes, ceiling)
+                               args.http_episodes, ceiling, **options)
     gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
     if args.pictures:
         Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model

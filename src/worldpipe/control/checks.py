@@ -35,6 +35,8 @@ class RecordedEnv:
     env_id: str | None
     policy: str | None
     source: str
+    # How the data's env was made beyond its id (DeepMind Control: action repeat, observation key order).
+    env_options: dict | None = None
 
 
 def recorded_env(identity: Mapping[str, Any]) -> RecordedEnv:
@@ -47,7 +49,8 @@ def recorded_env(identity: Mapping[str, Any]) -> RecordedEnv:
         spec = load_manifest(manifest)["spec"]
     except (OSError, ValueError, KeyError, TypeError):
         return RecordedEnv(None, None, f"its dataset manifest {manifest} cannot be read")
-    return RecordedEnv(spec.get("env_id"), spec.get("policy"), f"its dataset manifest {manifest}")
+    options = {"action_repeat": int(spec.get("action_repeat", 1)), "observation_keys": spec.get("observation_keys")}
+    return RecordedEnv(spec.get("env_id"), spec.get("policy"), f"its dataset manifest {manifest}", options)
 
 
 def settled_env(env_id: str | None, policy: str | None, recorded: RecordedEnv) -> tuple[str, str]:

@@ -169,7 +169,8 @@ class Collector:
                                LearnedDynamics(self.model, self.collector["context"]), stream)
         agent = ExploringAgent(planner, float(self.collector["exploration_std"]), *self.box)
         with torch.no_grad():
-            result = run_episode(self.spec.env_id, self.spec.max_steps, reset_seed, rng, agent)
+            result = run_episode(self.spec.env_id, self.spec.max_steps, reset_seed, rng, agent,
+                                 env_options=self.spec.env_options)
         return Episode(np.stack(result.observations), np.stack(result.actions),
                        np.asarray(result.rewards, np.float32), np.asarray(result.terminated, bool), None)
 

@@ -15,6 +15,7 @@ noise only.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import time
@@ -22,6 +23,8 @@ import time
 import numpy as np
 import torch
 
+from worldpipe.control.mujoco_simulator import TASKS as MUJOCO_TASKS
+from worldpipe.control.mujoco_simulator import MuJoCoSimulator
 from worldpipe.core.errors import UserError
 from worldpipe.models import RolloutState, WorldModel
 from worldpipe.rollout.engine import imagine_sequences
@@ -163,7 +166,10 @@ class PendulumSimulator:
 
     max_torque, max_speed, dt, g, m, length = 2.0, 8.0, 0.05, 10.0, 1.0, 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, action_repeat: int = 1, observation_keys=None) -> None:
+        if action_repeat != 1 or observation_keys:
+            raise ControlError("Pendulum-v1's true simulator steps once per action from a flat observation "
+                               "(action_repeat 1, no observation_keys)")
         self.theta = self.theta_dot = None
 
     def observe(self, obs: torch.Tensor, action: torch.Tensor) -> None:
@@ -186,13 +192,15 @@ class PendulumSimulator:
         return torch.stack(rewards, dim=1).float()
 
 
-TRUE_SIMULATORS = {"Pendulum-v1": PendulumSimulator}
+TRUE_SIMULATORS = {"Pendulum-v1": PendulumSimulator,
+                   **{task: functools.partial(MuJoCoSimulator, task) for task in MUJOCO_TASKS}}
 
 
-def true_simulator(env_id: str) -> PendulumSimulator:
-    """The batched exact simulator of ``env_id`` (ControlError where the project has none)."""
+def true_simulator(env_id: str, env_options: dict | None = None):
+    """The batched exact simulator of ``env_id`` made as the env is (``env_options``: action repeat, observation
+    key order); ControlError where the project has none."""
     try:
-        return TRUE_SIMULATORS[env_id]()
+        return TRUE_SIMULATORS[env_id](**(env_options or {}))
     except KeyError:
         raise ControlError(f"no true simulator for {env_id!r} (have: {', '.join(TRUE_SIMULATORS)}); "
                            "closed-loop control is evaluated on those envs only") from None

@@ -106,13 +106,14 @@ class PlannerAgent:
 
 
 def run_episode(env_id: str, max_steps: int, reset_seed: int, rng: np.random.Generator, agent,
-                pixel_size: int | None = None) -> EpisodeResult:
+                pixel_size: int | None = None, env_options: dict | None = None) -> EpisodeResult:
     """Let ``agent`` act in ``env_id`` for one episode from ``reset_seed``.
 
     ``pixel_size``: the agent observes rendered frames downscaled to this size, flattened (a pixel model).
+    ``env_options``: how the env is made beyond its id (``make_env``: action repeat, observation key order).
     """
     dims = env_dims(env_id)
-    env = make_env(env_id, max_steps, render=pixel_size is not None)
+    env = make_env(env_id, max_steps, render=pixel_size is not None, **(env_options or {}))
     timings: dict[str, list[float]] = {part: [] for part in PARTS}
     observations: list[np.ndarray] = []
     actions: list[np.ndarray] = []

@@ -39,7 +39,7 @@ from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_epi
 from worldpipe.control.planners import Planner
 from worldpipe.control.report import write_episode_gif
 from worldpipe.control.served import served_model
-from worldpipe.data.environments import make_env
+from worldpipe.data.environments import make_bare_env
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
 from worldpipe.evaluate.open_loop import load_model
@@ -70,6 +70,15 @@ class ControlSettings:
     # The ceiling's planner config: the planner's own at the budget the yardstick chose (empty: the planner's, as
     # records written before the yardstick had one).
     ceiling: dict[str, Any] = field(default_factory=dict)
+    # How the env is made beyond its id, as the training data's spec says (DeepMind Control: each action held for
+    # action_repeat control steps; the dict observation flattened in observation_keys order).
+    action_repeat: int = 1
+    observation_keys: list | None = None
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """``make_env``'s keywords beyond the env id."""
+        return {"action_repeat": self.action_repeat, "observation_keys": self.observation_keys}
 
 
 # Published returns of well-tuned agents (mean ± std over their evaluation episodes), beside the ceiling.
@@ -78,6 +87,17 @@ BEST_KNOWN: dict[str, dict[str, Any]] = {
         "return": -150.0,
         "source": "rl-baselines3-zoo benchmark table (TD3 -152 ± 90, SAC -157 ± 89)",
         "agents": {"TD3": {"mean": -152.0, "std": 90.0}, "SAC": {"mean": -157.0, "std": 89.0}},
+    },
+    # DeepMind Control: 1,000 control steps an episode, each worth at most 1 (returns in [0, 1000]).
+    "dm_control/cartpole-swingup-v0": {
+        "return": 845.0,
+        "source": "DreamerV3, from pixels: about 845 after 500k env steps (615 after 100k); from state is easier",
+        "agents": {"DreamerV3 (pixels, 500k steps)": {"mean": 845.0}, "DreamerV3 (pixels, 100k steps)": {"mean": 615.0}},
+    },
+    "dm_control/pendulum-swingup-v0": {
+        "return": 724.0,
+        "source": "TD-MPC2 published results, from state: 724 after 100k env steps (3 seeds)",
+        "agents": {"TD-MPC2 (state, 100k steps)": {"mean": 724.0}},
     },
 }
 
@@ -109,7 +129,7 @@ def build_planner(config: dict[str, Any], low: float, high: float) -> Planner:
 
 def action_box(env_id: str) -> tuple[float, float]:
     """The env's (low, high) action bound; ControlError for a discrete action space (planners sample boxes)."""
-    env = make_env(env_id, 1, render=False)
+    env = make_bare_env(env_id)
     try:
         space = env.action_space
         if not hasattr(space, "low"):
@@ -119,14 +139,15 @@ def action_box(env_id: str) -> tuple[float, float]:
         env.close()
 
 
-def control_period_s(env_id: str) -> float | None:
-    """Seconds of simulated time per env step (Pendulum: dt 0.05), None where the env does not say."""
-    env = make_env(env_id, 1, render=False)
+def control_period_s(env_id: str, action_repeat: int = 1) -> float | None:
+    """Seconds of simulated time per decision (Pendulum: dt 0.05; DeepMind Control: its control step times the
+    action repeat), None where the env does not say."""
+    env = make_bare_env(env_id)
     try:
         for name in ("dt", "tau"):
             value = getattr(env.unwrapped, name, None)
             if isinstance(value, int | float):
-                return float(value)
+                return float(value) * action_repeat
         return None
     finally:
         env.close()
@@ -172,7 +193,7 @@ def _dynamics(name: str, settings: ControlSettings, model, url: str | None):
         return LearnedDynamics(model, settings.context)
     if name == HTTP_CONTENDER:
         return ServedDynamics(url, settings.context, model.act_dim)
-    return true_simulator(settings.env_id)
+    return true_simulator(settings.env_id, settings.env_options)
 
 
 def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float], run_seed: int, episode: int,
@@ -201,7 +222,8 @@ def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pi
         sees_pixels = pixel_size if name in ("planner", HTTP_CONTENDER) else None
         if name == "planner" and pixel_size is not None and i == 0:
             agent.record_imagined = True  # the episode the GIF shows
-        episodes.append(run_episode(settings.env_id, settings.max_steps, reset_seed, rng, agent, sees_pixels))
+        episodes.append(run_episode(settings.env_id, settings.max_steps, reset_seed, rng, agent, sees_pixels,
+                                    settings.env_options))
     steps = sum(e.length for e in episodes)
     energy = meter.stop(rollouts=count, actions=steps)
     return {
@@ -271,9 +293,9 @@ def control_result(settings: ControlSettings, identity: dict, digest: str, run_s
     probe = contenders.pop(HTTP_CONTENDER, None)
     summaries = {name: summarize(c["returns"]) for name, c in contenders.items()}
     floor, ceiling = summaries["random"]["mean"], summaries["ceiling"]["mean"]
-    period = control_period_s(settings.env_id)
+    period = control_period_s(settings.env_id, settings.action_repeat)
     out = {
-        "settings": asdict(settings),
+        "settings": settings_record(settings),
         "model": identity.get("config", {}).get("model", {}).get("_target_", "").rsplit(".", 1)[-1],
         "experiment": identity.get("config", {}).get("experiment_name"),
         "checkpoint_step": identity["step"],
@@ -314,6 +336,16 @@ def yardstick_record(settings: ControlSettings, floor: float, ceiling: float) ->
               "no_score_reason": reason, "best_known": best_known(settings.env_id)}
     if record["best_known"] is not None:
         record["best_known"]["score"] = score(record["best_known"]["return"], floor, ceiling)[0]
+    return record
+
+
+def settings_record(settings: ControlSettings) -> dict[str, Any]:
+    """The settings as recorded: the env options only where they are not the defaults (a flat-observation env's
+    record reads as it did before they existed)."""
+    record = asdict(settings)
+    for key, default in (("action_repeat", 1), ("observation_keys", None)):
+        if record[key] == default:
+            del record[key]
     return record
 
 

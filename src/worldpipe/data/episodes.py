@@ -57,7 +57,7 @@ def simulate_episode(spec: DatasetSpec, episode_index: int) -> Episode:
         np.zeros((spec.max_steps, spec.pixel_size, spec.pixel_size, 3), np.uint8) if spec.pixels else None
     )
 
-    env = make_env(spec.env_id, spec.max_steps, render=spec.pixels)
+    env = make_env(spec.env_id, spec.max_steps, render=spec.pixels, **spec.env_options)
     try:
         obs, _ = env.reset(seed=reset_seed)
         length = 0

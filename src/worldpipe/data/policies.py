@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from worldpipe.data.spec import DMC_TASKS
+
 Policy = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
 # Pendulum-v1 constants (gymnasium): max torque 2, g = 10, m = l = 1, theta = 0 is upright.
@@ -59,6 +61,17 @@ _POLICIES: dict[tuple[str, str], Policy] = {
     ("CartPole-v1", "random"): _cartpole_random,
     ("CartPole-v1", "noisy_controller"): _cartpole_controller,
 }
+
+
+def _box_random(width: int) -> Policy:
+    def random_actions(obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(-1.0, 1.0, size=(width,)).astype(np.float32)
+
+    return random_actions
+
+
+# DeepMind Control tasks act in [-1, 1]^width: uniform random actions (the loop from scratch's round 0).
+_POLICIES.update({(env_id, "random"): _box_random(width) for env_id, width in DMC_TASKS.items()})
 
 
 def policies_for(env_id: str) -> list[str]:

@@ -13,9 +13,19 @@ from typing import Any
 
 from worldpipe.core.hashing import canonical_hash
 
-SUPPORTED_ENVS: tuple[str, ...] = ("Pendulum-v1", "CartPole-v1")
+# DeepMind Control suite tasks from state (shimmy's dm_control/<domain>-<task>-v0), with their action widths.
+DMC_TASKS: dict[str, int] = {
+    "dm_control/cartpole-swingup-v0": 1,
+    "dm_control/cartpole-balance-v0": 1,
+    "dm_control/pendulum-swingup-v0": 1,
+    "dm_control/reacher-easy-v0": 2,
+    "dm_control/finger-spin-v0": 2,
+    "dm_control/cheetah-run-v0": 6,
+    "dm_control/walker-walk-v0": 6,
+}
+SUPPORTED_ENVS: tuple[str, ...] = ("Pendulum-v1", "CartPole-v1", *DMC_TASKS)
 # Envs whose actions are a continuous box: the ones a planner can act in (closed-loop control).
-CONTINUOUS_ACTION_ENVS: tuple[str, ...] = ("Pendulum-v1",)
+CONTINUOUS_ACTION_ENVS: tuple[str, ...] = ("Pendulum-v1", *DMC_TASKS)
 SUPPORTED_POLICIES: tuple[str, ...] = ("random", "noisy_controller")
 SUPPORTED_COMPRESSORS: tuple[str, ...] = ("zstd", "none")
 
@@ -59,6 +69,12 @@ class DatasetSpec:
     # which run's model, the planner and exploration it acted with, and the dataset whose episodes come first.
     # See :func:`check_collector`; the keys are part of the spec, so of its hash.
     collector: dict | None = None
+    # Each decision's action held for this many control steps of the env (rewards summed): DeepMind Control's usual
+    # setting. Left out of to_dict() at 1, so a spec without it has the hash it had before it existed.
+    action_repeat: int = 1
+    # A dict observation (DeepMind Control) flattened in this key order: recorded in the spec, so in the dataset's
+    # hash and manifest. None for a flat observation (left out of to_dict()).
+    observation_keys: list | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -77,6 +93,15 @@ class DatasetSpec:
         object.__setattr__(self, "pixel_size", size)
         if not isinstance(self.pixels, bool):
             raise ValueError(f"dataset spec key 'pixels' must be a boolean, got {self.pixels!r}")
+        object.__setattr__(self, "action_repeat", _check_int("action_repeat", self.action_repeat, 1))
+        if self.observation_keys is not None:
+            keys = self.observation_keys
+            if isinstance(keys, str | bytes) or not all(isinstance(k, str) and k for k in keys) or not keys:
+                raise ValueError(f"dataset spec key 'observation_keys' must be a non-empty list of key names, "
+                                 f"got {keys!r}")
+            object.__setattr__(self, "observation_keys", [str(k) for k in keys])
+        if self.pixels and self.env_id in DMC_TASKS:
+            raise ValueError(f"dataset spec key 'pixels': {self.env_id} is collected from state (pixels: false)")
         if self.collector is not None:
             object.__setattr__(self, "collector", check_collector(self.collector, self))
 
@@ -101,11 +126,18 @@ class DatasetSpec:
 
     def to_dict(self) -> dict:
         """Plain JSON-serialisable dict; from_dict(to_dict()) round-trips. A scripted policy's spec has no
-        ``collector`` key (so its hash is what it was before collection rounds existed)."""
+        ``collector`` key, and a spec at the default action repeat and flat observations no ``action_repeat`` or
+        ``observation_keys`` (so its hash is what it was before those existed)."""
         out = dataclasses.asdict(self)
-        if out["collector"] is None:
-            del out["collector"]
+        for key, default in (("collector", None), ("action_repeat", 1), ("observation_keys", None)):
+            if out[key] == default:
+                del out[key]
         return out
+
+    @property
+    def env_options(self) -> dict:
+        """How the env is made beyond its id (``make_env``'s keywords): action repeat and observation key order."""
+        return {"action_repeat": self.action_repeat, "observation_keys": self.observation_keys}
 
     @property
     def copied_episodes(self) -> int:

@@ -118,6 +118,10 @@ def generator_versions(spec: DatasetSpec) -> dict[str, str]:
         import pygame
 
         versions["pygame"] = pygame.version.ver
+    if spec.env_id.startswith("dm_control/"):  # DeepMind Control: the physics and the task code decide the bytes
+        from importlib.metadata import version
+
+        versions.update({name: version(name) for name in ("dm_control", "mujoco", "shimmy")})
     return versions
 
 

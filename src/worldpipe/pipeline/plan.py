@@ -89,6 +89,19 @@ def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
             except ValueError as err:
                 raise PipelineError(f"datasets: {name}: {err}") from err
             found[full["name"]] = Dataset(full["name"], full, spec_hash(full))
+        if train["env_id"].startswith("dm_control/"):  # the key order against the task's, before any job runs
+            from worldpipe.data.environments import (
+                EnvSetupError,
+                check_observation_keys,
+                make_bare_env,
+                observation_keys_of,
+            )
+
+            try:
+                check_observation_keys(train["env_id"], observation_keys_of(make_bare_env(train["env_id"])),
+                                       train.get("observation_keys"))
+            except EnvSetupError as err:
+                raise PipelineError(f"datasets: {name}: {err}") from None
     return found
 
 
@@ -115,11 +128,13 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
-             conf: Path | None = None, extra: Sequence[str] = (), key: str = "experiments") -> Run:
+             conf: Path | None = None, extra: Sequence[str] = (), key: str = "experiments",
+             heldout: str | None = None) -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit.
 
     ``extra``: further identity overrides (a collection round's ``data.name``). ``key``: the pipeline config's key
-    that names the experiment, as refusals name it (``experiments``, ``rounds.experiment``).
+    that names the experiment, as refusals name it (``experiments``, ``rounds.experiment``). ``heldout``: the
+    dataset whose held-out sibling evaluates the run (default: its own, or its collection's round 0's).
     """
     overrides = [*identity_overrides(config, experiment), *extra]
     try:
@@ -138,7 +153,7 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
                             f"datasets: (declared: {sorted(n for n in known if not n.endswith(HELDOUT_SUFFIX))})")
     dataset = known[name]
     # A collection round is evaluated on its round 0's held-out episodes: every round on the same ones.
-    heldout = known[(dataset.spec.get("collector") or {}).get("base", name) + HELDOUT_SUFFIX]
+    heldout = known[(heldout or (dataset.spec.get("collector") or {}).get("base", name)) + HELDOUT_SUFFIX]
     try:
         check_window(cfg, dataset.spec.get("max_steps"), f"dataset {name!r} (datasets: {name}: max_steps)")
     except UsageError as err:

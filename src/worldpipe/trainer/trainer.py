@@ -44,6 +44,7 @@ from worldpipe.trainer.preemption import EXIT_PREEMPTED, PreemptionFlag
 from worldpipe.trainer.recording import TrainingRecords
 from worldpipe.trainer.resume import check_resume_identity
 from worldpipe.trainer.seeding import RngTrace, seed_rank_generators
+from worldpipe.trainer.warm_start import warm_start_state
 
 log = logging.getLogger("worldpipe.trainer.main")
 
@@ -130,6 +131,8 @@ class Trainer:
         self.identity = run_identity(cfg, self.dataset_hash, rt.world_size, cfg.parallel.strategy, None)
         self.identity["parallel_layout"] = {**self.layout.describe, "world_size": rt.world_size}
         # What the model was built for, so a checkpoint alone rebuilds it (identity: not part of the digest).
+        if self.warm_start is not None:  # which bits it started from (identity: not part of the digest)
+            self.identity["warm_start"] = self.warm_start[1]
         self.identity[DIMS_KEY] = model_dims_record(self.core.obs_dim, self.store.act_dim)
         # What decides the bits besides code and config (recorded beside the identity; not in the digest).
         self.identity[numerics.IDENTITY_KEY] = numerics.environment(str(rt.device))
@@ -159,6 +162,10 @@ class Trainer:
                               f"(set {self.observed}: true in its spec)")
         obs_dim = self.store.observation_dim(self.observed)
         self.core = build_model(self.cfg.model, obs_dim, self.store.act_dim).to(self.rt.device)
+        # A warm start (init_from) begins from another run's final weights; the normalisation stays this data's.
+        self.warm_start = warm_start_state(self.cfg)
+        if self.warm_start is not None:
+            self.core.load_state_dict(self.warm_start[0])
         self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
         self.model = self.layout.wrap(self.core)
         # The wrapped model's parameters, listed once (walking the modules at every step costs ~40 µs); the

@@ -1,0 +1,134 @@
+"""The loop from scratch end to end under real Snakemake: two loop seeds, each a round 0 of random actions and one
+round collected by the planner with round 0's model, warm-started from its weights; then the loops' summaries (real
+env steps, the wall-clock split per round from the rules' benchmarks), time to quality across the loops with MLflow's
+step axis in env steps, and a warm-started round rerun from its records alone, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from pipeline_project import Project
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+EXPERIMENT = """# @package _global_
+experiment_name: scratch_smoke
+data:
+  name: pendulum_random
+  window: 8
+  stride: 4
+model:
+  embed: 16
+  deter: 16
+  stoch: 4
+  hidden: 32
+trainer:
+  steps: 30
+  batch_size: 8
+  warmup_steps: 5
+  log_every: 5
+checkpoint:
+  every: 10
+"""
+
+
+@pytest.fixture(scope="module")
+def scratch(repo, tmp_path_factory, env_with_venv):
+    project = Project(repo, tmp_path_factory.mktemp("scratch"), env_with_venv)
+    (project.src / "conf/experiment/scratch_smoke.yaml").write_text(EXPERIMENT)
+    config = yaml.safe_load((repo / "conf/pipeline/from_scratch.yaml").read_text())
+    config["datasets"]["pendulum_random"].update(episodes=2, max_steps=20, episodes_per_shard=2,
+                                                 heldout={"episodes": 2, "seed": 1000})
+    config["evaluate"] = {"context": 4, "horizon": 8}
+    config["control"].update(episodes=2, max_steps=20, context=4, planner_overrides=["samples=16", "horizon=5"],
+                             ceiling_overrides=["samples=16"])
+    config["rounds"].update(experiment="scratch_smoke", budget_steps=60, episodes=1, context=4, loop_seeds=[0, 1],
+                            planner_overrides=["samples=16", "horizon=5"])
+    project.write_config(config)
+    done = project.snakemake(timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return project
+
+
+def _uri(project: Project) -> str:
+    return f"sqlite:///{project.work / 'results/mlflow.db'}"
+
+
+def _summaries(project: Project) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((project.work / "results/rounds").glob("*/rounds.json"))]
+
+
+def test_each_loop_counts_its_real_steps_and_times_each_round_by_part(scratch):
+    summaries = _summaries(scratch)
+    assert len(summaries) == 2
+    for summary in summaries:
+        assert summary["behaviour_is_random"] and summary["behaviour_policy"] == "random"
+        assert [row["env_steps"] for row in summary["rounds"]] == [40, 60]
+        for row in summary["rounds"]:
+            clock = row["wall_clock_s"]
+            assert all(clock[part] > 0 for part in ("collection", "training", "evaluation")), clock
+        first, second = summary["rounds"]
+        assert second["loop_wall_clock_s"] == pytest.approx(
+            first["loop_wall_clock_s"] + second["wall_clock_s"]["collection"] + second["wall_clock_s"]["training"])
+        assert second["lineage"]["episodes"] == {"copied": 2, "collected": 1}
+    # the loops differ in their seeds: other random episodes, other models
+    assert summaries[0]["rounds"][0]["dataset_hash"] != summaries[1]["rounds"][0]["dataset_hash"]
+
+
+def test_a_round_starts_from_the_previous_rounds_weights(scratch):
+    from worldpipe.evaluate.open_loop import load_model
+
+    for summary in _summaries(scratch):
+        first, second = summary["rounds"]
+        _, identity = load_model(str(scratch.work / second["run_dir"] / "checkpoints"))
+        assert identity["warm_start"]["digest"] == first["checkpoint_digest"]
+        assert identity["warm_start"]["run_dir"] == first["run_dir"]
+        assert identity["config"]["init_from"].startswith("scratch_smoke/")
+
+
+def test_time_to_quality_summarises_the_loops_with_env_steps_on_mlflows_step_axis(scratch):
+    (ttq_file,) = (scratch.work / "results/rounds").glob("loops-*/time_to_quality.json")
+    ttq = json.loads(ttq_file.read_text())
+    assert len(ttq["loops"]) == 2 and [row["env_steps_median"] for row in ttq["rounds"]] == [40, 60]
+    assert [a["agent"] for a in ttq["anchors"]][:3] == ["TD3", "SAC", "PPO"]
+    assert (ttq_file.parent / "time_to_quality.png").read_bytes()[:4] == b"\x89PNG"
+
+    from worldpipe.tracking.connection import client_for
+
+    client = client_for(_uri(scratch))
+    history = client.get_metric_history(ttq["mlflow_parent_run_id"], "time_to_quality/return_median")
+    assert sorted((m.step, m.value) for m in history) == [
+        (row["env_steps_median"], pytest.approx(row["return"]["median"])) for row in ttq["rounds"]]
+    for summary in _summaries(scratch):
+        parent = client.get_run(summary["mlflow_parent_run_id"])
+        assert parent.data.tags["mlflow.parentRunId"] == ttq["mlflow_parent_run_id"]
+        steps = client.get_metric_history(parent.info.run_id, "env_steps/return_mean")
+        assert sorted(m.step for m in steps) == [40, 60]
+
+
+def test_a_warm_started_round_reruns_from_its_records_bit_for_bit(scratch, env_with_venv, tmp_path):
+    summary = _summaries(scratch)[0]
+    second = summary["rounds"][1]
+    proc = subprocess.run(["worldpipe", "rerun", second["mlflow_run_id"], "--tracking-uri", _uri(scratch),
+                           "--run-dir", str(tmp_path / "rerun")], cwd=scratch.work, env=env_with_venv,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "bit-identical" in proc.stdout, proc.stdout
+
+
+def test_a_warm_start_from_a_run_that_never_finished_is_one_line(scratch, env_with_venv, tmp_path):
+    (data,) = (scratch.work / "results/data/pendulum_random").iterdir()
+    proc = subprocess.run(["worldpipe", "train", "experiment=scratch_smoke", f"+init_from=scratch_smoke/{'0' * 64}",
+                           f"data.store={data}/store.zarr", f"data.manifest={data}/manifest.json",
+                           f"run_dir={tmp_path / 'run'}", "parallel.nproc_per_node=1", "tracking.enabled=false"],
+                          cwd=scratch.work, env={**env_with_venv, "WORLDPIPE_CONF_DIR": str(scratch.src / "conf")},
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0] == ("error: config key 'init_from': results/runs/scratch_smoke/000000000000 has not finished "
+                        "training (results/runs/scratch_smoke/000000000000/train_done.json is missing); train it "
+                        "first (a rounds pipeline trains round k-1 before round k)")
