@@ -51,7 +51,7 @@ lint: install
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, #anchor or page left out of the
-# nav fails the build (tests/unit/test_docs_site.py builds it the same way).
+# nav fails the build (tests/project/test_docs_site.py builds it the same way).
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 

@@ -2,7 +2,7 @@
 
 Built in the test process with the library call the data rules' commands make (`worldpipe data init`, `write`,
 `seal` are :func:`worldpipe.data.build.build_dataset` in three steps): the same bytes and dataset hash
-(`tests/integration/test_data_pipeline.py` checks it against the commands), without three fresh interpreters.
+(`tests/data/test_data_pipeline.py` checks it against the commands), without three fresh interpreters.
 """
 
 from __future__ import annotations

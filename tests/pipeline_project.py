@@ -204,3 +204,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def dry_run(repo: Path, workdir: Path, env: dict, config: dict) -> subprocess.CompletedProcess:
+    """`snakemake -n` of the project's Snakefile in ``workdir`` with ``config`` as its config file."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    configfile = workdir / "pipeline.yaml"
+    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = ["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(workdir), "--cores", "1",
+           "--configfile", str(configfile), "-n"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

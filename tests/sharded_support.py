@@ -1,4 +1,4 @@
-"""Running the sharded-checkpoint worker (tests/integration/sharded_worker.py): under a real torchrun (the crash
+"""Running the sharded-checkpoint worker (tests/checkpoint/sharded_worker.py): under a real torchrun (the crash
 and memory tests: a rank killed, a rank's resident memory), or on ranks forked from the test (the rest)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from forked_ranks import run_on_ranks
 from worldpipe.launch.torchrun import torchrun_argv
 
-WORKER = Path(__file__).parent / "integration" / "sharded_worker.py"
+WORKER = Path(__file__).parent / "checkpoint" / "sharded_worker.py"
 TIMEOUT_S = 240
 
 

@@ -13,11 +13,11 @@ import shutil
 import subprocess
 
 import pytest
-from test_tracking_crash import LOG_EVERY, only_run, train_cmd
 
 from crashfs.model import crash_states, write_image
 from crashfs.mount import CrashMount
 from crashfs.replay import sweep
+from tracked_runs import LOG_EVERY, only_run, train_cmd
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
 from worldpipe.tracking.history import duplicate_steps, first_difference, histories
 from worldpipe.tracking.records import TIMING_METRICS

@@ -3,7 +3,7 @@
 Each figure is drawn from the current config's run of every experiment (the runs `make pipeline` leaves in
 results/), labels each run with its run hash, and gets a JSON file beside it (``<figure>.json``) that names the
 command, the config, each run (experiment, run hash, MLflow run id, checkpoint digest, the record it read, the
-numerics environment it was trained on) and every number it plots. tests/unit/test_docs_figures.py holds the
+numerics environment it was trained on) and every number it plots. tests/project/test_docs_figures.py holds the
 committed figures to the current config's plan; the slow default-pipeline test holds their numbers to a fresh run's.
 """
 

@@ -32,7 +32,7 @@ def compose_config(overrides: Sequence[str], config_dir: Path = CONF_DIR) -> Dic
     to a schema-typed group is refused too (Hydra would accept it, and nothing would read it).
 
     Each call is one ``config_composed`` event of the start-up trace (:mod:`worldpipe.measure.startup`): a
-    `worldpipe train` composes its config once (tests/integration/test_compose_once.py counts them).
+    `worldpipe train` composes its config once (tests/launch/test_compose_once.py counts them).
     """
     mark("config_composed")
     return _compose(overrides, config_dir)

@@ -9,7 +9,7 @@ So a row's bits can change with which other requests share its batch. Two rules 
 * a model is batched only if :func:`worldpipe.rollout.padding.probe_batch_invariance` found, when it was loaded, that each row's result
   is the same at every position and padded width; otherwise every job runs alone, as row 0 of a batch of one.
 
-``tests/unit/test_rollout_engine.py`` checks the result against single-job runs over many compositions.
+``tests/rollout/test_rollout_engine.py`` checks the result against single-job runs over many compositions.
 
 Noise of imagined step k of a job is drawn from its stream (:mod:`worldpipe.rollout.streams`), so a job split
 into a prefix and a continuation yields the same bits as the whole job.

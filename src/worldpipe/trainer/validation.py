@@ -31,7 +31,7 @@ def validate_config(cfg: DictConfig | Mapping, world_size: int, remember_pass: b
     (the model's signature, the layout's rules) for a config that passed them with this code before, and record
     a pass (:mod:`worldpipe.config.validation_cache`; the Snakefile's parse, which needs no torch otherwise).
     """
-    mark("config_validated")  # once per start (`worldpipe bench startup`, tests/integration/test_local_run.py)
+    mark("config_validated")  # once per start (`worldpipe bench startup`, tests/trainer/test_local_run.py)
     c = to_container(cfg)
     for key, problem in check_ranges(c):
         raise ConfigError(f"config key '{key}': {problem}")
