@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import click
@@ -62,6 +63,10 @@ def test_every_benchmark_is_a_click_command_with_its_defaults_in_help(capsys):
                 assert f"[default: {shown}" in " ".join(out.split()) or f"(default: {shown}" in out \
                     or f"[default: ({shown})]" in " ".join(out.split()), (name, option.opts, out)
         assert "python benchmarks/" not in out and "usage: " not in out, name
+        # its help is the docstring's first paragraph; how to read the numbers stays in the script and the docs
+        first, *rest = inspect.cleandoc(load(name).help).split("\n\n")
+        assert " ".join(first.split()) in " ".join(out.split()), (name, first)
+        assert not rest or rest[0].strip().splitlines()[0].strip() not in out, (name, rest[0][:80])
 
 
 def test_a_benchmark_script_parses_as_its_command(monkeypatch, capsys):

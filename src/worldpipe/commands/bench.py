@@ -39,9 +39,14 @@ def register(cli: click.Group) -> None:
         short_help=f"benchmarks; writes JSON and plots under {BENCH_DIR}/", subcommand_metavar="NAME [OPTIONS]..."))
 
 
+def first_paragraph(doc: str) -> str:
+    """The text of ``doc`` (a docstring) up to its first blank line."""
+    return inspect.cleandoc(doc).split("\n\n", 1)[0].strip()
+
+
 class Benchmark(click.Command):
     """One benchmark as a click command: ``params`` (shown with their defaults), the script's docstring as its
-    help (verbatim, as written), ``body(args)`` run with the options as one namespace (declaration order).
+    help (its first paragraph, as written), ``body(args)`` run with the options as one namespace (declaration order).
 
     ``check(args)``: a problem with the options that no single option's type catches, as one line (or None).
     ``body`` may return an exit status (anything else is 0) or end with ``SystemExit("one line")`` (exit 1).
@@ -54,11 +59,15 @@ class Benchmark(click.Command):
         self.body, self.check, self.prog = body, check, prog or f"worldpipe bench {name}"
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # The docstring as written (lists, formulas, aligned columns), as argparse's raw description showed it.
+        # The docstring's first paragraph, as written; the rest (how to read the numbers) is for the script's
+        # readers and docs/benchmarks.md.
         formatter.write_paragraph()
         with formatter.indentation():
-            for line in inspect.cleandoc(self.help or "").splitlines():
-                formatter.write(f"{'':>{formatter.current_indent}}{line}\n" if line.strip() else "\n")
+            for line in first_paragraph(self.help or "").splitlines():
+                formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text("How to read its numbers: docs/benchmarks.md.")
 
     def namespace(self, ctx: click.Context) -> Namespace:
         """The parsed options of ``ctx`` as one namespace, checked (a problem is a usage error naming it)."""

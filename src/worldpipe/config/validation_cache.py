@@ -1,8 +1,8 @@
 """Configs that passed the checks needing torch, remembered so later Snakefile parses skip importing torch.
 
 Every parse of the Snakefile validates each experiment's composed config (:func:`worldpipe.trainer.validation.
-validate_config`). That includes the model's constructor signature and the layout's rules, and both import torch:
-about 3 s at every `snakemake` call (a dry run, a summary, each SLURM job's own parse). Those two checks depend
+validate_config`). That includes the model's constructor signature and the layout's rules, and both import torch,
+which every `snakemake` call (a dry run, a summary, each SLURM job's own parse) would pay. Those two checks depend
 only on the config, the world size and the code that defines the model and layout. So a pass is recorded under a
 hash of exactly that: the config's canonical JSON, the world size, the content of every source file of the
 installed worldpipe package, and the torch version. Editing any of these gives a new key, and the checks run

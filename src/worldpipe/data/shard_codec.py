@@ -1,7 +1,7 @@
 """Fast whole-shard decoding for the one codec chain ``init_store`` writes.
 
-zarr-python decodes every inner chunk through its async codec pipeline (a thread hop per chunk), which
-costs ~0.2 ms per episode chunk; decoding a whole shard directly is ~10x faster. This module handles only
+zarr-python decodes every inner chunk through its async codec pipeline (a thread hop per chunk); decoding a
+whole shard directly skips those hops (`worldpipe bench loader` measures both). This module handles only
 the exact layout below and says so (``ShardFormat.from_array`` returns None otherwise), in which case
 callers use zarr. It implements the zarr v3 ``sharding_indexed`` spec for that layout:
 

@@ -83,8 +83,8 @@ def setup_frozen():
 class LoopSettings:
     """The config values the loop reads at every step, as plain Python values.
 
-    A lookup in the resolved config (an OmegaConf node) costs 7-15 µs: the nine a step made were about 2% of a
-    3.5 ms smoke step (`worldpipe bench loop`).
+    A lookup in the resolved config (an OmegaConf node) is slow enough to show in a small model's step time
+    (`worldpipe bench loop` measures it; docs/benchmarks.md).
     """
 
     seed: int
@@ -168,8 +168,8 @@ class Trainer:
             self.core.load_state_dict(self.warm_start[0])
         self.core.set_normalization(self.obs_stats["obs_mean"], self.obs_stats["obs_std"])
         self.model = self.layout.wrap(self.core)
-        # The wrapped model's parameters, listed once (walking the modules at every step costs ~40 µs); the
-        # optimizer holds the same objects, so they are never replaced.
+        # The wrapped model's parameters, listed once (walking the modules at every step shows in the step time);
+        # the optimizer holds the same objects, so they are never replaced.
         self.parameters = list(self.model.parameters())
         # Opt-in: the compiled loss fuses kernels, so its bits differ from eager; a compiled run is still
         # deterministic and resumes to the same bits as an uninterrupted compiled run (test_compile.py).
