@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from worldpipe.core.provenance import PROJECT_ROOT
 
 # Set by the Snakefile for the jobs it starts, so training composes the same conf/ tree the DAG was built from
@@ -39,7 +41,6 @@ CONF_DIR = conf_dir()
 
 @functools.lru_cache(maxsize=8)
 def _load(root: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(root / PATHS_FILE), resolve=True)  # type: ignore[return-value]
 

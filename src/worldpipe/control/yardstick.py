@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from worldpipe.control.dynamics import true_simulator
 from worldpipe.control.episodes import PlannerAgent, PolicyAgent, run_episode
@@ -71,7 +72,6 @@ def budget_curve(env_id: str, planner: dict[str, Any], episodes: int, max_steps:
                  levels: int, progress=None) -> dict[str, Any]:
     """The ceiling's return (mean, 95% CI) at each budget level, the paired gain of each doubling, and the level
     chosen as the ceiling with its planner overrides; random's return on the same seeds for the scale."""
-    import torch  # start-up: torch loads only where the curve is measured
 
     torch.set_num_threads(1)  # as the evaluation: its bits must not depend on the machine's cores
     box = action_box(env_id)

@@ -16,10 +16,17 @@ import json
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+import numpy as np
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.tracking import MlflowClient
+from mlflow.types.schema import Schema, TensorSpec
 
 from worldpipe.models.open_loop import predict_observations
 from worldpipe.models.restore import DIMS_KEY, model_dims_record, restore_model
@@ -39,7 +46,6 @@ class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper: ``predict({"obs": [N,C,O], "action": [N,T,A]}) -> [N,T-C,O]`` (float32)."""
     def load_context(self, context) -> None:
         """Build the model from its spec and load its weights (no code runs from the files themselves)."""
-        import torch
 
         spec = json.loads(Path(context.artifacts[SPEC]).read_text())
         weights = torch.load(context.artifacts[WEIGHTS], weights_only=True)
@@ -48,8 +54,6 @@ class OpenLoopPredictor(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would validate by them
         """Open-loop prediction of the steps after the context, in raw observation units."""
-        import numpy as np
-        import torch
 
         obs = torch.as_tensor(np.asarray(model_input["obs"], dtype=np.float32))
         action = torch.as_tensor(np.asarray(model_input["action"], dtype=np.float32))
@@ -76,9 +80,6 @@ class ModelRecord:
 
 
 def _signature(record: ModelRecord):
-    import numpy as np
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Schema, TensorSpec
 
     inputs = Schema([TensorSpec(np.dtype("float32"), (-1, -1, record.obs_dim), "obs"),
                      TensorSpec(np.dtype("float32"), (-1, -1, record.act_dim), "action")])
@@ -87,7 +88,6 @@ def _signature(record: ModelRecord):
 
 
 def _requirements() -> list[str]:
-    from importlib import metadata
 
     return [f"{name}=={metadata.version(name)}" for name in ("worldpipe", "torch", "numpy", "hydra-core", "mlflow")]
 
@@ -101,7 +101,6 @@ def _find_logged(experiment_id: str, run_id: str, digest: str):
 
 def find_logged_model(uri: str, run_id: str, digest: str) -> str | None:
     """The id of the model logged from run ``run_id`` for checkpoint ``digest``, None if none was logged."""
-    from mlflow.tracking import MlflowClient
 
     mlflow.set_tracking_uri(uri)
     logged = _find_logged(MlflowClient(uri).get_run(run_id).info.experiment_id, run_id, digest)
@@ -110,9 +109,6 @@ def find_logged_model(uri: str, run_id: str, digest: str) -> str | None:
 
 def log_world_model(uri: str, run_id: str, record: ModelRecord, register_as: str | None = None) -> str:
     """Log the model into run ``run_id`` (once per checkpoint digest), register it if asked; its model URI."""
-    import numpy as np
-    import torch
-    from mlflow.tracking import MlflowClient
 
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
@@ -143,7 +139,6 @@ def log_world_model(uri: str, run_id: str, record: ModelRecord, register_as: str
 
 def register_version(client, name: str, model_uri: str, model_id: str, digest: str) -> str:
     """The registered version of ``name`` holding checkpoint ``digest``, created if there is none yet."""
-    from mlflow.exceptions import MlflowException
 
     try:
         client.create_registered_model(name)

@@ -6,8 +6,10 @@ part (per process, or per rank in the sharded rows), no serialization, no hashin
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -53,8 +55,6 @@ def write_direct(directory: str | os.PathLike, nbytes: int, writers: int = 1) ->
     from one page-aligned buffer (O_DIRECT needs aligned memory, offsets and sizes), each file rounded up to
     whole pages. Raises OSError where the file system refuses O_DIRECT (e.g. tmpfs).
     """
-    import mmap
-    from concurrent.futures import ThreadPoolExecutor
 
     per_file = -(-max(1, nbytes) // writers)
     chunk = min(DIRECT_CHUNK, -(-per_file // mmap.PAGESIZE) * mmap.PAGESIZE)

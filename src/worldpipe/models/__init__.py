@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,8 +63,6 @@ def check_model_config(model_cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     positive integers, and a wrapper's inner model config (``WorldModel.submodels``) is checked the same way.
     Checked before any process starts.
     """
-    import inspect
-    import typing
 
     from hydra.utils import get_class
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from worldpipe.models.base import ParallelSupport, RolloutState, WorldModel
 from worldpipe.models.next_step import LOSS_TERMS, TokenEmbedding, next_step_loss, split_prediction
@@ -100,7 +101,6 @@ def run_block(block: nn.Module, x: Tensor, partition: TimePartition | None, past
               recompute: bool) -> tuple[Tensor, Any]:
     """One block; with ``recompute`` (training) only its input is kept for backward, the rest recomputed then."""
     if recompute and torch.is_grad_enabled() and past is None:
-        from torch.utils.checkpoint import checkpoint
 
         return checkpoint(block, x, partition, None, use_reentrant=False)
     return block(x, partition, past)

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from worldpipe.config.identity import ConfigError, to_container
@@ -150,7 +151,6 @@ def _pipeline_facts(model: nn.Module, blocks: int | None) -> tuple[dict[int, tup
     """The stage of every parameter for P = 2..blocks (the model cuts a copy of itself), and the boundary width."""
     if not blocks or blocks < 2:
         return {}, None
-    import torch
 
     names = [name for name, _ in model.named_parameters()]
     stages, boundary = {}, None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from worldpipe.parallel.memory import saved_activations
 
@@ -112,7 +113,6 @@ def measure_forwards(model: nn.Module, shapes: Iterable[ForwardShape], obs_dim: 
 
 def _fake_tp_mesh(tp: int):
     """A 1-D mesh of ``tp`` ranks in this one process (rank 0 of them), over torch's fake process group."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's own single-process stand-in
 
     if dist.is_initialized():

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import parallelize_module
 
 from worldpipe.parallel.clipping import clip_dtensor_grads, clip_stage_grads
 from worldpipe.parallel.degrees import model_degrees, pipeline_degree
@@ -101,7 +103,6 @@ class Layout:
         if self.pp_size > 1:
             return self._wrap_pipeline(model)
         if self.tp_size > 1:
-            from torch.distributed.tensor.parallel import parallelize_module
 
             plan = model.tensor_parallel_plan(sequence_parallel=True) if self.sequence_parallel else \
                 model.tensor_parallel_plan()
@@ -179,7 +180,6 @@ def _build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
     inner = tp * cp
     if inner == 1:
         return Layout(runtime, strategy, runtime.rank, runtime.world_size)
-    from torch.distributed.device_mesh import init_device_mesh
 
     dp = runtime.world_size // inner
     # Data parallel outermost, tensor parallel innermost (the most frequent collectives on the closest ranks).
@@ -193,7 +193,6 @@ def _build_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime) -> Layout:
 
 def _pipeline_layout(parallel_cfg: Mapping[str, Any], runtime: Runtime, strategy: str) -> Layout:
     """Mesh (dp, pp), data parallel outermost: rank = dp_rank * pp + stage (a pipeline's stages are neighbours)."""
-    from torch.distributed.device_mesh import init_device_mesh
 
     pp = pipeline_degree(parallel_cfg)
     dp = runtime.world_size // pp

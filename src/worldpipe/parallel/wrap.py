@@ -12,6 +12,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from worldpipe.parallel.runtime import Runtime
@@ -27,7 +28,6 @@ def wrap_model(model: nn.Module, strategy: str, runtime: Runtime) -> nn.Module:
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
     if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
 
         for child in model.children():
             if any(p.requires_grad for p in child.parameters()):

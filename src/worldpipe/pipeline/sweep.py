@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from worldpipe.config import paths
 from worldpipe.config.compose import compose_config
 from worldpipe.config.identity import flatten, to_container
@@ -191,7 +193,6 @@ def swept_keys(sweep: Mapping[str, Any]) -> list[str]:
 
 def load_pipeline_config(path: Path) -> dict[str, Any]:
     """A pipeline config file as a mapping; SweepError (one line, naming the line and column) when it is not."""
-    import yaml
 
     try:
         config = yaml.safe_load(path.read_text())

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 EXTENSIONS_DIR_ENV = "WORLDPIPE_EXTENSIONS_DIR"
 SOURCES = {"filter_core": Path(__file__).with_name("filter_core.cpp")}
 _log = logging.getLogger(__name__)
@@ -48,7 +50,6 @@ _CAPABILITY_FLAGS = {
 
 def cpu_capability() -> str:
     """The instruction set ATen runs its CPU kernels with here (``ATEN_CPU_CAPABILITY`` can lower it)."""
-    import torch
 
     return torch.backends.cpu.get_cpu_capability()
 
@@ -64,7 +65,6 @@ def compiler_flags() -> list[str]:
 def _versioned_name(extension: str) -> str:
     """The module name of one source version (its Python init symbol and folder name)."""
     source = SOURCES[extension].read_bytes()
-    import torch  # the ABI the library links against is part of its version, and so are the flags
 
     stamp = source + torch.__version__.encode() + " ".join(compiler_flags()).encode()
     digest = hashlib.sha256(stamp).hexdigest()[:12]

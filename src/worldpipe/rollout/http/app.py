@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 import numpy as np
 import torch
 from fastapi import FastAPI, Header, Request
@@ -145,7 +146,6 @@ def create_app(make_service: Callable[[], RolloutService]) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        import anyio.to_thread
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = WORKER_THREADS
         app.state.service = make_service()
