@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from test_refusals_cli import dry_run
+
+from pipeline_project import dry_run
 
 pytestmark = [pytest.mark.adversarial, pytest.mark.integration]
 
