@@ -1,9 +1,7 @@
-"""Rerun checks without training: code drift, the verdict of a comparison, a lost server that comes back."""
+"""Rerun checks without training: code drift, the verdict of a comparison."""
 
 from __future__ import annotations
 
-import logging
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +12,6 @@ from worldpipe.core import provenance as ident
 from worldpipe.reproduce.drift import RerunError, check_code
 from worldpipe.reproduce.rerun import compare_runs
 from worldpipe.tracking.history import RecordedRun
-from worldpipe.tracking.recorder import RunRecorder
 
 
 @pytest.fixture(scope="module")
@@ -67,35 +64,3 @@ def test_comparison_verdicts(sqlite_uri):
     assert "first at step 10, metric loss/total" in result.message
     digest_only = compare_runs(client, a, other_digest)
     assert not digest_only.identical and "digest" in digest_only.message
-
-
-@pytest.mark.integration
-def test_the_courier_replays_on_its_own_when_the_server_answers_again(tmp_path, caplog):
-    from integration.mlflow_support import MlflowServer
-
-    server = MlflowServer(tmp_path / "server")  # not started yet: nothing listens on its port
-    recorder = RunRecorder(True, server.url, "recovery", run_dir=tmp_path / "run", retry_s=0.5)
-    try:
-        with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
-            recorder.start(None, "recovery", {})
-            recorder.add_metrics(1, {"x": 1.0}, 1)
-            recorder.stage(1)
-            recorder.commit(1)  # returns at once: delivery is the courier's job
-            assert recorder.await_run_id() is None and "unreachable" in caplog.text
-            server.start()  # the server is back; nobody runs `worldpipe tracking sync`
-            deadline = time.monotonic() + 120
-            while "reachable again" not in caplog.text:
-                assert time.monotonic() < deadline, "the courier never replayed the spool"
-                time.sleep(0.1)
-        run_id = recorder.run_id
-        assert run_id is not None
-        recorder.add_metrics(2, {"x": 2.0}, 2)
-        recorder.stage(2)
-        recorder.commit(2)
-        recorder.end()
-        client = MlflowClient(server.url)
-        assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "x")) == [(1, 1.0), (2, 2.0)]
-        assert client.get_run(run_id).info.status == "FINISHED"
-    finally:
-        recorder.abandon()  # nothing left to stop after end(); the courier, if the test failed before it
-        server.kill()

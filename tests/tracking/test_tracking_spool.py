@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,8 @@ def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_pat
     out = capsys.readouterr().out
     assert f"pending: {len(Spool(run_dir).pending())}" in out and "open" in out
     assert json.loads((run_dir / "tracking" / "state.json").read_text())["acked"] == 0
+    unacknowledged = tmp_path / "unacknowledged"
+    shutil.copytree(run_dir / "tracking", unacknowledged)
 
     assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
     state = Spool(run_dir).state()
@@ -124,34 +127,18 @@ def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_pat
     # A second sync has nothing to do and changes nothing.
     assert cli_main(["tracking", "sync", str(run_dir), "--tracking-uri", sqlite_uri]) == 0
     assert histories(client, run.info.run_id) == history
-
-
-def test_replay_after_a_lost_acknowledgement_duplicates_nothing(tmp_path, sqlite_uri, dead_uri):
-    run_dir = tmp_path / "run"
-    recorder = RunRecorder(True, dead_uri, "spool-lost-ack", run_dir=run_dir)
-    recorder.start(None, "lost-ack", {})
-    recorder.log_params({"a": 1})
-    _simulate(recorder, range(1, 21), every=10)
-    recorder.end("FINISHED")
-    before = tmp_path / "before"
-    shutil.copytree(run_dir / "tracking", before)
-    first = deliver(Spool(run_dir), sqlite_uri)
-    assert first.ok and first.pending == 0
-    # The delivering process died before it could write any acknowledgement: everything is replayed.
+    # The delivering process died before it wrote any acknowledgement: everything is replayed, found by its
+    # record key (not created again), and nothing is duplicated.
     shutil.rmtree(run_dir / "tracking")
-    shutil.copytree(before, run_dir / "tracking")
-    second = deliver(Spool(run_dir), sqlite_uri)
-    assert second.ok and second.run_id == first.run_id  # found by its record key, not created again
-    client = MlflowClient(sqlite_uri)
-    experiment = client.get_experiment_by_name("spool-lost-ack")
-    assert len(client.search_runs([experiment.experiment_id])) == 1
-    run = client.get_run(first.run_id)
-    assert run.data.tags[RECORD_KEY_TAG] == Spool(run_dir).state()["record_key"]
-    history = histories(client, first.run_id)
-    assert not duplicate_steps(history) and len(history["lr"]) == 20
+    shutil.copytree(unacknowledged, run_dir / "tracking")
+    again = deliver(Spool(run_dir), sqlite_uri)
+    assert again.ok and again.pending == 0 and again.run_id == run.info.run_id
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+    assert client.get_run(run.info.run_id).data.tags[RECORD_KEY_TAG] == Spool(run_dir).state()["record_key"]
+    assert histories(client, run.info.run_id) == history
 
 
-def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
+def test_resumed_history_equals_an_uninterrupted_one_and_changed_params_become_tags(tmp_path, sqlite_uri):
     client = MlflowClient(sqlite_uri)
     straight = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "straight")
     straight.start(None, "straight", {})
@@ -160,6 +147,7 @@ def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
 
     crashed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
     crashed.start(None, "crashed", {})
+    crashed.log_params({"trainer.steps": 40, "seed": 0})
     run_id = crashed.await_run_id()
     # Steps 21..30 are staged but checkpoint 30 never became durable; 31..33 were only in memory.
     _simulate(crashed, range(1, 34), every=10, crash_after_stage=30)
@@ -168,6 +156,7 @@ def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
     assert not wait_gone({courier}), "the courier outlived its abandoned segment"
     resumed = RunRecorder(True, sqlite_uri, "spool-resume", run_dir=tmp_path / "crashed")
     assert resumed.start(run_id, "crashed", {}, resume_step=20) == run_id
+    resumed.log_params({"trainer.steps": 80, "seed": 0, "new.key": "x"})  # changed on resume: MLflow keeps a param
     _simulate(resumed, range(21, 41), every=10, ts=1000)  # recomputed: same values, later timestamps
     resumed.end()
 
@@ -175,21 +164,9 @@ def test_resumed_history_equals_an_uninterrupted_one(tmp_path, sqlite_uri):
     assert {k: [(s, v) for s, _, v in p] for k, p in a.items()} == {k: [(s, v) for s, _, v in p] for k, p in b.items()}
     assert not duplicate_steps(b)
     assert all(ts > 1000 for s, ts, _ in b["lr"] if s > 20)  # the recomputed values, not the staged ones
-
-
-def test_changed_param_on_resume_is_recorded_as_tag(tmp_path, sqlite_uri):
-    recorder = RunRecorder(True, sqlite_uri, "spool-params", run_dir=tmp_path)
-    recorder.start(None, "params", {})
-    run_id = recorder.await_run_id()
-    recorder.log_params({"trainer.steps": 40, "seed": 0})
-    recorder.end()
-    again = RunRecorder(True, sqlite_uri, "spool-params", run_dir=tmp_path)
-    again.start(run_id, "params", {}, resume_step=40)
-    again.log_params({"trainer.steps": 80, "seed": 0, "new.key": "x"})
-    again.end()
-    run = MlflowClient(sqlite_uri).get_run(run_id)
+    run = client.get_run(run_id)
     assert run.data.params == {"trainer.steps": "40", "seed": "0", "new.key": "x"}
-    assert run.data.tags["worldpipe.changed.trainer.steps"] == "80"
+    assert run.data.tags["worldpipe.changed.trainer.steps"] == "80"  # the latest value, as a tag
     assert "worldpipe.changed.seed" not in run.data.tags
 
 
@@ -261,3 +238,37 @@ def test_the_run_start_is_reported_once_its_open_record_is_acknowledged_not_afte
     report = loop.deliver_now()
     assert report.delivered == 7 and not report.pending
     assert acked_when == {"tried": open_seq, "opened": (open_seq, report.run_id)}
+
+
+def test_the_courier_replays_on_its_own_once_the_store_answers_again(tmp_path, sqlite_uri, caplog):
+    # The store's directory is blocked by a file (as an unmounted or lost share would leave it): every delivery
+    # fails until it is back; nobody runs `worldpipe tracking sync`, the courier's own retries deliver.
+    store_dir = tmp_path / "store"
+    store_dir.write_text("not a directory")
+    recorder = RunRecorder(True, f"sqlite:///{store_dir / 'mlflow.db'}", "spool-recovery", run_dir=tmp_path / "run",
+                           retry_s=0.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="worldpipe.tracking"):
+            recorder.start(None, "recovery", {})
+            recorder.add_metrics(1, {"x": 1.0}, 1)
+            recorder.stage(1)
+            recorder.commit(1)  # returns at once: delivery is the courier's job
+            assert recorder.await_run_id() is None and "unreachable" in caplog.text
+            store_dir.unlink()
+            store_dir.mkdir()
+            shutil.copy(sqlite_uri.removeprefix("sqlite:///"), store_dir / "mlflow.db")  # the store is back
+            deadline = time.monotonic() + 120
+            while "reachable again" not in caplog.text:
+                assert time.monotonic() < deadline, "the courier never replayed the spool"
+                time.sleep(0.1)
+        run_id = recorder.run_id
+        assert run_id is not None
+        recorder.add_metrics(2, {"x": 2.0}, 2)
+        recorder.stage(2)
+        recorder.commit(2)
+        recorder.end()
+    finally:
+        recorder.abandon()  # nothing left to stop after end(); the courier, if the test failed before it
+    client = MlflowClient(f"sqlite:///{store_dir / 'mlflow.db'}")
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "x")) == [(1, 1.0), (2, 2.0)]
+    assert client.get_run(run_id).info.status == "FINISHED"
