@@ -213,7 +213,7 @@ def _run_link(cfg, run_id: str, record: dict) -> str:
     uri = resolve_tracking_uri(cfg.tracking.uri)
     if record.get(MLFLOW_EXPERIMENT_KEY):  # no MLflow import, no request: seconds at the end of every run
         return run_url(uri, str(record[MLFLOW_EXPERIMENT_KEY]), run_id)
-    from worldpipe.tracking.history import client_for
+    from worldpipe.tracking.connection import client_for
 
     try:
         experiment_id = client_for(uri).get_run(run_id).info.experiment_id

@@ -14,7 +14,6 @@ from typing import Any
 import yaml
 
 from worldpipe.config.identity import flatten
-from worldpipe.tracking.connection import client_for  # noqa: F401 - re-exported: `worldpipe train` asks here
 from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
