@@ -38,6 +38,8 @@ REFUSALS: dict[str, tuple[list[str], list[str]]] = {
     "data info": (["{tmp}/none"], ["{tmp}/none", "no trajectory store"]),
     "rounds summarize": (["--rounds-json", "{{bad", "--name", "n", "--id", "i", "--out", "{tmp}/o.json", "--plot",
                           "{tmp}/p.png", "--tracking-uri", ""], ["--rounds-json", "not JSON"]),
+    "rounds time-to-quality": (["{tmp}/none.json", "--id", "i", "--out", "{tmp}/o.json", "--plot", "{tmp}/p.png",
+                                "--tracking-uri", ""], ["{tmp}/none.json", "not a loop's summary"]),
     "ckpt list": (["{tmp}/none"], ["{tmp}/none", "no such directory"]),
     "ckpt verify": (["{tmp}"], ["{tmp}", "no checkpoints"]),
     "ckpt digest": (["{tmp}/none"], ["{tmp}/none", "no such directory"]),

@@ -90,7 +90,7 @@ def datasets(config: Mapping[str, Any]) -> dict[str, Dataset]:
                 raise PipelineError(f"datasets: {name}: {err}") from err
             found[full["name"]] = Dataset(full["name"], full, spec_hash(full))
         if train["env_id"].startswith("dm_control/"):  # the key order against the task's, before any job runs
-            # start-up: gymnasium and MuJoCo load at a parse only for a DeepMind Control dataset
+            # start-up: Gymnasium (and dm_control) load at parse time only for a DeepMind Control dataset
             from worldpipe.data.environments import (
                 EnvSetupError,
                 check_observation_keys,
