@@ -30,9 +30,9 @@ from .thread_pool import LazyThreadPool, background_executor
 logger = logging.getLogger("worldpipe.checkpoint")
 
 # Below this many bytes of parameters and optimizer state, the training thread copies them itself, with the rest of
-# the snapshot. Handing a small copy to the copy thread costs more than the copy: on the smoke model (~180 KB) an
-# async save's step took 11.9-12.2 ms with the deferred copy and 10.8-11.0 ms without (trace events, 2 runs of
-# 9 saves each, alternated); a copy of 16 MiB takes a few ms, about what deferring it costs.
+# the snapshot. Handing a small copy to the copy thread costs more than the copy (docs/benchmarks.md, "checkpoint":
+# the smoke model's async save step with and without the deferred copy); a copy of 16 MiB costs about what
+# deferring it does.
 DEFER_MIN_BYTES = 16 << 20
 
 

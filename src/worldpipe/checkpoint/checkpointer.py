@@ -112,7 +112,7 @@ class Checkpointer:
         self.runtime = runtime
         self.components = components
         self.listener = listener
-        self.every = cfg.get("every")  # read at every step: a plain int, not a config lookup (~7 µs)
+        self.every = cfg.get("every")  # read at every step: a plain int, not a config lookup
         self.manager = CheckpointManager(cfg["dir"], keep_last=cfg["keep_last"], keep_every=cfg["keep_every"],
                                          async_save=cfg["async_save"], verify=cfg["verify"])
         # A DTensor-sharded model (FSDP2, TP) or one cut into pipeline stages is saved sharded: every rank writes

@@ -154,7 +154,7 @@ class TrainingRecords:
                 "time": time.time()}
         try:
             # Not fsynced: a display aid that a crash may cut harmlessly (readers skip a cut line), and an fsync
-            # at every log interval cost the smoke step ~8% (`worldpipe bench loop`'s "waiting on I/O").
+            # at every log interval shows in a small model's step time (`worldpipe bench loop`'s "waiting on I/O").
             with open(self.run_dir / PROGRESS_RECORD, "ab") as record:
                 record.write((json.dumps(line) + "\n").encode())
         except OSError as err:
