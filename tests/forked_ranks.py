@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import json
 import multiprocessing
 import os
@@ -90,13 +91,21 @@ def run_on_ranks(nproc: int, fn: Callable[..., Any], *args: Any, tmp: Path, time
     tmp.mkdir(parents=True, exist_ok=True)
     store = tmp / f"pg-store-{uuid.uuid4().hex}"  # a fresh file: a group's store must never be reused
     pipes, procs = [], []
-    for rank in range(nproc):
-        receive, send = _CONTEXT.Pipe(duplex=False)
-        proc = _CONTEXT.Process(target=_rank_main, args=(rank, nproc, str(store), fn, args, send), daemon=True)
-        proc.start()
-        send.close()
-        pipes.append(receive)
-        procs.append(proc)
+    # The test process's garbage is collected here, and what is left is frozen for the forks: a rank that
+    # collected cycles it inherited (objects of earlier tests: process groups, fake-tensor caches) died with
+    # SIGSEGV inside the garbage collector (make test, 2026-12-06: the stack faulthandler wrote).
+    gc.collect()
+    gc.freeze()
+    try:
+        for rank in range(nproc):
+            receive, send = _CONTEXT.Pipe(duplex=False)
+            proc = _CONTEXT.Process(target=_rank_main, args=(rank, nproc, str(store), fn, args, send), daemon=True)
+            proc.start()
+            send.close()
+            pipes.append(receive)
+            procs.append(proc)
+    finally:
+        gc.unfreeze()
     results: list = [None] * nproc
     errors: list[str] = []
     try:

@@ -25,8 +25,9 @@ def test_retry_delay_backs_off_exponentially_up_to_the_cap():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_records_reach_a_server_that_comes_back_mid_run(tmp_path, caplog):
-    from integration.mlflow_support import MlflowServer
     from mlflow.tracking import MlflowClient
+
+    from mlflow_support import MlflowServer
 
     server = MlflowServer(tmp_path / "server").start()
     recorder = RunRecorder(True, server.url, "adversarial-retry", run_dir=tmp_path / "run")
