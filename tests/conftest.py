@@ -87,10 +87,12 @@ def readme_pipelines_last_reader(readme_pipelines) -> tuple[Path, dict[str, str]
 # module is a group, so its module-scoped fixtures (a pipeline, a server, a cluster) are built once; the SLURM
 # tests share one cluster's system daemons, the modules that read the docs pipelines share one session
 # fixture and those that start from the shared smoke runs another, so each of those is one group. The longest
-# groups go first so that no worker idles at the end.
+# groups (by the durations `make test` prints) go first so that no worker idles at the end.
 # xdist's own loadgroup reads `xdist_group` marks by rewriting node ids, which pytest 9 no longer allows; the
 # scheduler below groups by node id instead (the controller has no items, only their ids).
-FIRST_GROUPS = ("slurm", "readme", "smoke_runs")
+FIRST_GROUPS = ("slurm", "readme", "smoke_runs", "tests/launch/test_run_identity.py",
+                "tests/measure/test_bench_report.py", "tests/pipeline/test_default_pipeline.py",
+                "tests/pipeline/test_from_scratch_pipeline.py", "tests/launch/test_interrupted_force.py")
 SHARED_FIXTURES = {"readme_pipelines": "readme", "smoke_runs": "smoke_runs"}  # session fixture -> its group
 
 
