@@ -23,26 +23,16 @@ from worldpipe.core.hashing import canonical_hash
 from . import layout
 from .structure import table_problems
 from .tensorfile import Segment
-from .thread_pool import LazyThreadPool, in_background
+from .thread_pool import shared_pool
 
 FORMAT = "worldpipe.checkpoint"
 FORMAT_VERSION = 1
 _HASH_CHUNK = 64 << 20  # large updates: hashlib releases the GIL while it hashes them
 
-def _hash_threads() -> int:
-    return max(2, min(4, os.cpu_count() or 2))
-
-
-_HASH_POOL = LazyThreadPool("ckpt-sha256", max_workers=_hash_threads)
-_BACKGROUND_HASH_POOL = LazyThreadPool("ckpt-sha256-bg", max_workers=_hash_threads, background=True)
-
 
 def hash_pool() -> ThreadPoolExecutor:
-    """Process-wide threads that SHA-256 file contents concurrently with writing and reading them.
-
-    Asked from a background thread (an async save's publication), the background-priority ones.
-    """
-    return (_BACKGROUND_HASH_POOL if in_background() else _HASH_POOL).get()
+    """Process-wide threads that SHA-256 file contents concurrently with writing and reading them."""
+    return shared_pool("ckpt-sha256", max(2, min(4, os.cpu_count() or 2)))
 
 
 def sha256_segments(segments: Iterable[Segment]) -> str:

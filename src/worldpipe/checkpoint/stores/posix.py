@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -41,19 +41,8 @@ from .. import layout
 from ..errors import CheckpointWriteError, PathEscapeError
 from ..manifest import sha256_stream
 from ..tensorfile import Segment
-from ..thread_pool import LazyThreadPool, in_background
+from ..thread_pool import shared_pool
 from .base import StepWriter, Store
-
-_FSYNC_POOL = LazyThreadPool("ckpt-fsync", max_workers=2)
-_BACKGROUND_FSYNC_POOL = LazyThreadPool("ckpt-fsync-bg", max_workers=2, background=True)
-
-
-def fsync_pool() -> ThreadPoolExecutor:
-    """Threads that fsync finished files while the next ones are being written (device I/O overlaps).
-
-    Asked from a background thread (an async save), the background-priority ones.
-    """
-    return (_BACKGROUND_FSYNC_POOL if in_background() else _FSYNC_POOL).get()
 
 
 class PosixStore(Store):
@@ -220,7 +209,7 @@ class _PartialDir(StepWriter):
             os.makedirs(os.path.dirname(path), exist_ok=True)  # several ranks may make shards/ at once
         fd = write_file(path, segments)
         # fsync on another thread: this file's device I/O overlaps writing the next file.
-        return fsync_pool().submit(fsync_and_close, fd)
+        return shared_pool("ckpt-fsync", 2).submit(fsync_and_close, fd)
 
     def seal(self, relpaths: Iterable[str]) -> None:  # noqa: D102
         subdirs = {os.path.dirname(self.path(r)) for r in relpaths} - {self.dir}
