@@ -9,35 +9,14 @@ streams that training seeds per rank are distinct between ranks.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import torch
-
 from . import layout
+from .digest import tree_digest
 from .errors import CheckpointError
 from .manifest import parse_manifest
 from .state import NUMPY_GLOBAL_STREAM, PYTHON_STREAM, from_portable, to_portable
-
-
-def _hash_tree(obj: Any, digest: Any) -> None:
-    if isinstance(obj, torch.Tensor):
-        digest.update(b"T" + obj.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    elif isinstance(obj, np.ndarray):
-        digest.update(b"A" + obj.dtype.str.encode() + np.ascontiguousarray(obj).tobytes())
-    elif isinstance(obj, Mapping):
-        for key in sorted(obj, key=str):
-            digest.update(b"K" + str(key).encode())
-            _hash_tree(obj[key], digest)
-    elif isinstance(obj, list | tuple):
-        digest.update(b"L%d" % len(obj))
-        for item in obj:
-            _hash_tree(item, digest)
-    else:
-        digest.update(b"V" + json.dumps(obj).encode())
 
 
 def rng_fingerprint(rng: Mapping) -> dict[str, str]:
@@ -52,23 +31,7 @@ def rng_fingerprint(rng: Mapping) -> dict[str, str]:
                                "torch": rng.get("torch"), "cuda": rng.get("cuda")}
     streams.update({f"numpy:{k}": v for k, v in (rng.get("numpy") or {}).items()})
     streams.update({f"torch:{k}": v for k, v in (rng.get("generators") or {}).items()})
-    out = {}
-    for name, state in streams.items():
-        if state is None:
-            continue
-        digest = hashlib.sha256()
-        _hash_tree(_lists(state), digest)
-        out[name] = digest.hexdigest()
-    return out
-
-
-def _lists(obj: Any) -> Any:
-    # Python's random state is a tuple when captured and a list after a JSON/pickle round trip.
-    if isinstance(obj, list | tuple):
-        return [_lists(v) for v in obj]
-    if isinstance(obj, Mapping):
-        return {k: _lists(v) for k, v in obj.items()}
-    return obj
+    return {name: tree_digest(state) for name, state in streams.items() if state is not None}
 
 
 def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | None,
