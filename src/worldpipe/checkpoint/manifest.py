@@ -45,25 +45,6 @@ def sha256_segments(segments: Iterable[Segment]) -> str:
     return h.hexdigest()
 
 
-def sha256_stream(f) -> str:
-    """SHA-256 of a binary file object, read in large chunks."""
-    h = hashlib.sha256()
-    buf = bytearray(16 << 20)
-    view = memoryview(buf)
-    while True:
-        n = f.readinto(buf) if hasattr(f, "readinto") else None
-        if n is None:
-            chunk = f.read(len(buf))
-            if not chunk:
-                break
-            h.update(chunk)
-            continue
-        if not n:
-            break
-        h.update(view[:n])
-    return h.hexdigest()
-
-
 @dataclass
 class FileRecord:
     """One manifest entry."""

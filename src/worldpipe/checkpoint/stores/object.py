@@ -7,6 +7,7 @@ nonexistent, and ``latest`` is written after the manifest.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -21,7 +22,6 @@ import torch
 from worldpipe.core import ownership
 
 from .. import layout
-from ..manifest import sha256_stream
 from ..tensorfile import Segment
 from .base import StepWriter, Store
 
@@ -77,7 +77,7 @@ class ObjectStore(Store):
 
     def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
         with self.fs.open(self._step_path(step, relpath), "rb") as f:
-            return sha256_stream(f)
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
         data = self.fs.cat_file(self._step_path(step, relpath))

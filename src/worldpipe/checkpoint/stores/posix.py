@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -39,7 +40,6 @@ from worldpipe.core.atomic import (
 
 from .. import layout
 from ..errors import CheckpointWriteError, PathEscapeError
-from ..manifest import sha256_stream
 from ..tensorfile import Segment
 from ..thread_pool import shared_pool
 from .base import StepWriter, Store
@@ -105,7 +105,7 @@ class PosixStore(Store):
 
     def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
         with open(self.local_path(step, relpath), "rb", buffering=0) as f:
-            return sha256_stream(f)
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
         return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True, mmap=mmap)
