@@ -112,11 +112,6 @@ def temp_name(step: int, kind: str, nonce: str) -> str:
     return f"{PARTIAL_PREFIX}{step_dir_name(step)}.{kind}-{nonce}"
 
 
-def latest_temp_name(nonce: str) -> str:
-    """Hidden temporary file that atomically replaces ``latest``."""
-    return f"{PARTIAL_PREFIX}{LATEST_NAME}.tmp-{nonce}"
-
-
 def is_leftover(name: str) -> bool:
     """True for names this library creates transiently and a later save may remove."""
     return bool(_LEFTOVER_RE.match(name))

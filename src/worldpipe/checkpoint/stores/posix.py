@@ -34,6 +34,7 @@ from worldpipe.core.atomic import (
     makedirs_durably,
     publish_dir,
     remove_atomic,
+    write_atomic,
     write_file,
     write_file_durably,
 )
@@ -153,16 +154,8 @@ class PosixStore(Store):
 
     def write_latest(self, name: str) -> None:
         """Atomically and durably point ``latest`` at ``name``: temp file, fsync, rename, fsync dir."""
-        tmp = os.path.join(self.root, layout.latest_temp_name(secrets.token_hex(6)))
-        try:
-            write_file_durably(tmp, [f"{name}\n".encode()])
-            ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
-            os.replace(tmp, os.path.join(self.root, layout.LATEST_NAME))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        fsync_dir(self.root)
+        ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
+        write_atomic(os.path.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
 
     def remove_leftovers(self) -> list[str]:  # noqa: D102
         removed = []
