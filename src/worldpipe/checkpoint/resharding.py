@@ -125,12 +125,6 @@ def _fill_tree(source: StepFiles, saved: Any, target: Any, path: list) -> Any:
     return saved
 
 
-def _module(model: nn.Module) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
     """Load checkpoint ``step`` into ``model`` (and ``optimizer``) as they are laid out now; call on every rank.
 
@@ -146,8 +140,10 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
         set_optimizer_state_dict,
     )
 
+    from worldpipe.parallel.wrap import unwrap
+
     source = open_step(manager, step)
-    module = _module(model)
+    module = unwrap(model)
     saved_model = source.skeleton(layout.MODEL) or {}
     target = get_model_state_dict(module)
     missing = sorted(set(target) - set(saved_model))

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from worldpipe.parallel.runtime import broadcast_object, gather_objects, group_runtime
+from worldpipe.parallel.wrap import unwrap
 
 from . import fault, layout, shards
 from .async_writer import AsyncWriter
@@ -96,9 +97,8 @@ class ShardedSaver:
 def local_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """This rank's model and optimizer state dicts as they are laid out (DTensors stay sharded, no gather)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    from torch.nn.parallel import DistributedDataParallel
 
-    module = model.module if isinstance(model, DistributedDataParallel) else model
+    module = unwrap(model)
     return get_model_state_dict(module), get_optimizer_state_dict(module, optimizer)
 
 
