@@ -111,11 +111,6 @@ class LocalShards:
     local: dict[str, torch.Tensor] = field(default_factory=dict)  # key in this rank's file -> local piece
     pieces: dict[int, dict] = field(default_factory=dict)  # id -> this rank's piece (key, offset, shape)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of this rank's pieces."""
-        return sum(t.numel() * t.element_size() for t in self.local.values())
-
 
 def split_state(state: Mapping) -> LocalShards:
     """Replace the DTensor leaves of ``state`` by placeholders and collect this rank's pieces of them.
@@ -196,7 +191,7 @@ def index_problems(index: Any, shard_files: set[str]) -> list[str]:
 
 
 def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
-    if not (isinstance(entry, Mapping) and isinstance(entry.get("path"), list) and _is_shape(entry.get("shape"))
+    if not (isinstance(entry, Mapping) and isinstance(entry.get("path"), list) and is_shape(entry.get("shape"))
             and isinstance(entry.get("pieces"), list)):
         return "malformed entry"
     try:
@@ -205,8 +200,8 @@ def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
         return str(exc).removeprefix(f"{INDEX_FILE}: ")
     shape, boxes = entry["shape"], []
     for piece in entry["pieces"]:
-        if not (isinstance(piece, Mapping) and isinstance(piece.get("key"), str) and _is_shape(piece.get("offset"))
-                and _is_shape(piece.get("shape")) and len(piece["offset"]) == len(piece["shape"]) == len(shape)):
+        if not (isinstance(piece, Mapping) and isinstance(piece.get("key"), str) and is_shape(piece.get("offset"))
+                and is_shape(piece.get("shape")) and len(piece["offset"]) == len(piece["shape"]) == len(shape)):
             return f"malformed piece {piece!r}"[:200]
         if piece.get("file") not in shard_files:
             return f"piece file {piece.get('file')!r} is not a shard file of this step"
@@ -222,7 +217,8 @@ def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
     return None
 
 
-def _is_shape(value: Any) -> bool:
+def is_shape(value: Any) -> bool:
+    """True for a list of non-negative ints (a shape or an offset as JSON holds it)."""
     return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
 
 

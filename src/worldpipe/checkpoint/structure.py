@@ -59,13 +59,9 @@ def table_problems(table: object) -> list[str]:
         return ["'tensors' is not a list"]
     for entry in table:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), list) and entry["path"]
-                and isinstance(entry.get("dtype"), str) and _is_shape(entry.get("shape"))):
+                and isinstance(entry.get("dtype"), str) and shards.is_shape(entry.get("shape"))):
             return [f"malformed 'tensors' entry {entry!r}"[:200]]
     return []
-
-
-def _is_shape(shape: object) -> bool:
-    return isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
 
 
 def _name(path: Sequence) -> str:
