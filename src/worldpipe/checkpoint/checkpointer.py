@@ -154,14 +154,10 @@ class Checkpointer:
             return Resumed(step, identity)
         state = self.manager.load(step)
         check_identity(state[layout.IDENTITY], step)
-        self.restore(state)
-        return Resumed(step, state[layout.IDENTITY])
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Load a state dict into the components (collective under FSDP2)."""
         c = self.components
-        load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])
+        load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])  # collective under FSDP2
         self._restore_rest(state)
+        return Resumed(step, state[layout.IDENTITY])
 
     def _restore_rest(self, state: Mapping[str, Any]) -> None:
         c = self.components
