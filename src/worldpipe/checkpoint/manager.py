@@ -19,7 +19,7 @@ from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_
 from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
 from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
 from .publication import publish
-from .resharding import is_sharded, lazy_state
+from .resharding import lazy_state
 from .state import validate_state
 from .stores import Store, open_store
 from .structure import tensor_table
@@ -363,10 +363,9 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
 
     A sharded checkpoint is digested tensor by tensor from its memory-mapped shards, never whole.
     """
-
     manager = CheckpointManager(root, storage_options=storage_options)
     if step is None:
-        step = manager.latest_loadable()
+        step, state = newest_loadable(manager)
         if step is None:
             raise CheckpointNotFoundError(f"no loadable checkpoint in {manager.root}")
     else:
@@ -374,11 +373,8 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
         problems, state = step_problems(manager, step)
         if problems:
             raise CheckpointCorruptError(step, problems)
-        if state is not None:  # unsharded: decoded while it was checked
-            return state_digest(state)
-    if is_sharded(manager, step):
-        return state_digest(lazy_state(manager, step, verify=False))  # verified just now
-    return state_digest(manager.load(step))
+    # An unsharded step was decoded while it was checked; a sharded one is digested from its shards (just verified).
+    return state_digest(state if state is not None else lazy_state(manager, step, verify=False))
 
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "require_step", "state_digest"]
