@@ -140,7 +140,7 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
         set_optimizer_state_dict,
     )
 
-    from worldpipe.parallel.wrap import unwrap
+    from worldpipe.parallel.wrap import unwrap  # imports torch's FSDP: a second of start-up
 
     source = open_step(manager, step)
     module = unwrap(model)
