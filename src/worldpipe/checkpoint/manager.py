@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from worldpipe.core.locations import local_path
+
 from . import fault, layout
 from .async_writer import AsyncWriter
 from .codec import PendingFile, decode_state, encode_state, files_for_keys
@@ -21,7 +23,9 @@ from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, 
 from .publication import publish
 from .resharding import lazy_state
 from .state import validate_state
-from .stores import Store, open_store
+from .stores.base import Store
+from .stores.object import ObjectStore
+from .stores.posix import PosixStore
 from .structure import tensor_table
 from .tensorfile import UnsupportedObject
 
@@ -77,8 +81,9 @@ class CheckpointManager:
             raise ValueError(f"keep_every must be a positive int or None, got {keep_every!r}")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
-        self.store: Store = open_store(os.fspath(root) if isinstance(root, os.PathLike) else root,
-                                       storage_options)
+        # POSIX store for local paths (and ``file://``), object store for any other fsspec URL.
+        path = local_path(os.fspath(root))
+        self.store: Store = PosixStore(path) if path is not None else ObjectStore(os.fspath(root), storage_options)
         self.root = self.store.url
         self.keep_last = keep_last
         self.keep_every = keep_every
