@@ -28,18 +28,18 @@ from . import fault, layout
 from .codec import PendingFile
 from .errors import CheckpointWriteError
 from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments
-from .stores.base import StepWriter, Store
+from .stores.base import Store
 
 logger = logging.getLogger("worldpipe.checkpoint")
-
-
 
 
 class Publication:
     """One step on its way into a store; every process that writes files of the step holds one."""
 
-    def __init__(self, store: Store, step: int, writer: StepWriter) -> None:
-        self.store, self.step, self.writer = store, step, writer
+    def __init__(self, store: Store, step: int, token: str | None = None) -> None:
+        """``token`` None: the committing process's publication (see :meth:`begin`); otherwise another process's,
+        writing into the step the committing one began (``token``: its writer's)."""
+        self.store, self.step, self.writer = store, step, store.step_writer(step, token)
         self._written = 0  # files this process has written (``mid_files`` fires after its first)
 
     @classmethod
@@ -51,24 +51,14 @@ class Publication:
             raise CheckpointWriteError(step, store.url, f"cannot remove leftovers: {exc}") from exc
         for path in removed:
             logger.warning("removed leftover of an interrupted save or deletion: %s", path)
-        writer = store.step_writer(step)
+        publication = cls(store, step)
         try:
             fault.inject("before_files")
-            writer.create()
+            publication.writer.create()
         except OSError as exc:
-            writer.discard()
-            raise CheckpointWriteError(step, writer.path(), exc) from exc
-        return cls(store, step, writer)
-
-    @classmethod
-    def join(cls, store: Store, step: int, token: str) -> Publication:
-        """Another process, writing files into the step the committing one began (``token``: its writer's)."""
-        return cls(store, step, store.step_writer(step, token))
-
-    @property
-    def token(self) -> str:
-        """What another process passes to :meth:`join` to write into this step."""
-        return self.writer.token
+            publication.writer.discard()
+            raise CheckpointWriteError(step, publication.writer.path(), exc) from exc
+        return publication
 
     def write(self, files: list[PendingFile]) -> list[FileRecord]:
         """Write this process's ``files`` of the step; their manifest records once every one is durable.

@@ -120,12 +120,12 @@ def publish_shards(manager, step: int, local: shards.LocalShards, group: Any = N
                 publication = Publication.begin(manager.store, step)
             except Exception as exc:
                 own_error = exc
-        token, problem = broadcast_object(runtime, (publication and publication.token,
+        token, problem = broadcast_object(runtime, (publication and publication.writer.token,
                                                     str(own_error) if own_error else None), group)
         if problem:
             _raise(own_error, step, manager.root, problem)
         if publication is None:
-            publication = Publication.join(manager.store, step, token)
+            publication = Publication(manager.store, step, token)
         record, problem = _write_own(publication, runtime.rank, local)
         rank0_records: list[FileRecord] = []
         contents: dict = {}
@@ -161,8 +161,8 @@ def _write_own(publication: Publication, rank: int,
     if not local.local:
         return None, None
     try:
-        encoded = encode_with_fallback(local.local, archive="shards")
-        (record,) = publication.write([PendingFile(shards.shard_file(rank), encoded.segments)])
+        segments = encode_with_fallback(local.local, archive="shards")
+        (record,) = publication.write([PendingFile(shards.shard_file(rank), segments)])
     except (CheckpointWriteError, ValueError, TypeError) as exc:  # reported at the gather: no rank left waiting
         return None, _problem(exc)
     return record, None
