@@ -14,7 +14,7 @@ from typing import Any
 
 from . import layout, shards
 from .state import from_portable, rng_view, to_portable, validate_state
-from .tensorfile import EncodedFile, Segment, encode
+from .tensorfile import Segment, encode
 from .tensorfile import encode_with_fallback as _encode_with_fallback
 
 
@@ -53,8 +53,7 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
             contents[key] = None
             continue
         relpath = layout.TENSOR_FILES[key]
-        encoded: EncodedFile = encode_with_fallback(value, archive=key)
-        files.append(PendingFile(relpath, encoded.segments))
+        files.append(PendingFile(relpath, encode_with_fallback(value, archive=key)))
         contents[key] = relpath
     train_state = {layout.PROGRESS: dict(state.get(layout.PROGRESS) or {}),
                    layout.SAMPLER: dict(state.get(layout.SAMPLER) or {})}
@@ -65,7 +64,7 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     rng_files = []
     for rank, rng in enumerate(state.get(layout.RNG) or []):
         portable = to_portable(dict(rng))
-        files.append(PendingFile(layout.rng_file(rank), encode_with_fallback(portable, archive="rng").segments))
+        files.append(PendingFile(layout.rng_file(rank), encode_with_fallback(portable, archive="rng")))
         files.append(PendingFile(layout.rng_view_file(rank), [json_bytes(rng_view(portable))]))
         rng_files.append(layout.rng_file(rank))
     contents[layout.RNG] = rng_files

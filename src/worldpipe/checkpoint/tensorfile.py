@@ -24,7 +24,7 @@ import io
 import pickle
 import struct
 import sys
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch._utils
@@ -60,27 +60,12 @@ class UnsupportedObject(TypeError):
 Segment = bytes | memoryview
 
 
-@dataclass
-class EncodedFile:
-    """A file's full content as ordered segments; ``b"".join(segments)`` is the file."""
-
-    segments: list[Segment] = field(default_factory=list)
-
-    @property
-    def size(self) -> int:
-        """Total number of bytes."""
-        return sum(len(s) if isinstance(s, bytes) else s.nbytes for s in self.segments)
-
-
-class _StorageRef:
+class _StorageRef(NamedTuple):
     """Placeholder pickled through ``persistent_id`` as torch's ``("storage", ...)`` tuple."""
 
-    __slots__ = ("key", "storage_type", "numel")
-
-    def __init__(self, key: str, storage_type: type, numel: int) -> None:
-        self.key = key
-        self.storage_type = storage_type
-        self.numel = numel
+    key: str
+    storage_type: type
+    numel: int
 
 
 class _Pickler(pickle.Pickler):
@@ -164,12 +149,12 @@ def _central_entry(name: bytes, size: int, offset: int, zip64: bool) -> bytes:
     ) + name + extra
 
 
-def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: bool = False) -> EncodedFile:
+def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: bool = False) -> list[Segment]:
     """Lay out ``records`` (name, data) as an uncompressed, 64-byte-aligned zip under ``archive/``.
 
     ``force_zip64`` writes ZIP64 fields even for small files (tests use it to exercise the >4 GiB path).
     """
-    out = EncodedFile()
+    out: list[Segment] = []
     central: list[tuple[bytes, int, int, bool]] = []
     offset = 0
     for rec_name, data in records:
@@ -177,7 +162,7 @@ def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: boo
         size = len(data) if isinstance(data, bytes) else data.nbytes
         zip64 = force_zip64 or size >= _ZIP32_MAX or offset >= _ZIP32_MAX
         header = _local_header(name, size, offset, zip64)
-        out.segments += [header, data]
+        out += [header, data]
         central.append((name, size, offset, zip64))
         offset += len(header) + size
     cd_offset = offset
@@ -191,11 +176,11 @@ def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: boo
         tail += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, _ZIP16_MAX, _ZIP16_MAX, _ZIP32_MAX, _ZIP32_MAX, 0)
     else:
         tail += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(cd), cd_offset, 0)
-    out.segments.append(tail)
+    out.append(tail)
     return out
 
 
-def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> EncodedFile:
+def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> list[Segment]:
     """Encode ``obj`` as a ``torch.load(weights_only=True)``-loadable file, referencing tensor memory.
 
     The returned segments alias the tensors' storages: they must not be modified until the file is written.
@@ -217,11 +202,11 @@ def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> 
     return build_zip(records, archive, force_zip64)
 
 
-def encode_with_fallback(obj: object, archive: str = "archive") -> EncodedFile:
+def encode_with_fallback(obj: object, archive: str = "archive") -> list[Segment]:
     """:func:`encode`, or ``torch.save`` into memory for objects :func:`encode` does not support."""
     try:
         return encode(obj, archive)
     except UnsupportedObject:
         buf = io.BytesIO()
         torch.save(obj, buf)
-        return EncodedFile([buf.getvalue()])
+        return [buf.getvalue()]
