@@ -19,7 +19,7 @@ from .codec import PendingFile, decode_state, encode_state, files_for_keys
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_line
 from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
-from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
+from .manifest import check_sizes, collect_hashes, parse_manifest, start_hashes
 from .publication import publish
 from .resharding import lazy_state
 from .state import validate_state
@@ -190,20 +190,20 @@ class CheckpointManager:
             return None, [f"{name}/{layout.MANIFEST_NAME}: missing (partial or uncommitted step)"]
         return parse_manifest(raw, step)
 
-    def verify(self, step: int, full: bool = True, only: Iterable[str] | None = None) -> list[str]:
+    def verify(self, step: int, full: bool | None = True) -> list[str]:
         """Problems of checkpoint ``step`` (``[]`` when intact), each naming the file.
 
-        ``full`` compares every file's SHA-256 with the manifest, otherwise only presence and sizes.
-        ``only`` restricts the file checks to these relative paths (the manifest is always checked).
+        ``full`` compares every file's SHA-256 with the manifest, otherwise only presence and sizes (None: as the
+        ``verify`` mode says).
         """
         manifest, problems = self._manifest(step)
         if manifest is None:
             return problems
-        problems = check_files(manifest, step, lambda p: self.store.size_of(step, p),
-                               lambda p: self.store.sha256_of(step, p), full,
-                               None if only is None else set(only))
-        if full and not problems and only is None:
-            self._mark_verified(step, manifest)
+        problems = check_sizes(manifest, step, lambda p: self.store.size_of(step, p))
+        if not problems and (self._full_by_policy(step, manifest) if full is None else full):
+            problems = collect_hashes(step, start_hashes(manifest, lambda p: self.store.sha256_of(step, p)))
+            if not problems:
+                self._mark_verified(step, manifest)
         return problems
 
     def _full_by_policy(self, step: int, manifest: Mapping) -> bool:
@@ -216,12 +216,6 @@ class CheckpointManager:
         with _verified_lock:
             _fully_verified.add((self.root, step, manifest["manifest_sha256"]))
 
-    def _verify_by_policy(self, step: int) -> list[str]:
-        manifest, problems = self._manifest(step)
-        if manifest is None:
-            return problems
-        return self.verify(step, full=self._full_by_policy(step, manifest))
-
     def list(self) -> list[CheckpointInfo]:
         """Published steps, oldest first, with size-level verification (sha256: :meth:`verify`).
 
@@ -230,10 +224,9 @@ class CheckpointManager:
         latest = self.store.read_latest()
         infos = []
         for step in sorted(self.store.step_names()):
-            manifest, problems = self._manifest(step)
+            manifest, _ = self._manifest(step)
             size = sum(f["size"] for f in manifest["files"]) if manifest else 0
-            if manifest is not None:
-                problems = self.verify(step, full=False)
+            problems = self.verify(step, full=False)
             infos.append(CheckpointInfo(step, self.store.location(step), size, not problems,
                                         problems[0] if problems else None, step == latest))
         return infos
@@ -241,7 +234,7 @@ class CheckpointManager:
     def latest_intact(self) -> int | None:
         """Newest step whose manifest and files verify (per ``verify`` mode); warns about each one skipped."""
         for step in sorted(self.store.step_names(), reverse=True):
-            problems = self._verify_by_policy(step)
+            problems = self.verify(step, full=None)
             if not problems:
                 latest = self.store.read_latest()
                 if latest is not None and latest != step:

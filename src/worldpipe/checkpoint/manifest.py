@@ -196,15 +196,3 @@ def collect_hashes(step: int, pending: list[tuple[dict, Future]]) -> list[str]:
         if digest != entry["sha256"]:
             problems.append(f"{where}: sha256 {digest[:16]}... != {entry['sha256'][:16]}... in manifest")
     return problems
-
-
-def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
-                only: set[str] | None = None) -> list[str]:
-    """Problems of the step's files against ``manifest`` (empty when intact).
-
-    ``full`` compares SHA-256 as well as sizes. ``only`` restricts the check to these relative paths.
-    """
-    problems = check_sizes(manifest, step, size_of, only)
-    if problems or not full:
-        return problems
-    return collect_hashes(step, start_hashes(manifest, sha256_of, only))
