@@ -45,31 +45,27 @@ def _join(outlines: list[Any]) -> Any:
     return first
 
 
-def _owned(outline: Any, mine: Any, table: Mapping[tuple, list[int]], path: tuple, rank: int) -> Any:
-    """The joined outline with an OwnedTensor per tensor: this rank's tensor where it holds one."""
+def _holds(outline: Any, path: tuple) -> bool:
+    """Whether a rank's outline has a tensor at ``path``."""
+    for key in path:
+        if not isinstance(outline, Mapping) or _TENSOR in outline or key not in outline:
+            return False
+        outline = outline[key]
+    return isinstance(outline, Mapping) and _TENSOR in outline
+
+
+def _owned(outline: Any, mine: Any, outlines: list[Any], path: tuple, rank: int) -> Any:
+    """The joined outline with an OwnedTensor per tensor: this rank's tensor where it holds one, written by the
+    lowest rank that holds it."""
     if isinstance(outline, Mapping) and _TENSOR in outline:
         shape, dtype = outline[_TENSOR]
         held = mine if isinstance(mine, torch.Tensor) else None
-        return OwnedTensor(shape, dtype, writes=held is not None and rank == table[path][0], tensor=held)
+        writes = held is not None and not any(_holds(other, path) for other in outlines[:rank])
+        return OwnedTensor(shape, dtype, writes=writes, tensor=held)
     if isinstance(outline, Mapping):
-        return {k: _owned(v, mine.get(k) if isinstance(mine, Mapping) else None, table, path + (k,), rank)
+        return {k: _owned(v, mine.get(k) if isinstance(mine, Mapping) else None, outlines, path + (k,), rank)
                 for k, v in outline.items()}
     return outline
-
-
-def _holder_table(outlines: list[Any]) -> dict[tuple, list[int]]:
-    table: dict[tuple, list[int]] = {}
-
-    def walk(tree: Any, path: tuple, rank: int) -> None:
-        if isinstance(tree, Mapping) and _TENSOR not in tree:
-            for k, v in tree.items():
-                walk(v, path + (k,), rank)
-        else:
-            table.setdefault(path, []).append(rank)
-
-    for rank, outline in enumerate(outlines):
-        walk(outline, (), rank)
-    return table
 
 
 def _param_groups(groups_by_rank: list[list[Mapping]]) -> list[dict]:
@@ -85,11 +81,9 @@ def join_stages(runtime: Runtime, model_state: Mapping, optim_state: Mapping) ->
     """This rank's stage state dicts -> the whole model's, with :class:`OwnedTensor` leaves (collective)."""
     outlines = gather_objects(runtime, (_outline(model_state), _outline(optim_state.get("state", {})),
                                         _outline(optim_state.get("param_groups", []))))
-    model_outline = _join([o[0] for o in outlines])
-    state_outline = _join([o[1] for o in outlines])
-    model = _owned(model_outline, model_state, _holder_table([o[0] for o in outlines]), (), runtime.rank)
-    state = _owned(state_outline, optim_state.get("state", {}), _holder_table([o[1] for o in outlines]), (),
-                   runtime.rank)
+    models, states = [o[0] for o in outlines], [o[1] for o in outlines]
+    model = _owned(_join(models), model_state, models, (), runtime.rank)
+    state = _owned(_join(states), optim_state.get("state", {}), states, (), runtime.rank)
     return model, {"state": state, "param_groups": _param_groups([o[2] for o in outlines])}
 
 
