@@ -18,7 +18,7 @@ from .async_writer import AsyncWriter
 from .codec import PendingFile, decode_state, encode_state, files_for_keys
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_line
-from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
+from .loadable import found_tensors, newest_loadable, step_problems, structure_problems, tensor_table
 from .manifest import check_sizes, collect_hashes, parse_manifest, start_hashes
 from .publication import publish
 from .resharding import lazy_state
@@ -26,7 +26,6 @@ from .state import validate_state
 from .stores.base import Store
 from .stores.object import ObjectStore
 from .stores.posix import PosixStore
-from .structure import tensor_table
 from .tensorfile import UnsupportedObject
 
 logger = logging.getLogger("worldpipe.checkpoint")

@@ -21,7 +21,7 @@ import torch
 from worldpipe.core.hashing import canonical_hash
 
 from . import layout
-from .structure import table_problems
+from .shards import is_shape
 from .tensorfile import Segment
 from .thread_pool import shared_pool
 
@@ -58,7 +58,7 @@ def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identi
                    tensors: list[dict] | None = None) -> bytes:
     """Encoded MANIFEST.json for a step whose files are ``files``.
 
-    ``tensors``: the table of every stored tensor's path, shape and dtype (:func:`.structure.tensor_table`), so
+    ``tensors``: the table of every stored tensor's path, shape and dtype (:func:`.loadable.tensor_table`), so
     a reader can tell a step that hashes correctly but would not load.
     """
     body = {
@@ -105,6 +105,17 @@ def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
         problems = [f"{where}: {p}" for p in table_problems(body["tensors"])]
     body["manifest_sha256"] = claimed
     return (None if problems else body), problems
+
+
+def table_problems(table: object) -> list[str]:
+    """What is malformed in a recorded ``tensors`` table (checked when the manifest is parsed)."""
+    if not isinstance(table, list):
+        return ["'tensors' is not a list"]
+    for entry in table:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), list) and entry["path"]
+                and isinstance(entry.get("dtype"), str) and is_shape(entry.get("shape"))):
+            return [f"malformed 'tensors' entry {entry!r}"[:200]]
+    return []
 
 
 def illegal_path(path: object) -> bool:

@@ -37,11 +37,11 @@ from .async_writer import AsyncWriter
 from .codec import PendingFile, encode_state, json_bytes
 from .digest import state_digest
 from .errors import CheckpointWriteError
+from .loadable import tensor_table
 from .manifest import FileRecord
 from .publication import Publication
 from .resharding import lazy_state
 from .state import snapshot_state, validate_state
-from .structure import tensor_table
 from .tensorfile import encode_with_fallback
 
 
