@@ -74,7 +74,7 @@ def test_published_checkpoint_is_the_state_at_save_time(tmp_path, monkeypatch, d
         state2 = _state(model, opt)
         expected2 = state_digest(state2)
         cm.save(2, state2, optimizer=opt)
-        cm.before_optimizer_step()
+        cm.writer.before_optimizer_step()
         _step(model, opt)
     assert state_digest(CheckpointManager(tmp_path / "ck").load(2)) == expected2
 

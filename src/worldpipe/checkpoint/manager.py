@@ -103,7 +103,7 @@ class CheckpointManager:
         previous one). A failure of the previous background save is raised here (and this save not started).
         Async with ``optimizer``: the tensors ``optimizer.step()`` writes (parameters, optimizer state) are
         copied on a background thread too; the optimizer's next ``step()`` waits for that copy (a step
-        pre-hook, or call :meth:`before_optimizer_step`), so the copy overlaps the next forward and backward.
+        pre-hook, or call ``writer.before_optimizer_step()``), so the copy overlaps the next forward and backward.
         ``wait``: publish on this thread as a sync save does, async or not (a final save that is waited for
         anyway must not wait for a background-priority writer that the machine's other work starves).
         """
@@ -121,14 +121,6 @@ class CheckpointManager:
         except UnsupportedObject:  # torch.save's fallback reads the bytes: only once the copy is complete
             prepared = None
         self.writer.submit(step, lambda: self._publish(step, prepared or self._prepare(snapshot)))
-
-    def before_optimizer_step(self) -> None:
-        """Block until the background copy of the last async save is complete (the optimizer may step then)."""
-        self.writer.before_optimizer_step()
-
-    def publishing(self) -> bool:
-        """True while an async save is still being published (never blocks; a benchmark polls it per step)."""
-        return self.writer.publishing()
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
