@@ -47,12 +47,6 @@ def _frame(h, tag: bytes, payload: bytes) -> None:
     h.update(tag + len(payload).to_bytes(8, "little") + payload)
 
 
-def _scalar_json(value) -> bytes:
-    if isinstance(value, float) and not math.isfinite(value):
-        return json.dumps(repr(value)).encode()
-    return json.dumps(value).encode()
-
-
 def tree_digest(obj) -> str:
     """SHA-256 hex digest of any tree of the kinds a state holds, in :func:`state_digest`'s encoding."""
     h = hashlib.sha256()
@@ -103,7 +97,8 @@ def _feed(h, obj) -> None:
     elif isinstance(obj, np.generic):
         _feed(h, obj.item())
     elif isinstance(obj, bool | int | float | str):
-        _frame(h, b"J", _scalar_json(obj))
+        nonfinite = isinstance(obj, float) and not math.isfinite(obj)
+        _frame(h, b"J", json.dumps(repr(obj) if nonfinite else obj).encode())
     else:
         # dtypes, devices and the like: their string form is their identity.
         _frame(h, b"S", f"{type(obj).__module__}.{type(obj).__qualname__}:{obj}".encode())

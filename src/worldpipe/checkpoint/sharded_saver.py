@@ -171,12 +171,11 @@ def _write_own(publication: Publication, rank: int,
 def _write_skeleton(publication: Publication, skeleton: Mapping) -> tuple[list[FileRecord], dict, str | None]:
     try:
         files, contents = encode_state(skeleton)
+        return publication.write(files), contents, None
     except ValueError as exc:  # an invalid state: every rank must still reach the gather, then fail
         return [], {}, f"invalid state: {exc}"
-    try:
-        return publication.write(files), contents, None
     except CheckpointWriteError as exc:
-        return [], contents, _problem(exc)
+        return [], {}, _problem(exc)
 
 
 def _commit(publication: Publication, local: shards.LocalShards, gathered: list, rank0_records: list[FileRecord],

@@ -30,7 +30,6 @@ from . import layout
 PLACEHOLDER = "__worldpipe_shard__"
 SHARD_DIR = "shards"
 INDEX_FILE = f"{SHARD_DIR}/index.json"
-SHARD_FILE_FORMAT = SHARD_DIR + "/rank-{rank:05d}.pt"
 INDEX_FORMAT = 1
 SHARDED_STATE_KEYS = (layout.MODEL, layout.OPTIMIZER, layout.EMA)
 CONTENTS_KEY = "shards"  # manifest contents: {"index": INDEX_FILE, "files": [...], "world_size": N}
@@ -38,7 +37,7 @@ CONTENTS_KEY = "shards"  # manifest contents: {"index": INDEX_FILE, "files": [..
 
 def shard_file(rank: int) -> str:
     """Relative path of rank ``rank``'s shard file."""
-    return SHARD_FILE_FORMAT.format(rank=rank)
+    return f"{SHARD_DIR}/rank-{rank:05d}.pt"
 
 
 def is_dtensor(obj: Any) -> bool:

@@ -47,12 +47,8 @@ class ObjectStore(Store):
             entries = self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return []
-        steps = []
-        for entry in entries:
-            step = layout.parse_step_dir(posixpath.basename(entry["name"].rstrip("/")))
-            if step is not None and entry.get("type") == "directory":
-                steps.append(step)
-        return steps
+        steps = [(layout.parse_step_dir(posixpath.basename(e["name"].rstrip("/"))), e.get("type")) for e in entries]
+        return [step for step, kind in steps if step is not None and kind == "directory"]
 
     def step_names(self) -> list[int]:  # noqa: D102
         return [s for s in self._listed_steps() if self.fs.exists(self._step_path(s, layout.MANIFEST_NAME))]

@@ -77,12 +77,8 @@ class PosixStore(Store):
             names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        steps = []
-        for name in names:
-            step = layout.parse_step_dir(name)
-            if step is not None and os.path.isdir(os.path.join(self.root, name)):
-                steps.append(step)
-        return steps
+        steps = {name: layout.parse_step_dir(name) for name in names}
+        return [step for name, step in steps.items() if step is not None and os.path.isdir(os.path.join(self.root, name))]
 
     def step_exists(self, step: int) -> bool:  # noqa: D102
         return os.path.lexists(self._path(step))
@@ -124,14 +120,11 @@ class PosixStore(Store):
 
     # ---------------------------------------------------------------- writing
 
-    def _ensure_root(self) -> None:
-        makedirs_durably(self.root)  # the new directories' names must survive a crash too
-
     @contextlib.contextmanager
     def writer_lock(self, step: int) -> Iterator[None]:
         """Exclusive ``flock`` on ``.writer.lock``: two processes publishing into one root is a bug."""
         try:
-            self._ensure_root()
+            makedirs_durably(self.root)  # the new directories' names must survive a crash too
             fd = os.open(os.path.join(self.root, layout.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise CheckpointWriteError(step, self.root, exc) from exc
