@@ -48,15 +48,6 @@ class CheckpointInfo:
     is_latest: bool
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    """What a publication writes, encoded from the state (tensor bytes referenced, not yet read)."""
-    files: list[PendingFile]
-    contents: dict
-    identity: Mapping
-    tensors: list[dict]
-
-
 class CheckpointManager:
     """Publishes, verifies and loads the checkpoints of one run (single writer: rank 0).
 
@@ -139,13 +130,15 @@ class CheckpointManager:
         self.close()
 
     @staticmethod
-    def _prepare(state: Mapping, fallback: bool = True) -> _Prepared:
+    def _prepare(state: Mapping, fallback: bool = True) -> tuple[list[PendingFile], dict, Mapping, list[dict]]:
+        """:func:`.publication.publish`'s files, contents, identity and tensor table of ``state`` (tensor bytes
+        referenced, not yet read)."""
         files, contents = encode_state(state, fallback)
-        return _Prepared(files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state))
+        return files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state)
 
-    def _publish(self, step: int, prepared: _Prepared) -> None:
+    def _publish(self, step: int, prepared: tuple) -> None:
         with self.store.writer_lock(step), fault.publishing(step):
-            publish(self.store, step, prepared.files, prepared.contents, prepared.identity, prepared.tensors)
+            publish(self.store, step, *prepared)
             self.retain_after(step)
 
     def retain_after(self, step: int) -> None:
