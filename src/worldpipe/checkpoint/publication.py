@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from . import fault, layout
 from .codec import PendingFile
@@ -79,14 +79,13 @@ class Publication:
                 self._written += 1
                 if self._written == 1:
                     fault.inject("mid_files")
-        except BaseException as exc:
-            _settle(durable)  # every descriptor closed before the error propagates
-            if isinstance(exc, OSError):
-                raise CheckpointWriteError(self.step, where, exc) from exc
-            raise
-        failed = _settle(durable)
-        if failed is not None:
-            raise CheckpointWriteError(self.step, *failed) from failed[1]
+        except OSError as exc:
+            raise CheckpointWriteError(self.step, where, exc) from exc
+        finally:
+            wait([done for _, done in durable])  # every descriptor closed before any error propagates
+        failed = [(where, done.exception()) for where, done in durable if done.exception() is not None]
+        if failed:
+            raise CheckpointWriteError(self.step, *failed[0]) from failed[0][1]
         return [FileRecord(f.relpath, f.size, digests[f.relpath].result()) for f in files]
 
     def commit(self, records: Iterable[FileRecord], contents: Mapping, identity: Mapping,
@@ -119,16 +118,6 @@ class Publication:
     def discard(self) -> None:
         """Remove what was written of the uncommitted step (the committing process, after a failure)."""
         self.writer.discard()
-
-
-def _settle(durable: list[tuple[str, Future]]) -> tuple[str, BaseException] | None:
-    """Wait for every file's durability; the first failure (path, error), if any."""
-    first = None
-    for where, done in durable:
-        error = done.exception()
-        if error is not None and first is None:
-            first = (where, error)
-    return first
 
 
 def publish(store: Store, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
