@@ -10,10 +10,13 @@ writer: rank 0 commits; POSIX stores enforce it with a lock file, object stores 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
+from .. import layout
 from ..tensorfile import Segment
 
 
@@ -63,14 +66,24 @@ class Store(Protocol):
     def location(self, step: int) -> str:
         """Printable location of a step directory."""
 
+    def open_file(self, step: int | None, relpath: str) -> BinaryIO:
+        """A file of ``step`` (None: of the store's root) opened for reading; FileNotFoundError when missing."""
+
     def read_manifest(self, step: int) -> bytes | None:
         """Raw MANIFEST.json of ``step``, or None when missing."""
+        try:
+            with self.open_file(step, layout.MANIFEST_NAME) as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def size_of(self, step: int, relpath: str) -> int | None:
         """Size of a file of ``step``, None when missing."""
 
     def sha256_of(self, step: int, relpath: str) -> str:
         """SHA-256 of a file of ``step``, read from the store."""
+        with self.open_file(step, relpath) as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:
         """``torch.load(..., weights_only=True)`` of a file of ``step``; ``mmap``: memory-mapped where the store
@@ -78,9 +91,16 @@ class Store(Protocol):
 
     def read_json(self, step: int, relpath: str) -> Any:
         """Parsed JSON file of ``step``."""
+        with self.open_file(step, relpath) as f:
+            return json.load(f)
 
     def read_latest(self) -> int | None:
         """Step named by the ``latest`` pointer, None when absent or unreadable."""
+        try:
+            with self.open_file(None, layout.LATEST_NAME) as f:
+                return layout.parse_step_dir(f.read().decode().strip())
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
 
     def latest_location(self) -> str:
         """Printable location of the ``latest`` pointer, for errors."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import posixpath
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 import torch
@@ -59,11 +58,10 @@ class ObjectStore(Store):
     def location(self, step: int) -> str:  # noqa: D102
         return f"{self.url}/{layout.step_dir_name(step)}"
 
-    def read_manifest(self, step: int) -> bytes | None:  # noqa: D102
-        try:
-            return self.fs.cat_file(self._step_path(step, layout.MANIFEST_NAME))
-        except FileNotFoundError:
-            return None
+    def open_file(self, step: int | None, relpath: str) -> BinaryIO:  # noqa: D102
+        # Read whole with one GET: an fsspec file's size may come from a stale listing cache.
+        return io.BytesIO(self.fs.cat_file(self._step_path(step, relpath) if step is not None else
+                                           posixpath.join(self.root, relpath)))
 
     def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
         try:
@@ -76,18 +74,7 @@ class ObjectStore(Store):
             return hashlib.file_digest(f, "sha256").hexdigest()
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
-        data = self.fs.cat_file(self._step_path(step, relpath))
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-
-    def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
-        return json.loads(self.fs.cat_file(self._step_path(step, relpath)))
-
-    def read_latest(self) -> int | None:  # noqa: D102
-        try:
-            text = self.fs.cat_file(posixpath.join(self.root, layout.LATEST_NAME)).decode().strip()
-        except (FileNotFoundError, UnicodeDecodeError):
-            return None
-        return layout.parse_step_dir(text)
+        return torch.load(self.open_file(step, relpath), map_location=map_location, weights_only=True)
 
     def _remove_step(self, step: int) -> None:
         # Manifest first: the step stops being visible before any of its files disappear.

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import json
 import os
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -86,12 +84,9 @@ class PosixStore(Store):
     def location(self, step: int) -> str:  # noqa: D102
         return self._path(step)
 
-    def read_manifest(self, step: int) -> bytes | None:  # noqa: D102
-        try:
-            with open(self.local_path(step, layout.MANIFEST_NAME), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+    def open_file(self, step: int | None, relpath: str) -> BinaryIO:  # noqa: D102
+        return open(os.path.join(self.root, relpath) if step is None else self.local_path(step, relpath), "rb",
+                    buffering=0)
 
     def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
         try:
@@ -100,23 +95,8 @@ class PosixStore(Store):
             return None
         return st.st_size
 
-    def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
-        with open(self.local_path(step, relpath), "rb", buffering=0) as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
         return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True, mmap=mmap)
-
-    def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
-        with open(self.local_path(step, relpath), "rb") as f:
-            return json.load(f)
-
-    def read_latest(self) -> int | None:  # noqa: D102
-        try:
-            with open(os.path.join(self.root, layout.LATEST_NAME), "rb") as f:
-                return layout.parse_step_dir(f.read().decode().strip())
-        except (FileNotFoundError, UnicodeDecodeError):
-            return None
 
     # ---------------------------------------------------------------- writing
 
