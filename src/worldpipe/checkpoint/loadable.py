@@ -27,9 +27,8 @@ from typing import Any, NamedTuple
 import torch
 
 from . import layout, shards
-from .codec import decode_state
 from .errors import CheckpointCorruptError
-from .resharding import OTHER_KEYS, StepFiles
+from .resharding import StepFiles
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -176,7 +175,7 @@ def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedS
         skeleton = {key: source.skeleton(key) for key in layout.TENSOR_KEYS}  # weights_only, every file
         for relpath in sorted(listed):
             source.load(relpath)
-        decode_state(source.contents, lambda relpath, _cpu: source.load(relpath), source.read_json, OTHER_KEYS)
+        source.other_keys()
         problems = _placeholder_problems(skeleton, source.index, name) or _piece_problems(source, name)
     except CheckpointCorruptError as exc:
         return exc.problems

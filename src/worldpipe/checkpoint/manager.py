@@ -356,7 +356,7 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
         if problems:
             raise CheckpointCorruptError(step, problems)
     # An unsharded step was decoded while it was checked; a sharded one is digested from its shards (just verified).
-    return state_digest(state if state is not None else lazy_state(manager, step, verify=False))
+    return state_digest(state if state is not None else lazy_state(manager, step))
 
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "require_step", "state_digest"]

@@ -90,7 +90,7 @@ class ShardedSaver:
     def _publish(self, step: int, local: shards.LocalShards) -> str | None:
         publish_shards(self.manager, step, local, self._group)
         if self.digest and local.skeleton.get(layout.PROGRESS) is not None:  # rank 0
-            return state_digest(lazy_state(self.manager, step, verify=False))
+            return state_digest(lazy_state(self.manager, step))
         return None
 
 
