@@ -169,7 +169,7 @@ class Checkpointer:
         # Per-rank streams restore to the same rank. On another world size ranks map to different data and the
         # streams start fresh; noise that shapes the math is keyed by sample index, not by rank.
         if len(rng) == self.runtime.world_size:
-            restore_rng(rng[self.runtime.rank], {}, c.torch_generators)
+            restore_rng(rng[self.runtime.rank], c.torch_generators)
 
     # ---- save ----
     def capture(self, sharded: bool = False) -> dict[str, Any] | None:
@@ -184,7 +184,7 @@ class Checkpointer:
                 model_state, optim_state = join_stages(self.runtime, model_state, optim_state)
         else:
             model_state, optim_state = full_states(c.model, c.optimizer)
-        rng = gather_objects(self.runtime, capture_rng({}, c.torch_generators))
+        rng = gather_objects(self.runtime, capture_rng(c.torch_generators))
         if not self.runtime.is_main:
             return {layout.MODEL: model_state, layout.OPTIMIZER: optim_state} if sharded else None
         return {

@@ -21,7 +21,7 @@ from .state import NUMPY_GLOBAL_STREAM, PYTHON_STREAM, from_portable, to_portabl
 
 def rng_fingerprint(rng: Mapping) -> dict[str, str]:
     """SHA-256 per stream of one rank's RNG state (as :func:`~worldpipe.checkpoint.state.capture_rng` returns it
-    or a checkpoint loads it); named generators appear as ``torch:<name>`` / ``numpy:<name>``.
+    or a checkpoint loads it); named generators appear as ``torch:<name>``.
 
     Equal fingerprints mean equal states: the representation is normalized (lists vs tuples, portable NumPy
     arrays), so a state captured live and the same state read back from a file agree.
@@ -29,7 +29,6 @@ def rng_fingerprint(rng: Mapping) -> dict[str, str]:
     rng = from_portable(to_portable(dict(rng)))
     streams: dict[str, Any] = {PYTHON_STREAM: rng.get(PYTHON_STREAM), NUMPY_GLOBAL_STREAM: rng.get(NUMPY_GLOBAL_STREAM),
                                "torch": rng.get("torch"), "cuda": rng.get("cuda")}
-    streams.update({f"numpy:{k}": v for k, v in (rng.get("numpy") or {}).items()})
     streams.update({f"torch:{k}": v for k, v in (rng.get("generators") or {}).items()})
     return {name: tree_digest(state) for name, state in streams.items() if state is not None}
 

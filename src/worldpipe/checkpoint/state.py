@@ -151,9 +151,8 @@ def from_portable(obj):
     return obj
 
 
-def capture_rng(numpy_generators: Mapping[str, np.random.Generator] | None = None,
-                torch_generators: Mapping[str, torch.Generator] | None = None) -> dict:
-    """This process's RNG state: Python ``random``, NumPy global + named, torch CPU/CUDA default + named.
+def capture_rng(torch_generators: Mapping[str, torch.Generator] | None = None) -> dict:
+    """This process's RNG state: Python ``random``, NumPy's global generator, torch CPU/CUDA default + named.
 
     The result holds only Python containers, ints/floats and CPU ``ByteTensor`` s, so it loads with
     ``torch.load(weights_only=True)`` and survives ``all_gather_object``.
@@ -164,15 +163,13 @@ def capture_rng(numpy_generators: Mapping[str, np.random.Generator] | None = Non
     return {
         PYTHON_STREAM: random.getstate(),
         NUMPY_GLOBAL_STREAM: to_portable(np.random.get_state()),
-        "numpy": {name: to_portable(g.bit_generator.state) for name, g in (numpy_generators or {}).items()},
         "torch": torch.get_rng_state(),
         "cuda": cuda,
         "generators": {name: g.get_state() for name, g in (torch_generators or {}).items()},
     }
 
 
-def restore_rng(rng: Mapping, numpy_generators: Mapping[str, np.random.Generator] | None = None,
-                torch_generators: Mapping[str, torch.Generator] | None = None) -> None:
+def restore_rng(rng: Mapping, torch_generators: Mapping[str, torch.Generator] | None = None) -> None:
     """Restore what :func:`capture_rng` captured, in place, into the global and the given named generators.
 
     A named generator the state does not hold raises ``KeyError``: silently keeping its current state would
@@ -182,11 +179,6 @@ def restore_rng(rng: Mapping, numpy_generators: Mapping[str, np.random.Generator
     random.setstate((py[0], tuple(py[1]), py[2]))
     if rng.get(NUMPY_GLOBAL_STREAM) is not None:
         np.random.set_state(tuple(from_portable(rng[NUMPY_GLOBAL_STREAM])))
-    saved_np = rng.get("numpy") or {}
-    for name, gen in (numpy_generators or {}).items():
-        if name not in saved_np:
-            raise KeyError(f"RNG state holds no NumPy generator {name!r} (has {sorted(saved_np)})")
-        gen.bit_generator.state = from_portable(saved_np[name])
     torch.set_rng_state(_byte_tensor(rng["torch"]))
     if rng.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([_byte_tensor(s) for s in rng["cuda"]])
