@@ -79,8 +79,7 @@ class AsyncWriter:
     ``background_priority``: the writer thread runs at the lowest CPU priority (False: a benchmark's before).
     """
 
-    def __init__(self, thread_name: str = "ckpt-writer", background_priority: bool = True) -> None:
-        self.thread_name = thread_name
+    def __init__(self, background_priority: bool = True) -> None:
         self.background_priority = background_priority
         # (step, digest or None) of saves found published, oldest first; appended by the writer thread, so its
         # owner pops (never clears) them.
@@ -113,7 +112,7 @@ class AsyncWriter:
     def submit(self, step: int, publish: Callable[[], str | None]) -> None:
         """Publish ``step`` on the writer thread, once the snapshot's deferred copy is complete."""
         if self._executor is None:  # one long-lived thread: no thread start on the training thread's clock
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self.thread_name,
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-writer",
                                                 initializer=enter_background if self.background_priority else None)
         self._inflight = self._executor.submit(self._in_background, step, publish, self._copy)
 

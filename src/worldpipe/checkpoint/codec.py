@@ -48,13 +48,9 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     files: list[PendingFile] = []
     contents: dict[str, Any] = {}
     for key in layout.TENSOR_KEYS:
-        value = state.get(key)
-        if value is None:
-            contents[key] = None
-            continue
-        relpath = layout.TENSOR_FILES[key]
-        files.append(PendingFile(relpath, encode_with_fallback(value, archive=key)))
-        contents[key] = relpath
+        contents[key] = layout.TENSOR_FILES[key] if state.get(key) is not None else None
+        if contents[key] is not None:
+            files.append(PendingFile(contents[key], encode_with_fallback(state[key], archive=key)))
     train_state = {layout.PROGRESS: dict(state.get(layout.PROGRESS) or {}),
                    layout.SAMPLER: dict(state.get(layout.SAMPLER) or {})}
     files.append(PendingFile(layout.TRAIN_STATE_FILE, [json_bytes(train_state)]))

@@ -79,7 +79,7 @@ class CheckpointManager:
         self.keep_every = keep_every
         self.async_save = async_save
         self.verify_mode = verify
-        self.writer = AsyncWriter("ckpt-writer", background_priority)
+        self.writer = AsyncWriter(background_priority)
         self._closed = False
         self._preloaded: tuple[int, dict] | None = None  # chosen by latest_loadable(), handed to load()
 

@@ -66,12 +66,8 @@ class ShardedSaver:
         Every rank passes ``model``/``optimizer``/``ema`` as sharded state dicts (DTensor leaves are split by
         placement; plain tensors are taken from rank 0). Only rank 0's other keys are used: scheduler, scaler,
         progress, sampler, identity and ``rng`` (every rank's, gathered by the caller). If any rank fails, every
-        rank raises CheckpointWriteError and the previous checkpoint stays ``latest``.
-
-        Sync: returns once durable and ``latest`` names it. Async: returns after the snapshot (the copy of what
-        ``optimizer.step()`` writes continues in the background when ``optimizer`` is given). ``wait`` (every rank
-        alike): publish on this thread, as a sync save does (a final save is waited for anyway; see
-        CheckpointManager.save).
+        rank raises CheckpointWriteError and the previous checkpoint stays ``latest``. Sync, async, ``optimizer``
+        and ``wait`` (every rank alike) as for :meth:`CheckpointManager.save`.
         """
         layout.step_dir_name(step)
         if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):

@@ -123,18 +123,14 @@ def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: t
 
 def to_portable(obj):
     """Replace numpy arrays/scalars by plain Python so ``torch.load(weights_only=True)`` and JSON accept them."""
-    if isinstance(obj, list | tuple) and only_json_scalars(obj):
-        return list(obj) if isinstance(obj, list) else tuple(obj)
     if isinstance(obj, np.ndarray):
         return {_NDARRAY_TAG: obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, Mapping):
         return {k: to_portable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_portable(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_portable(v) for v in obj)
+    if isinstance(obj, list | tuple):  # a long run of ints (Python's random state) is copied in one go
+        return type(obj)(obj) if only_json_scalars(obj) else type(obj)(to_portable(v) for v in obj)
     return obj
 
 
@@ -144,10 +140,8 @@ def from_portable(obj):
         if _NDARRAY_TAG in obj:
             return np.asarray(obj["data"], dtype=np.dtype(obj[_NDARRAY_TAG])).reshape(obj["shape"])
         return {k: from_portable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [from_portable(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(from_portable(v) for v in obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(from_portable(v) for v in obj)
     return obj
 
 

@@ -65,6 +65,7 @@ class Store(Protocol):
 
     def location(self, step: int) -> str:
         """Printable location of a step directory."""
+        return f"{self.url}/{layout.step_dir_name(step)}"
 
     def open_file(self, step: int | None, relpath: str) -> BinaryIO:
         """A file of ``step`` (None: of the store's root) opened for reading; FileNotFoundError when missing."""
@@ -104,6 +105,7 @@ class Store(Protocol):
 
     def latest_location(self) -> str:
         """Printable location of the ``latest`` pointer, for errors."""
+        return f"{self.url}/{layout.LATEST_NAME}"
 
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:
         """A writer of ``step``: a new place to write it (``token`` None: the committing process, before

@@ -55,9 +55,6 @@ class ObjectStore(Store):
     def step_exists(self, step: int) -> bool:  # noqa: D102
         return step in self._listed_steps()
 
-    def location(self, step: int) -> str:  # noqa: D102
-        return f"{self.url}/{layout.step_dir_name(step)}"
-
     def open_file(self, step: int | None, relpath: str) -> BinaryIO:  # noqa: D102
         # Read whole with one GET: an fsspec file's size may come from a stale listing cache.
         return io.BytesIO(self.fs.cat_file(self._step_path(step, relpath) if step is not None else
@@ -93,9 +90,6 @@ class ObjectStore(Store):
                 self._remove_step(step)
                 removed.append(self.location(step))
         return removed
-
-    def latest_location(self) -> str:  # noqa: D102
-        return f"{self.url}/{layout.LATEST_NAME}"
 
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
         return _StepObjects(self, step)

@@ -81,9 +81,6 @@ class PosixStore(Store):
     def step_exists(self, step: int) -> bool:  # noqa: D102
         return os.path.lexists(self._path(step))
 
-    def location(self, step: int) -> str:  # noqa: D102
-        return self._path(step)
-
     def open_file(self, step: int | None, relpath: str) -> BinaryIO:  # noqa: D102
         return open(os.path.join(self.root, relpath) if step is None else self.local_path(step, relpath), "rb",
                     buffering=0)
@@ -118,9 +115,6 @@ class PosixStore(Store):
             yield
         finally:
             os.close(fd)  # releases the lock
-
-    def latest_location(self) -> str:  # noqa: D102
-        return os.path.join(self.root, layout.LATEST_NAME)
 
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
         return _PartialDir(self, step, token or layout.temp_name(step, "partial", secrets.token_hex(6)))
