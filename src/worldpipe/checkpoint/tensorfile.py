@@ -24,7 +24,6 @@ import io
 import pickle
 import struct
 import sys
-from typing import NamedTuple
 
 import torch
 import torch._utils
@@ -60,12 +59,8 @@ class UnsupportedObject(TypeError):
 Segment = bytes | memoryview
 
 
-class _StorageRef(NamedTuple):
-    """Placeholder pickled through ``persistent_id`` as torch's ``("storage", ...)`` tuple."""
-
-    key: str
-    storage_type: type
-    numel: int
+class _StorageRef(tuple):
+    """Torch's ``("storage", type, key, "cpu", numel)`` persistent id, marked as one for ``persistent_id``."""
 
 
 class _Pickler(pickle.Pickler):
@@ -77,16 +72,11 @@ class _Pickler(pickle.Pickler):
         self.storages: dict[tuple, tuple[_StorageRef, torch.dtype, torch.Tensor]] = {}
 
     def persistent_id(self, obj):  # noqa: D102 - pickle hook
-        if type(obj) is _StorageRef:
-            return ("storage", obj.storage_type, obj.key, "cpu", obj.numel)
-        return None
+        return tuple(obj) if type(obj) is _StorageRef else None
 
-    def reducer_override(self, obj):  # noqa: D102 - pickle hook
-        if isinstance(obj, torch.Tensor):
-            return self._reduce_tensor(obj)
-        return NotImplemented
-
-    def _reduce_tensor(self, tensor: torch.Tensor):
+    def reducer_override(self, tensor):  # noqa: D102 - pickle hook
+        if not isinstance(tensor, torch.Tensor):
+            return NotImplemented
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             raise UnsupportedObject(f"tensor subclass {type(tensor).__name__}")
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
@@ -108,8 +98,8 @@ class _Pickler(pickle.Pickler):
             itemsize = tensor.element_size()
             if nbytes % itemsize:
                 raise UnsupportedObject("storage size is not a multiple of the element size")
-            ref = _StorageRef(str(len(self.storages)), getattr(torch, _STORAGE_TYPE_NAMES[tensor.dtype]),
-                              nbytes // itemsize)
+            ref = _StorageRef(("storage", getattr(torch, _STORAGE_TYPE_NAMES[tensor.dtype]), str(len(self.storages)),
+                               "cpu", nbytes // itemsize))
             raw = torch.empty(0, dtype=torch.uint8).set_(storage)
             entry = (ref, tensor.dtype, raw)
             self.storages[ident] = entry
@@ -197,7 +187,7 @@ def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> 
     ]
     for ref, _dtype, raw in pickler.storages.values():
         # numpy() shares memory with `raw`, which keeps the storage alive while the segment exists.
-        records.append((f"data/{ref.key}", memoryview(raw.numpy()).cast("B")))
+        records.append((f"data/{ref[2]}", memoryview(raw.numpy()).cast("B")))  # ref[2]: the storage key
     records += [("version", b"3\n"), (".data/serialization_id", b"0" * 40)]
     return build_zip(records, archive, force_zip64)
 
