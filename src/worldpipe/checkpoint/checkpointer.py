@@ -20,12 +20,11 @@ import torch
 from worldpipe.parallel.runtime import Runtime, broadcast_object, gather_objects
 from worldpipe.parallel.wrap import full_states, load_full_state, unwrap
 
-from . import layout
+from . import layout, shards
 from .digest import state_digest
 from .manager import CheckpointManager, checkpoint_digest
 from .resharding import is_sharded, load_resharded
 from .sharded_saver import ShardedSaver, is_sharded_model, local_state_dicts
-from .stage_state import join_shapes, join_stages
 from .state import capture_rng, restore_rng
 
 log = logging.getLogger("worldpipe.checkpoint")
@@ -140,7 +139,7 @@ class Checkpointer:
         # loads into them (a sharded step's shards are opened and checked, never assembled in one process).
         expected = model_shapes(self.components.model)
         if self.components.stages:  # each rank names its stage's tensors: the checkpoint holds all of them
-            expected = join_shapes(self.runtime, expected)
+            expected = shards.join_shapes(self.runtime, expected)
         chosen = self.manager.latest_loadable(expected, keep=self.saver is None) if self.runtime.is_main else None
         step = broadcast_object(self.runtime, chosen)
         if step is None:
@@ -181,7 +180,7 @@ class Checkpointer:
         if sharded:
             model_state, optim_state = local_state_dicts(c.model, c.optimizer)
             if c.stages:
-                model_state, optim_state = join_stages(self.runtime, model_state, optim_state)
+                model_state, optim_state = shards.join_stages(self.runtime, model_state, optim_state)
         else:
             model_state, optim_state = full_states(c.model, c.optimizer)
         rng = gather_objects(self.runtime, capture_rng(c.torch_generators))

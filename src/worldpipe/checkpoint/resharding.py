@@ -19,7 +19,6 @@ from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError, load_error_line
 from .manifest import check_sizes
-from .stage_state import restrict_optimizer
 
 # The state keys that are never sharded (read whole by every rank).
 OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
@@ -161,7 +160,7 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
             raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}: holds no optimizer state"])
         target_optim = get_optimizer_state_dict(module, optimizer)
         if set(target) < set(saved_model):  # a pipeline stage: only its parameters' optimizer state
-            saved_optim = restrict_optimizer(saved_optim, target_optim)
+            saved_optim = shards.restrict_optimizer(saved_optim, target_optim)
         set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
     return source.other_keys()
 
