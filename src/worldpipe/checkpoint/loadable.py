@@ -40,6 +40,7 @@ class Entry(NamedTuple):
     shape: list[int]  # logical (unsharded) shape
     dtype: str
     indexed: bool  # a sharded tensor: described by the shard index, not stored inline
+    ident: Any = None  # a sharded tensor's id in the shard index, as its placeholder names it
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -52,7 +53,7 @@ def walk_tensors(tree: Any, path: tuple, sharded: Sequence[Mapping] | None = Non
     if shards.is_placeholder(tree):
         ident = tree[shards.PLACEHOLDER]
         meta = sharded[ident] if sharded is not None and isinstance(ident, int) and 0 <= ident < len(sharded) else {}
-        yield Entry(path, list(meta.get("shape") or []), str(meta.get("dtype")), True)
+        yield Entry(path, list(meta.get("shape") or []), str(meta.get("dtype")), True, ident)
     elif isinstance(tree, torch.Tensor):
         yield Entry(path, list(tree.shape), dtype_name(tree.dtype), False)
     elif isinstance(tree, Mapping):
@@ -176,35 +177,15 @@ def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedS
         for relpath in sorted(listed):
             source.load(relpath)
         source.other_keys()
-        problems = _placeholder_problems(skeleton, source.index, name) or _piece_problems(source, name)
+        found = found_tensors(skeleton, sharded=source.index["tensors"])
+        seen, count = [e.ident for e in found if e.indexed], len(source.index["tensors"])
+        if any(type(i) is not int for i in seen) or sorted(seen) != list(range(count)):  # each tensor named once
+            return [f"{name}/{shards.INDEX_FILE}: the state's {len(seen)} placeholders do not name each of its "
+                    f"{count} tensors once"]
+        problems = _piece_problems(source, name)
     except CheckpointCorruptError as exc:
         return exc.problems
-    if problems:
-        return problems
-    found = found_tensors(skeleton, sharded=source.index["tensors"])
-    return structure_problems(found, manifest, step, expected=expected)
-
-
-def _placeholder_problems(skeleton: Mapping, index: Mapping, name: str) -> list[str]:
-    """Every placeholder names an index entry, and every entry is named exactly once."""
-    seen: list[int] = []
-
-    def collect(tree: Any) -> None:
-        if shards.is_placeholder(tree):
-            seen.append(tree[shards.PLACEHOLDER])
-        elif isinstance(tree, Mapping):
-            for value in tree.values():
-                collect(value)
-        elif isinstance(tree, list | tuple):
-            for value in tree:
-                collect(value)
-
-    collect(skeleton)
-    count = len(index["tensors"])
-    if any(type(i) is not int for i in seen) or sorted(seen) != list(range(count)):
-        return [f"{name}/{shards.INDEX_FILE}: the state's {len(seen)} placeholders do not name each of its {count} "
-                "tensors once"]
-    return []
+    return problems or structure_problems(found, manifest, step, expected=expected)
 
 
 def _piece_problems(source, name: str) -> list[str]:
