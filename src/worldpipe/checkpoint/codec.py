@@ -7,6 +7,7 @@ JSON view.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,13 +91,7 @@ def decode_state(contents: Mapping, load_torch: Callable[[str, bool], Any], read
         state[layout.RNG] = [from_portable(load_torch(p, True)) for p in contents.get(layout.RNG) or []]
     sharded = contents.get(shards.CONTENTS_KEY)
     if sharded and wanted & set(shards.SHARDED_STATE_KEYS):
-        index, opened = read_json(sharded["index"]), {}
-
-        def open_file(relpath: str):
-            if relpath not in opened:
-                opened[relpath] = load_torch(relpath, True)
-            return opened[relpath]
-
+        index, open_file = read_json(sharded["index"]), functools.cache(lambda relpath: load_torch(relpath, True))
         for key in shards.SHARDED_STATE_KEYS:
             state[key] = shards.resolve(state[key], index, open_file)
     return state

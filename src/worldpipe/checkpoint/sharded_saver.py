@@ -23,7 +23,7 @@ training's collectives on the default group.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -122,13 +122,15 @@ def publish_shards(manager, step: int, local: shards.LocalShards, group: Any = N
             _raise(own_error, step, manager.root, problem)
         if publication is None:
             publication = Publication(manager.store, step, token)
-        record, problem = _write_own(publication, runtime.rank, local)
+        records, _, problem = _write(publication, lambda: (  # this rank's shard file; none without a piece
+            [PendingFile(shards.shard_file(runtime.rank), encode_with_fallback(local.local, archive="shards"))]
+            if local.local else [], {}))
         rank0_records: list[FileRecord] = []
         contents: dict = {}
         if runtime.rank == 0 and problem is None:
             # The skeleton (everything not sharded) is written while the other ranks write their pieces.
-            rank0_records, contents, problem = _write_skeleton(publication, local.skeleton)
-        gathered = gather_objects(runtime, (record, local.pieces, problem), group)
+            rank0_records, contents, problem = _write(publication, lambda: encode_state(local.skeleton))
+        gathered = gather_objects(runtime, (records[0] if records else None, local.pieces, problem), group)
         outcome, own_error = None, None
         if runtime.rank == 0:
             own_error = _commit(publication, local, gathered, rank0_records, contents)
@@ -146,32 +148,17 @@ def _raise(own: BaseException | None, step: int, root: str, problem: str):
     raise CheckpointWriteError(step, root, problem)
 
 
-def _problem(exc: Exception) -> str:
-    """One rank's failure as one line for rank 0 to report (the file it touched, then the cause)."""
-    return f"{exc.path}: {exc.cause}" if isinstance(exc, CheckpointWriteError) else str(exc)
-
-
-def _write_own(publication: Publication, rank: int,
-               local: shards.LocalShards) -> tuple[FileRecord | None, str | None]:
-    """This rank's shard file (None when it holds no piece), or the problem that stopped it."""
-    if not local.local:
-        return None, None
+def _write(publication: Publication, encode: Callable[[], tuple[list[PendingFile], dict]]
+           ) -> tuple[list[FileRecord], dict, str | None]:
+    """This rank's files encoded and written, or the problem that stopped it: reported at the gather, so no rank is
+    left waiting (and every rank fails there)."""
     try:
-        segments = encode_with_fallback(local.local, archive="shards")
-        (record,) = publication.write([PendingFile(shards.shard_file(rank), segments)])
-    except (CheckpointWriteError, ValueError, TypeError) as exc:  # reported at the gather: no rank left waiting
-        return None, _problem(exc)
-    return record, None
-
-
-def _write_skeleton(publication: Publication, skeleton: Mapping) -> tuple[list[FileRecord], dict, str | None]:
-    try:
-        files, contents = encode_state(skeleton)
+        files, contents = encode()
         return publication.write(files), contents, None
-    except ValueError as exc:  # an invalid state: every rank must still reach the gather, then fail
-        return [], {}, f"invalid state: {exc}"
     except CheckpointWriteError as exc:
-        return [], {}, _problem(exc)
+        return [], {}, f"{exc.path}: {exc.cause}"  # the file it touched, then the cause
+    except (ValueError, TypeError) as exc:
+        return [], {}, f"invalid state: {exc}"
 
 
 def _commit(publication: Publication, local: shards.LocalShards, gathered: list, rank0_records: list[FileRecord],

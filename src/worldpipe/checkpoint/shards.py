@@ -308,10 +308,8 @@ def resolve(tree: Any, index: Mapping, open_file: Callable[[str], Mapping[str, t
         return tensor if lazy else tensor.materialize()
     if isinstance(tree, Mapping):
         return {k: resolve(v, index, open_file, lazy) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [resolve(v, index, open_file, lazy) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(resolve(v, index, open_file, lazy) for v in tree)
+    if isinstance(tree, list | tuple):
+        return type(tree)(resolve(v, index, open_file, lazy) for v in tree)
     return tree
 
 

@@ -125,20 +125,15 @@ class PosixStore(Store):
         write_atomic(os.path.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
 
     def remove_leftovers(self) -> list[str]:  # noqa: D102
-        removed = []
         try:
-            names = os.listdir(self.root)
+            removed = [os.path.join(self.root, name) for name in os.listdir(self.root) if layout.is_leftover(name)]
         except FileNotFoundError:
-            return removed
-        for name in names:
-            if not layout.is_leftover(name):
-                continue
-            path = os.path.join(self.root, name)
+            return []
+        for path in removed:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             else:
                 os.unlink(path)
-            removed.append(path)
         if removed:
             fsync_dir(self.root)
         return removed
