@@ -166,19 +166,14 @@ def _split(obj: Any, path: list, shards: LocalShards) -> Any:
 
 def build_index(tensors: list[dict], pieces_by_rank: list[dict[int, dict]]) -> dict:
     """The ``shards/index.json`` body from every rank's pieces (index = rank); checks they tile each tensor."""
-    entries = []
-    for ident, meta in enumerate(tensors):
-        pieces = []
-        for rank, pieces_of_rank in enumerate(pieces_by_rank):
-            piece = pieces_of_rank.get(ident)
-            if piece is not None:
-                pieces.append({"file": shard_file(rank), **piece})
-        covered = sum(math.prod(p["shape"]) for p in pieces)
-        if covered != math.prod(meta["shape"]):
-            raise ValueError(f"{'/'.join(map(str, meta['path']))}: pieces cover {covered} of "
-                             f"{math.prod(meta['shape'])} elements")
-        entries.append({**meta, "pieces": pieces})
-    return {"format_version": INDEX_FORMAT, "world_size": len(pieces_by_rank), "tensors": entries}
+    entries = [{**meta, "pieces": [{"file": shard_file(rank), **pieces[ident]}
+                                   for rank, pieces in enumerate(pieces_by_rank) if ident in pieces]}
+               for ident, meta in enumerate(tensors)]
+    index = {"format_version": INDEX_FORMAT, "world_size": len(pieces_by_rank), "tensors": entries}
+    problems = index_problems(index, {shard_file(rank) for rank in range(len(pieces_by_rank))})
+    if problems:
+        raise ValueError(problems[0])
+    return index
 
 
 def index_problems(index: Any, shard_files: set[str]) -> list[str]:
