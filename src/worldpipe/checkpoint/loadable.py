@@ -74,37 +74,6 @@ def _name(path: Sequence) -> str:
     return "/".join(map(str, path))
 
 
-def compare_to_record(found: list[Entry], recorded: list[dict], where: Callable[[Entry | None, tuple], str]
-                      ) -> list[str]:
-    """Problems of the tensors found in a step against the manifest's record of them (first few named).
-
-    ``where(entry, path)`` names the file a tensor was found in (``entry`` None: it was not found).
-    """
-    want = {tuple(e["path"]): (list(e["shape"]), e["dtype"]) for e in recorded}
-    have = {e.path: e for e in found}
-    problems = [f"{where(have[p], p)}: {_name(p[1:])}: shape {have[p].shape} {have[p].dtype} where the manifest "
-                f"records {want[p][0]} {want[p][1]}" for p in want if p in have
-                and (have[p].shape, have[p].dtype) != want[p]]
-    problems += [f"{where(None, p)}: {_name(p[1:])}: recorded in the manifest but not stored" for p in want
-                 if p not in have]
-    problems += [f"{where(have[p], p)}: {_name(p[1:])}: stored but not recorded in the manifest" for p in have
-                 if p not in want]
-    return _first(problems)
-
-
-def compare_to_model(found: list[Entry], expected: Mapping[str, Sequence[int]], where: Callable[[Entry | None, tuple],
-                                                                                             str]) -> list[str]:
-    """Problems of a step's model tensors against the shapes the model being loaded has (``{name: shape}``)."""
-    have = {e.path[1]: e for e in found if e.path[0] == layout.MODEL and len(e.path) == 2}
-    problems = [f"{where(have[n], have[n].path)}: {n}: shape {have[n].shape} != {list(shape)} in the model being "
-                "loaded" for n, shape in expected.items() if n in have and have[n].shape != list(shape)]
-    problems += [f"{where(None, (layout.MODEL, n))}: {n}: missing (the model being loaded has it)" for n in expected
-                 if n not in have]
-    problems += [f"{where(have[n], have[n].path)}: {n}: not a tensor of the model being loaded" for n in have
-                 if n not in expected]
-    return _first(problems)
-
-
 def _first(problems: list[str], limit: int = 3) -> list[str]:
     # One line per step is the report: the first few mismatches name the damage, a count says how much more.
     if len(problems) <= limit:
@@ -123,7 +92,8 @@ def found_tensors(state: Mapping, keys: Sequence[str] = layout.TENSOR_KEYS,
 
 def structure_problems(found: list[Entry], manifest: Mapping, step: int, keys: set[str] | None = None,
                        expected: ExpectedShapes | None = None) -> list[str]:
-    """``found`` against the manifest's ``tensors`` table (restricted to ``keys``) and the ``expected`` model."""
+    """``found`` against the manifest's ``tensors`` table (restricted to ``keys``) and the ``expected`` model
+    (``{name: shape}``); the first few mismatches of each are named."""
     name = layout.step_dir_name(step)
     contents = manifest.get("contents") or {}
 
@@ -133,12 +103,26 @@ def structure_problems(found: list[Entry], manifest: Mapping, step: int, keys: s
         stored = contents.get(path[0])
         return f"{name}/{stored}" if isinstance(stored, str) else name
 
-    problems = []
+    problems, have = [], {e.path: e for e in found}
     if isinstance(manifest.get("tensors"), list):  # manifests written before the table lack it
-        recorded = [e for e in manifest["tensors"] if keys is None or e["path"][0] in keys]
-        problems += compare_to_record(found, recorded, where)
-    if expected is not None:
-        problems += compare_to_model(found, expected, where)
+        want = {tuple(e["path"]): (list(e["shape"]), e["dtype"]) for e in manifest["tensors"]
+                if keys is None or e["path"][0] in keys}
+        problems += _first([f"{where(have[p], p)}: {_name(p[1:])}: shape {have[p].shape} {have[p].dtype} where the "
+                            f"manifest records {want[p][0]} {want[p][1]}" for p in want if p in have
+                            and (have[p].shape, have[p].dtype) != want[p]]
+                           + [f"{where(None, p)}: {_name(p[1:])}: recorded in the manifest but not stored"
+                              for p in want if p not in have]
+                           + [f"{where(have[p], p)}: {_name(p[1:])}: stored but not recorded in the manifest"
+                              for p in have if p not in want])
+    if expected is not None:  # the model's tensors against the shapes of the model being loaded
+        model = {e.path[1]: e for e in found if e.path[0] == layout.MODEL and len(e.path) == 2}
+        problems += _first([f"{where(model[n], model[n].path)}: {n}: shape {model[n].shape} != {list(shape)} in the "
+                            "model being loaded" for n, shape in expected.items()
+                            if n in model and model[n].shape != list(shape)]
+                           + [f"{where(None, (layout.MODEL, n))}: {n}: missing (the model being loaded has it)"
+                              for n in expected if n not in model]
+                           + [f"{where(model[n], model[n].path)}: {n}: not a tensor of the model being loaded"
+                              for n in model if n not in expected])
     return problems
 
 

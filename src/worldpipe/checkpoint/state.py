@@ -91,12 +91,8 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 
 
 def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: tuple, defer=None):
-    """Copy ``obj``. ``reuse`` (path -> tensor of an earlier, no longer used snapshot) provides buffers to copy
-    into when shape and dtype match; ``record`` collects this snapshot's buffers by path for the next one.
-
-    Reusing buffers avoids allocating fresh memory for every snapshot, whose page faults can cost more than
-    the copy itself.
-    """
+    """Copy ``obj`` (see :func:`snapshot_state`). Reusing buffers avoids allocating fresh memory for every
+    snapshot, whose page faults can cost more than the copy itself."""
     if isinstance(obj, torch.Tensor):
         key = _tensor_key(obj) if obj.untyped_storage().data_ptr() else None
         if key is not None and key in memo:
