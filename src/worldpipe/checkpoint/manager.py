@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -48,7 +49,7 @@ class CheckpointInfo:
     is_latest: bool
 
 
-class CheckpointManager:
+class CheckpointManager(contextlib.AbstractContextManager):
     """Publishes, verifies and loads the checkpoints of one run (single writer: rank 0).
 
     ``root`` is a local directory (POSIX protocol: partial dir + fsync + atomic rename) or an fsspec URL such as
@@ -122,9 +123,6 @@ class CheckpointManager:
         if not self._closed:
             self._closed = True
             self.writer.close()
-
-    def __enter__(self) -> CheckpointManager:
-        return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
