@@ -132,9 +132,9 @@ def added_time(manager, step: int, state: dict, optimizer, simulated: SimulatedS
     steps = 0
     while True:
         simulated.run()
-        manager.before_optimizer_step()  # what optimizer.step()'s pre-hook does
+        manager.writer.before_optimizer_step()  # what optimizer.step()'s pre-hook does
         steps += 1
-        if not manager.publishing():
+        if not manager.writer.publishing():
             break
     manager.wait()  # raises a failed publication
     wall = time.perf_counter() - t0
@@ -150,7 +150,7 @@ def overlapped_stall(manager, step: int, state: dict, optimizer, simulated: Simu
     stall = time.perf_counter() - t0
     step_time = simulated.run()
     t0 = time.perf_counter()
-    manager.before_optimizer_step()  # what optimizer.step()'s pre-hook does
+    manager.writer.before_optimizer_step()  # what optimizer.step()'s pre-hook does
     return stall + time.perf_counter() - t0, step_time
 
 

@@ -117,7 +117,7 @@ class ShardedBench:
         in_save = time.perf_counter() - t0
         step_time = self.simulated.run()
         t0 = time.perf_counter()
-        self.async_saver.manager.before_optimizer_step()
+        self.async_saver.writer.before_optimizer_step()
         waited = time.perf_counter() - t0
         self.async_saver.manager.wait()
         parts = torch.tensor([in_save + waited, in_save, waited, step_time], dtype=torch.float64)

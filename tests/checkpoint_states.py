@@ -25,8 +25,7 @@ def example_state(seed: int = 0, ranks: int = 1, width: int = 16, scheduler: boo
         random.seed(seed * 1000 + rank)
         np.random.seed(seed * 1000 + rank)
         torch.manual_seed(seed * 1000 + rank)
-        rng.append(capture_rng({"augment": np.random.default_rng([seed, rank])},
-                               {"latent": torch.Generator().manual_seed(seed * 7 + rank)}))
+        rng.append(capture_rng({"latent": torch.Generator().manual_seed(seed * 7 + rank)}))
     return {
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),

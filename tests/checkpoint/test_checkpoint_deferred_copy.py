@@ -9,7 +9,7 @@ import torch
 
 from checkpoint_states import example_state
 from worldpipe.checkpoint import CheckpointManager, async_writer, state_digest
-from worldpipe.checkpoint.async_writer import DeferredCopy, step_mutated
+from worldpipe.checkpoint.async_writer import deferred_copy, step_mutated
 
 
 def _trained(width: int = 64):
@@ -74,16 +74,16 @@ def test_published_checkpoint_is_the_state_at_save_time(tmp_path, monkeypatch, d
         state2 = _state(model, opt)
         expected2 = state_digest(state2)
         cm.save(2, state2, optimizer=opt)
-        cm.before_optimizer_step()
+        cm.writer.before_optimizer_step()
         _step(model, opt)
     assert state_digest(CheckpointManager(tmp_path / "ck").load(2)) == expected2
 
 
 def test_copy_failure_is_raised_where_the_copy_is_awaited():
-    copy = DeferredCopy([(torch.empty(3), torch.empty(4))])
+    copy = deferred_copy([(torch.empty(3), torch.empty(4))])
     try:
-        copy.wait()
+        copy.result()
     except RuntimeError as exc:
         assert "size" in str(exc) or "shape" in str(exc) or "expand" in str(exc)
     else:
-        raise AssertionError("a failing copy must raise in wait()")
+        raise AssertionError("a failing copy must raise in result()")

@@ -66,5 +66,5 @@ def test_a_save_that_is_waited_for_publishes_on_the_callers_thread(tmp_path):
           CheckpointManager(tmp_path, async_save=True) as manager):
         manager.save(1, example_state(seed=1))
         manager.save(2, example_state(seed=2), wait=True)  # waits for step 1 first, then publishes step 2 here
-        assert not manager.publishing() and [i.step for i in manager.list()] == [1, 2]
+        assert not manager.writer.publishing() and [i.step for i in manager.list()] == [1, 2]
     assert publishers[0][1] is not threading.main_thread() and publishers[1] == (2, threading.main_thread())

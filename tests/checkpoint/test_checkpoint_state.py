@@ -11,44 +11,41 @@ from worldpipe.checkpoint import CheckpointManager, capture_rng, restore_rng, sn
 from worldpipe.checkpoint.state import validate_state
 
 
-def _draws(np_gens, torch_gens):
+def _draws(torch_gens):
     return (
         [random.random() for _ in range(3)],
         np.random.random(3).tolist(),
-        {n: g.random(3).tolist() for n, g in np_gens.items()},
         torch.rand(3).tolist(),
         {n: torch.rand(3, generator=g).tolist() for n, g in torch_gens.items()},
     )
 
 
 def _generators():
-    return ({"augment": np.random.default_rng(11), "mt": np.random.Generator(np.random.MT19937(5))},
-            {"latent": torch.Generator().manual_seed(3), "dropout": torch.Generator().manual_seed(4)})
+    return {"latent": torch.Generator().manual_seed(3), "dropout": torch.Generator().manual_seed(4)}
 
 
 def test_capture_restore_in_process():
-    np_gens, torch_gens = _generators()
-    _draws(np_gens, torch_gens)  # advance away from the seeds
-    rng = capture_rng(np_gens, torch_gens)
-    expected = _draws(np_gens, torch_gens)
-    _draws(np_gens, torch_gens)
-    restore_rng(rng, np_gens, torch_gens)
-    assert _draws(np_gens, torch_gens) == expected
+    torch_gens = _generators()
+    _draws(torch_gens)  # advance away from the seeds
+    rng = capture_rng(torch_gens)
+    expected = _draws(torch_gens)
+    _draws(torch_gens)
+    restore_rng(rng, torch_gens)
+    assert _draws(torch_gens) == expected
 
 
 def test_rng_survives_save_and_load(tmp_path):
-    np_gens, torch_gens = _generators()
+    torch_gens = _generators()
     random.gauss(0, 1)  # leaves a cached gaussian in Python's state
     state = example_state()
-    state["rng"] = [capture_rng(np_gens, torch_gens)]
-    expected = _draws(np_gens, torch_gens)
+    state["rng"] = [capture_rng(torch_gens)]
+    expected = _draws(torch_gens)
     CheckpointManager(tmp_path / "ck").save(1, state)
-    _draws(np_gens, torch_gens)
-    fresh_np, fresh_torch = ({"augment": np.random.default_rng(0), "mt": np.random.Generator(np.random.MT19937(0))},
-                             {"latent": torch.Generator(), "dropout": torch.Generator()})
+    _draws(torch_gens)
+    fresh_torch = {"latent": torch.Generator(), "dropout": torch.Generator()}
     loaded = CheckpointManager(tmp_path / "ck").load()
-    restore_rng(loaded["rng"][0], fresh_np, fresh_torch)
-    assert _draws(fresh_np, fresh_torch) == expected
+    restore_rng(loaded["rng"][0], fresh_torch)
+    assert _draws(fresh_torch) == expected
 
 
 def test_each_rank_restores_its_own_rng(tmp_path):
@@ -58,7 +55,7 @@ def test_each_rank_restores_its_own_rng(tmp_path):
     assert len(loaded["rng"]) == 3
     for rank in range(3):
         g = torch.Generator()
-        restore_rng(loaded["rng"][rank], {}, {"latent": g})
+        restore_rng(loaded["rng"][rank], {"latent": g})
         ref = torch.Generator()
         ref.set_state(state["rng"][rank]["generators"]["latent"])
         assert torch.equal(torch.rand(4, generator=g), torch.rand(4, generator=ref))
@@ -66,9 +63,9 @@ def test_each_rank_restores_its_own_rng(tmp_path):
 
 
 def test_restore_refuses_unknown_generator():
-    rng = capture_rng({}, {})
+    rng = capture_rng({})
     with pytest.raises(KeyError, match="latent"):
-        restore_rng(rng, {}, {"latent": torch.Generator()})
+        restore_rng(rng, {"latent": torch.Generator()})
 
 
 def test_snapshot_is_independent_and_keeps_ties():

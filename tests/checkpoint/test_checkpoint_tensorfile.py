@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from worldpipe.checkpoint.codec import PendingFile
 from worldpipe.checkpoint.tensorfile import encode, encode_with_fallback
 
 
 def _write(tmp_path, encoded, name="x.pt"):
     path = tmp_path / name
-    path.write_bytes(b"".join(bytes(s) for s in encoded.segments))
-    assert path.stat().st_size == encoded.size
+    path.write_bytes(b"".join(bytes(s) for s in encoded))
+    assert path.stat().st_size == PendingFile(name, encoded).size  # the size the manifest records
     return path
 
 
@@ -85,13 +86,13 @@ def test_layout_is_a_valid_aligned_zip(tmp_path):
 def test_identical_content_gives_identical_bytes():
     a = encode({"w": torch.arange(10.0)}, "model")
     b = encode({"w": torch.arange(10.0)}, "model")
-    assert b"".join(bytes(s) for s in a.segments) == b"".join(bytes(s) for s in b.segments)
+    assert b"".join(bytes(s) for s in a) == b"".join(bytes(s) for s in b)
 
 
 def test_tensor_bytes_are_referenced_not_copied():
     t = torch.randn(1000)
     encoded = encode({"w": t}, "model")
-    views = [s for s in encoded.segments if isinstance(s, memoryview)]
+    views = [s for s in encoded if isinstance(s, memoryview)]
     assert len(views) == 1
     t.add_(1.0)  # the segment aliases the tensor's memory
     assert bytes(views[0]) == t.numpy().tobytes()
@@ -100,7 +101,7 @@ def test_tensor_bytes_are_referenced_not_copied():
 def test_unsupported_objects_fall_back_to_torch_save(tmp_path):
     sparse = torch.eye(3).to_sparse()
     encoded = encode_with_fallback({"s": sparse})
-    loaded = torch.load(io.BytesIO(b"".join(bytes(s) for s in encoded.segments)), weights_only=True)
+    loaded = torch.load(io.BytesIO(b"".join(bytes(s) for s in encoded)), weights_only=True)
     assert torch.equal(loaded["s"].to_dense(), torch.eye(3))
 
 
@@ -142,7 +143,7 @@ def test_property_round_trip():
     @hypothesis.settings(max_examples=60, deadline=None)
     @hypothesis.given(st.dictionaries(st.text(max_size=6), trees, max_size=4))
     def check(obj):
-        data = b"".join(bytes(s) for s in encode(obj, "model").segments)
+        data = b"".join(bytes(s) for s in encode(obj, "model"))
         loaded = torch.load(io.BytesIO(data), weights_only=True)
         assert state_digest({"model": loaded}) == state_digest({"model": obj})
 

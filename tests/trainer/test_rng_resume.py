@@ -22,8 +22,7 @@ from checkpoint_states import example_state
 from forked_ranks import run_on_ranks, train_on_ranks
 from kill_support import kill_at_random_point
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
-from worldpipe.checkpoint.rng_audit import rng_fingerprint
-from worldpipe.checkpoint.state import capture_rng
+from worldpipe.checkpoint.state import capture_rng, rng_fingerprint
 from worldpipe.cli import main as cli_main
 from worldpipe.launch.preflight import compose_config
 from worldpipe.parallel.runtime import init_runtime

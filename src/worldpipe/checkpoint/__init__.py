@@ -15,19 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    "state_digest": ".digest",
-    "CheckpointCorruptError": ".errors",
-    "CheckpointError": ".errors",
-    "CheckpointNotFoundError": ".errors",
-    "CheckpointWriteError": ".errors",
-    "CheckpointInfo": ".manager",
-    "CheckpointManager": ".manager",
-    "checkpoint_digest": ".manager",
-    "capture_rng": ".state",
-    "restore_rng": ".state",
-    "snapshot_state": ".state",
-}
+_EXPORTS = {name: module for module, names in {
+    ".digest": ("state_digest",),
+    ".errors": ("CheckpointCorruptError", "CheckpointError", "CheckpointNotFoundError", "CheckpointWriteError"),
+    ".manager": ("CheckpointInfo", "CheckpointManager", "checkpoint_digest"),
+    ".state": ("capture_rng", "restore_rng", "snapshot_state"),
+}.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from .state import snapshot_state
-from .thread_pool import LazyThreadPool, background_executor
+from .thread_pool import enter_background, shared_pool
 
 logger = logging.getLogger("worldpipe.checkpoint")
 
@@ -60,24 +60,17 @@ def step_mutated(optimizer: torch.optim.Optimizer,
     return lambda t: _storage_ptr(t) in sizes
 
 
-_COPY_POOL = LazyThreadPool("ckpt-snapshot-copy", max_workers=1)  # one: copies of a snapshot run in order
-
-
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for dst, src in pairs:
         dst.copy_(_local(src))
     pairs.clear()  # drop references to the live tensors
 
 
-class DeferredCopy:
-    """Copies ``(destination, source)`` pairs on the copy thread (``copy_`` releases the GIL)."""
-
-    def __init__(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self._future = _COPY_POOL.get().submit(_copy_all, list(pairs))
-
-    def wait(self) -> None:
-        """Block until every copy has finished; raise the copy's failure, if any."""
-        self._future.result()
+def deferred_copy(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Future:
+    """Copy ``(destination, source)`` pairs on the copy thread (``copy_`` releases the GIL); the future's
+    ``result()`` waits for every copy and raises the copy's failure, if any."""
+    # One thread: the copies of a snapshot run in order.
+    return shared_pool("ckpt-snapshot-copy", 1).submit(_copy_all, list(pairs))
 
 
 class AsyncWriter:
@@ -86,8 +79,7 @@ class AsyncWriter:
     ``background_priority``: the writer thread runs at the lowest CPU priority (False: a benchmark's before).
     """
 
-    def __init__(self, thread_name: str = "ckpt-writer", background_priority: bool = True) -> None:
-        self.thread_name = thread_name
+    def __init__(self, background_priority: bool = True) -> None:
         self.background_priority = background_priority
         # (step, digest or None) of saves found published, oldest first; appended by the writer thread, so its
         # owner pops (never clears) them.
@@ -95,7 +87,7 @@ class AsyncWriter:
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
         self._buffers: dict = {}
-        self._copy: DeferredCopy | None = None
+        self._copy: Future | None = None
         self._guards: dict[int, object] = {}  # id(optimizer) -> step pre-hook handle
 
     def snapshot(self, state: Mapping, optimizer: torch.optim.Optimizer | None = None) -> dict:
@@ -107,7 +99,7 @@ class AsyncWriter:
         snapshot = snapshot_state(state, reuse=self._buffers, record=buffers,
                                   defer=step_mutated(optimizer) if optimizer is not None else None, deferred=pairs)
         self._buffers = buffers
-        self._copy = DeferredCopy(pairs) if pairs else None
+        self._copy = deferred_copy(pairs) if pairs else None
         if optimizer is not None and id(optimizer) not in self._guards:
             self._guards[id(optimizer)] = optimizer.register_step_pre_hook(
                 lambda _opt, _args, _kwargs: self.before_optimizer_step())
@@ -120,14 +112,14 @@ class AsyncWriter:
     def submit(self, step: int, publish: Callable[[], str | None]) -> None:
         """Publish ``step`` on the writer thread, once the snapshot's deferred copy is complete."""
         if self._executor is None:  # one long-lived thread: no thread start on the training thread's clock
-            self._executor = (background_executor(self.thread_name) if self.background_priority
-                              else ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name))
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-writer",
+                                                initializer=enter_background if self.background_priority else None)
         self._inflight = self._executor.submit(self._in_background, step, publish, self._copy)
 
-    def _in_background(self, step: int, publish: Callable[[], str | None], copy: DeferredCopy | None) -> None:
+    def _in_background(self, step: int, publish: Callable[[], str | None], copy: Future | None) -> None:
         try:
             if copy is not None:
-                copy.wait()
+                copy.result()
             self.run(step, publish)
         except BaseException as exc:
             # Logged now (the process may never call save/wait/close again) and re-raised by wait().
@@ -138,7 +130,7 @@ class AsyncWriter:
         """Block until the background copy of the last snapshot is complete (the optimizer may step then)."""
         copy, self._copy = self._copy, None
         if copy is not None:
-            copy.wait()
+            copy.result()
 
     def publishing(self) -> bool:
         """True while a save is still being published in the background (never blocks)."""

@@ -20,12 +20,11 @@ import torch
 from worldpipe.parallel.runtime import Runtime, broadcast_object, gather_objects
 from worldpipe.parallel.wrap import full_states, load_full_state, unwrap
 
-from . import layout
+from . import layout, shards
 from .digest import state_digest
 from .manager import CheckpointManager, checkpoint_digest
 from .resharding import is_sharded, load_resharded
 from .sharded_saver import ShardedSaver, is_sharded_model, local_state_dicts
-from .stage_state import join_shapes, join_stages
 from .state import capture_rng, restore_rng
 
 log = logging.getLogger("worldpipe.checkpoint")
@@ -140,7 +139,7 @@ class Checkpointer:
         # loads into them (a sharded step's shards are opened and checked, never assembled in one process).
         expected = model_shapes(self.components.model)
         if self.components.stages:  # each rank names its stage's tensors: the checkpoint holds all of them
-            expected = join_shapes(self.runtime, expected)
+            expected = shards.join_shapes(self.runtime, expected)
         chosen = self.manager.latest_loadable(expected, keep=self.saver is None) if self.runtime.is_main else None
         step = broadcast_object(self.runtime, chosen)
         if step is None:
@@ -154,14 +153,10 @@ class Checkpointer:
             return Resumed(step, identity)
         state = self.manager.load(step)
         check_identity(state[layout.IDENTITY], step)
-        self.restore(state)
-        return Resumed(step, state[layout.IDENTITY])
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Load a state dict into the components (collective under FSDP2)."""
         c = self.components
-        load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])
+        load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])  # collective under FSDP2
         self._restore_rest(state)
+        return Resumed(step, state[layout.IDENTITY])
 
     def _restore_rest(self, state: Mapping[str, Any]) -> None:
         c = self.components
@@ -173,7 +168,7 @@ class Checkpointer:
         # Per-rank streams restore to the same rank. On another world size ranks map to different data and the
         # streams start fresh; noise that shapes the math is keyed by sample index, not by rank.
         if len(rng) == self.runtime.world_size:
-            restore_rng(rng[self.runtime.rank], {}, c.torch_generators)
+            restore_rng(rng[self.runtime.rank], c.torch_generators)
 
     # ---- save ----
     def capture(self, sharded: bool = False) -> dict[str, Any] | None:
@@ -185,10 +180,10 @@ class Checkpointer:
         if sharded:
             model_state, optim_state = local_state_dicts(c.model, c.optimizer)
             if c.stages:
-                model_state, optim_state = join_stages(self.runtime, model_state, optim_state)
+                model_state, optim_state = shards.join_stages(self.runtime, model_state, optim_state)
         else:
             model_state, optim_state = full_states(c.model, c.optimizer)
-        rng = gather_objects(self.runtime, capture_rng({}, c.torch_generators))
+        rng = gather_objects(self.runtime, capture_rng(c.torch_generators))
         if not self.runtime.is_main:
             return {layout.MODEL: model_state, layout.OPTIMIZER: optim_state} if sharded else None
         return {

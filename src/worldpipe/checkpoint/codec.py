@@ -7,6 +7,7 @@ JSON view.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 
 from . import layout, shards
 from .state import from_portable, rng_view, to_portable, validate_state
-from .tensorfile import EncodedFile, Segment, encode
+from .tensorfile import Segment, encode
 from .tensorfile import encode_with_fallback as _encode_with_fallback
 
 
@@ -48,14 +49,9 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     files: list[PendingFile] = []
     contents: dict[str, Any] = {}
     for key in layout.TENSOR_KEYS:
-        value = state.get(key)
-        if value is None:
-            contents[key] = None
-            continue
-        relpath = layout.TENSOR_FILES[key]
-        encoded: EncodedFile = encode_with_fallback(value, archive=key)
-        files.append(PendingFile(relpath, encoded.segments))
-        contents[key] = relpath
+        contents[key] = layout.TENSOR_FILES[key] if state.get(key) is not None else None
+        if contents[key] is not None:
+            files.append(PendingFile(contents[key], encode_with_fallback(state[key], archive=key)))
     train_state = {layout.PROGRESS: dict(state.get(layout.PROGRESS) or {}),
                    layout.SAMPLER: dict(state.get(layout.SAMPLER) or {})}
     files.append(PendingFile(layout.TRAIN_STATE_FILE, [json_bytes(train_state)]))
@@ -65,7 +61,7 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     rng_files = []
     for rank, rng in enumerate(state.get(layout.RNG) or []):
         portable = to_portable(dict(rng))
-        files.append(PendingFile(layout.rng_file(rank), encode_with_fallback(portable, archive="rng").segments))
+        files.append(PendingFile(layout.rng_file(rank), encode_with_fallback(portable, archive="rng")))
         files.append(PendingFile(layout.rng_view_file(rank), [json_bytes(rng_view(portable))]))
         rng_files.append(layout.rng_file(rank))
     contents[layout.RNG] = rng_files
@@ -95,13 +91,7 @@ def decode_state(contents: Mapping, load_torch: Callable[[str, bool], Any], read
         state[layout.RNG] = [from_portable(load_torch(p, True)) for p in contents.get(layout.RNG) or []]
     sharded = contents.get(shards.CONTENTS_KEY)
     if sharded and wanted & set(shards.SHARDED_STATE_KEYS):
-        index, opened = read_json(sharded["index"]), {}
-
-        def open_file(relpath: str):
-            if relpath not in opened:
-                opened[relpath] = load_torch(relpath, True)
-            return opened[relpath]
-
+        index, open_file = read_json(sharded["index"]), functools.cache(lambda relpath: load_torch(relpath, True))
         for key in shards.SHARDED_STATE_KEYS:
             state[key] = shards.resolve(state[key], index, open_file)
     return state

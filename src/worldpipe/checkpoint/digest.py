@@ -47,26 +47,21 @@ def _frame(h, tag: bytes, payload: bytes) -> None:
     h.update(tag + len(payload).to_bytes(8, "little") + payload)
 
 
-def _scalar_json(value) -> bytes:
-    if isinstance(value, float) and not math.isfinite(value):
-        return json.dumps(repr(value)).encode()
-    return json.dumps(value).encode()
+def tree_digest(obj) -> str:
+    """SHA-256 hex digest of any tree of the kinds a state holds, in :func:`state_digest`'s encoding."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
 
 
 def _key_bytes(key) -> bytes:
-    if type(key) in (str, int):  # a state's keys repeat from save to save: computed once per process
-        return _plain_key_bytes(type(key), key)
-    sub = hashlib.sha256()
-    _feed(sub, key)
-    return sub.digest()
+    # A state's keys repeat from save to save: str and int ones are hashed once per process.
+    return _plain_key_bytes(key) if type(key) in (str, int) else bytes.fromhex(tree_digest(key))
 
 
 @functools.lru_cache(maxsize=8192)
-def _plain_key_bytes(kind: type, key: str | int) -> bytes:
-    """The hashed framing of a str or int key (``kind`` keeps ``1`` and ``True`` apart in the cache)."""
-    sub = hashlib.sha256()
-    _feed(sub, key)
-    return sub.digest()
+def _plain_key_bytes(key: str | int) -> bytes:
+    return bytes.fromhex(tree_digest(key))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -102,7 +97,8 @@ def _feed(h, obj) -> None:
     elif isinstance(obj, np.generic):
         _feed(h, obj.item())
     elif isinstance(obj, bool | int | float | str):
-        _frame(h, b"J", _scalar_json(obj))
+        nonfinite = isinstance(obj, float) and not math.isfinite(obj)
+        _frame(h, b"J", json.dumps(repr(obj) if nonfinite else obj).encode())
     else:
         # dtypes, devices and the like: their string form is their identity.
         _frame(h, b"S", f"{type(obj).__module__}.{type(obj).__qualname__}:{obj}".encode())

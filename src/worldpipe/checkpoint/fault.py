@@ -55,11 +55,6 @@ def publishing(step: int) -> Iterator[None]:
         _publishing_step = previous
 
 
-def _this_rank() -> int:
-    # The launcher's rank, not the process group's: faults fire before and after the group exists.
-    return int(os.environ.get("RANK", "0"))
-
-
 @contextmanager
 def hooked(phase: str, callback: Callable[[int | None], None]) -> Iterator[None]:
     """While active, call ``callback(step)`` in whichever thread of this process reaches ``phase``."""
@@ -88,7 +83,8 @@ def inject(phase: str) -> None:
             raise ValueError(f"{ENV_VAR}: unknown phase {name!r} (known: {', '.join(PHASES)})")
         if name != phase or (only_step and int(only_step) != _publishing_step):
             continue
-        if only_rank and int(only_rank) != _this_rank():
+        # The launcher's rank, not the process group's: faults fire before and after the group exists.
+        if only_rank and int(only_rank) != int(os.environ.get("RANK", "0")):
             continue
         if action == "die":
             os.kill(os.getpid(), signal.SIGKILL)

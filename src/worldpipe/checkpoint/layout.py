@@ -29,10 +29,8 @@ from typing import NamedTuple
 from worldpipe.config.paths import checkpoints_dir
 from worldpipe.core.locations import read_bytes
 
-STEP_DIR_FORMAT = "step-{step:06d}"
 MANIFEST_NAME = "MANIFEST.json"
 LATEST_NAME = "latest"
-PARTIAL_PREFIX = "."  # anything starting with "." is never a checkpoint
 LOCK_NAME = ".writer.lock"
 
 # State keys (see worldpipe.checkpoint.state).
@@ -55,8 +53,6 @@ TENSOR_FILES = {key: f"{key}.pt" for key in TENSOR_KEYS}
 TRAIN_STATE_FILE = "train_state.json"
 IDENTITY_FILE = "identity.json"
 RNG_DIR = "rng"
-RNG_FILE_FORMAT = "rng/rank-{rank:05d}.pt"
-RNG_VIEW_FORMAT = "rng/rank-{rank:05d}.json"
 
 _STEP_DIR_RE = re.compile(r"^step-(\d{6,})$")
 _LEFTOVER_RE = re.compile(r"^\.(step-\d{6,}\.(partial|deleting|replaced)-[0-9a-f]+|latest\.tmp-[0-9a-f]+)$")
@@ -66,7 +62,7 @@ def step_dir_name(step: int) -> str:
     """``step-NNNNNN`` for ``step`` (validated: a non-negative int)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
-    return STEP_DIR_FORMAT.format(step=step)
+    return f"step-{step:06d}"
 
 
 def parse_step_dir(name: str) -> int | None:
@@ -109,12 +105,7 @@ def resolve_location(path: str | os.PathLike) -> Location:
 
 def temp_name(step: int, kind: str, nonce: str) -> str:
     """Hidden sibling name of a step directory being written (``partial``) or removed (``deleting``)."""
-    return f"{PARTIAL_PREFIX}{step_dir_name(step)}.{kind}-{nonce}"
-
-
-def latest_temp_name(nonce: str) -> str:
-    """Hidden temporary file that atomically replaces ``latest``."""
-    return f"{PARTIAL_PREFIX}{LATEST_NAME}.tmp-{nonce}"
+    return f".{step_dir_name(step)}.{kind}-{nonce}"  # anything starting with "." is never a checkpoint
 
 
 def is_leftover(name: str) -> bool:
@@ -124,12 +115,12 @@ def is_leftover(name: str) -> bool:
 
 def rng_file(rank: int) -> str:
     """Relative path of rank ``rank``'s authoritative RNG file."""
-    return RNG_FILE_FORMAT.format(rank=rank)
+    return f"{RNG_DIR}/rank-{rank:05d}.pt"
 
 
 def rng_view_file(rank: int) -> str:
     """Relative path of rank ``rank``'s readable RNG JSON view."""
-    return RNG_VIEW_FORMAT.format(rank=rank)
+    return f"{RNG_DIR}/rank-{rank:05d}.json"
 
 
 def read_manifest_bytes(root: str, step: int) -> bytes | None:

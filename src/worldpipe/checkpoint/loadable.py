@@ -12,23 +12,74 @@ step through :func:`newest_loadable`, so they agree on which step is current. A 
   what the model being loaded has) the model's tensors are exactly the expected names and shapes.
 
 Each step skipped is reported on one line, naming the step and why.
+
+A step whose files hash correctly may still not load: a ``model.pt`` re-saved with other shapes and a re-hashed
+manifest is self-consistent. So the writer records, in ``MANIFEST.json`` under ``tensors``, every tensor of the
+tensor-holding state keys with its path in the state, logical (unsharded) shape and dtype (:func:`tensor_table`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from . import layout, shards
-from .codec import decode_state
 from .errors import CheckpointCorruptError
-from .resharding import OTHER_KEYS, StepFiles
-from .structure import Entry, compare_to_model, compare_to_record, dtype_name, walk_tensors
+from .resharding import StepFiles
 
 logger = logging.getLogger("worldpipe.checkpoint")
+
+
+class Entry(NamedTuple):
+    """One tensor found in a stored state."""
+
+    path: tuple  # its place in the state, starting with the state key
+    shape: list[int]  # logical (unsharded) shape
+    dtype: str
+    indexed: bool  # a sharded tensor: described by the shard index, not stored inline
+    ident: Any = None  # a sharded tensor's id in the shard index, as its placeholder names it
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"`` (the spelling shard indexes use too)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def walk_tensors(tree: Any, path: tuple, sharded: Sequence[Mapping] | None = None) -> Iterator[Entry]:
+    """Every tensor leaf of ``tree`` (placeholders of a sharded step: their logical tensor from ``sharded``)."""
+    if shards.is_placeholder(tree):
+        ident = tree[shards.PLACEHOLDER]
+        meta = sharded[ident] if sharded is not None and isinstance(ident, int) and 0 <= ident < len(sharded) else {}
+        yield Entry(path, list(meta.get("shape") or []), str(meta.get("dtype")), True, ident)
+    elif isinstance(tree, torch.Tensor):
+        yield Entry(path, list(tree.shape), dtype_name(tree.dtype), False)
+    elif isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from walk_tensors(value, (*path, key), sharded)
+    elif isinstance(tree, list | tuple):
+        for i, value in enumerate(tree):
+            yield from walk_tensors(value, (*path, i), sharded)
+
+
+def tensor_table(state: Mapping, sharded: Sequence[Mapping] | None = None) -> list[dict]:
+    """The manifest's ``tensors`` table of ``state`` (``sharded``: the tensors its placeholders stand for)."""
+    return [{"path": list(e.path), "shape": e.shape, "dtype": e.dtype}
+            for key in layout.TENSOR_KEYS for e in walk_tensors(state.get(key), (key,), sharded)]
+
+
+def _name(path: Sequence) -> str:
+    return "/".join(map(str, path))
+
+
+def _first(problems: list[str], limit: int = 3) -> list[str]:
+    # One line per step is the report: the first few mismatches name the damage, a count says how much more.
+    if len(problems) <= limit:
+        return problems
+    return [*problems[:limit], f"... and {len(problems) - limit} more mismatches"]
+
 
 ExpectedShapes = Mapping[str, Sequence[int]]  # model tensor name -> shape the model being loaded has
 
@@ -41,7 +92,8 @@ def found_tensors(state: Mapping, keys: Sequence[str] = layout.TENSOR_KEYS,
 
 def structure_problems(found: list[Entry], manifest: Mapping, step: int, keys: set[str] | None = None,
                        expected: ExpectedShapes | None = None) -> list[str]:
-    """``found`` against the manifest's ``tensors`` table (restricted to ``keys``) and the ``expected`` model."""
+    """``found`` against the manifest's ``tensors`` table (restricted to ``keys``) and the ``expected`` model
+    (``{name: shape}``); the first few mismatches of each are named."""
     name = layout.step_dir_name(step)
     contents = manifest.get("contents") or {}
 
@@ -51,12 +103,26 @@ def structure_problems(found: list[Entry], manifest: Mapping, step: int, keys: s
         stored = contents.get(path[0])
         return f"{name}/{stored}" if isinstance(stored, str) else name
 
-    problems = []
+    problems, have = [], {e.path: e for e in found}
     if isinstance(manifest.get("tensors"), list):  # manifests written before the table lack it
-        recorded = [e for e in manifest["tensors"] if keys is None or e["path"][0] in keys]
-        problems += compare_to_record(found, recorded, where)
-    if expected is not None:
-        problems += compare_to_model(found, expected, where)
+        want = {tuple(e["path"]): (list(e["shape"]), e["dtype"]) for e in manifest["tensors"]
+                if keys is None or e["path"][0] in keys}
+        problems += _first([f"{where(have[p], p)}: {_name(p[1:])}: shape {have[p].shape} {have[p].dtype} where the "
+                            f"manifest records {want[p][0]} {want[p][1]}" for p in want if p in have
+                            and (have[p].shape, have[p].dtype) != want[p]]
+                           + [f"{where(None, p)}: {_name(p[1:])}: recorded in the manifest but not stored"
+                              for p in want if p not in have]
+                           + [f"{where(have[p], p)}: {_name(p[1:])}: stored but not recorded in the manifest"
+                              for p in have if p not in want])
+    if expected is not None:  # the model's tensors against the shapes of the model being loaded
+        model = {e.path[1]: e for e in found if e.path[0] == layout.MODEL and len(e.path) == 2}
+        problems += _first([f"{where(model[n], model[n].path)}: {n}: shape {model[n].shape} != {list(shape)} in the "
+                            "model being loaded" for n, shape in expected.items()
+                            if n in model and model[n].shape != list(shape)]
+                           + [f"{where(None, (layout.MODEL, n))}: {n}: missing (the model being loaded has it)"
+                              for n in expected if n not in model]
+                           + [f"{where(model[n], model[n].path)}: {n}: not a tensor of the model being loaded"
+                              for n in model if n not in expected])
     return problems
 
 
@@ -81,7 +147,7 @@ def step_problems(manager, step: int, expected: ExpectedShapes | None = None) ->
 
 
 def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedShapes | None) -> list[str]:
-    problems = manager.verify(step, full=manager._full_by_policy(step, manifest))
+    problems = manager.verify(step, full=None)
     if problems:
         return problems
     name = layout.step_dir_name(step)
@@ -94,36 +160,16 @@ def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedS
         skeleton = {key: source.skeleton(key) for key in layout.TENSOR_KEYS}  # weights_only, every file
         for relpath in sorted(listed):
             source.load(relpath)
-        decode_state(source.contents, lambda relpath, _cpu: source.load(relpath), source.read_json, OTHER_KEYS)
-        problems = _placeholder_problems(skeleton, source.index, name) or _piece_problems(source, name)
+        source.other_keys()
+        found = found_tensors(skeleton, sharded=source.index["tensors"])
+        seen, count = [e.ident for e in found if e.indexed], len(source.index["tensors"])
+        if any(type(i) is not int for i in seen) or sorted(seen) != list(range(count)):  # each tensor named once
+            return [f"{name}/{shards.INDEX_FILE}: the state's {len(seen)} placeholders do not name each of its "
+                    f"{count} tensors once"]
+        problems = _piece_problems(source, name)
     except CheckpointCorruptError as exc:
         return exc.problems
-    if problems:
-        return problems
-    found = found_tensors(skeleton, sharded=source.index["tensors"])
-    return structure_problems(found, manifest, step, expected=expected)
-
-
-def _placeholder_problems(skeleton: Mapping, index: Mapping, name: str) -> list[str]:
-    """Every placeholder names an index entry, and every entry is named exactly once."""
-    seen: list[int] = []
-
-    def collect(tree: Any) -> None:
-        if shards.is_placeholder(tree):
-            seen.append(tree[shards.PLACEHOLDER])
-        elif isinstance(tree, Mapping):
-            for value in tree.values():
-                collect(value)
-        elif isinstance(tree, list | tuple):
-            for value in tree:
-                collect(value)
-
-    collect(skeleton)
-    count = len(index["tensors"])
-    if any(type(i) is not int for i in seen) or sorted(seen) != list(range(count)):
-        return [f"{name}/{shards.INDEX_FILE}: the state's {len(seen)} placeholders do not name each of its {count} "
-                "tensors once"]
-    return []
+    return problems or structure_problems(found, manifest, step, expected=expected)
 
 
 def _piece_problems(source, name: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -11,18 +12,21 @@ from typing import Any
 
 import torch
 
+from worldpipe.core.locations import local_path
+
 from . import fault, layout
 from .async_writer import AsyncWriter
 from .codec import PendingFile, decode_state, encode_state, files_for_keys
 from .digest import state_digest
 from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_line
-from .loadable import found_tensors, newest_loadable, step_problems, structure_problems
-from .manifest import check_files, check_sizes, collect_hashes, parse_manifest, start_hashes
+from .loadable import found_tensors, newest_loadable, step_problems, structure_problems, tensor_table
+from .manifest import check_sizes, collect_hashes, parse_manifest, start_hashes
 from .publication import publish
-from .resharding import is_sharded, lazy_state
+from .resharding import lazy_state
 from .state import validate_state
-from .stores import Store, open_store
-from .structure import tensor_table
+from .stores.base import Store
+from .stores.object import ObjectStore
+from .stores.posix import PosixStore
 from .tensorfile import UnsupportedObject
 
 logger = logging.getLogger("worldpipe.checkpoint")
@@ -45,16 +49,7 @@ class CheckpointInfo:
     is_latest: bool
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    """What a publication writes, encoded from the state (tensor bytes referenced, not yet read)."""
-    files: list[PendingFile]
-    contents: dict
-    identity: Mapping
-    tensors: list[dict]
-
-
-class CheckpointManager:
+class CheckpointManager(contextlib.AbstractContextManager):
     """Publishes, verifies and loads the checkpoints of one run (single writer: rank 0).
 
     ``root`` is a local directory (POSIX protocol: partial dir + fsync + atomic rename) or an fsspec URL such as
@@ -77,14 +72,15 @@ class CheckpointManager:
             raise ValueError(f"keep_every must be a positive int or None, got {keep_every!r}")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
-        self.store: Store = open_store(os.fspath(root) if isinstance(root, os.PathLike) else root,
-                                       storage_options)
+        # POSIX store for local paths (and ``file://``), object store for any other fsspec URL.
+        path = local_path(os.fspath(root))
+        self.store: Store = PosixStore(path) if path is not None else ObjectStore(os.fspath(root), storage_options)
         self.root = self.store.url
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
         self.verify_mode = verify
-        self.writer = AsyncWriter("ckpt-writer", background_priority)
+        self.writer = AsyncWriter(background_priority)
         self._closed = False
         self._preloaded: tuple[int, dict] | None = None  # chosen by latest_loadable(), handed to load()
 
@@ -99,7 +95,7 @@ class CheckpointManager:
         previous one). A failure of the previous background save is raised here (and this save not started).
         Async with ``optimizer``: the tensors ``optimizer.step()`` writes (parameters, optimizer state) are
         copied on a background thread too; the optimizer's next ``step()`` waits for that copy (a step
-        pre-hook, or call :meth:`before_optimizer_step`), so the copy overlaps the next forward and backward.
+        pre-hook, or call ``writer.before_optimizer_step()``), so the copy overlaps the next forward and backward.
         ``wait``: publish on this thread as a sync save does, async or not (a final save that is waited for
         anyway must not wait for a background-priority writer that the machine's other work starves).
         """
@@ -118,14 +114,6 @@ class CheckpointManager:
             prepared = None
         self.writer.submit(step, lambda: self._publish(step, prepared or self._prepare(snapshot)))
 
-    def before_optimizer_step(self) -> None:
-        """Block until the background copy of the last async save is complete (the optimizer may step then)."""
-        self.writer.before_optimizer_step()
-
-    def publishing(self) -> bool:
-        """True while an async save is still being published (never blocks; a benchmark polls it per step)."""
-        return self.writer.publishing()
-
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is published; raise its failure."""
         self.writer.wait()
@@ -136,20 +124,19 @@ class CheckpointManager:
             self._closed = True
             self.writer.close()
 
-    def __enter__(self) -> CheckpointManager:
-        return self
-
     def __exit__(self, *exc_info) -> None:
         self.close()
 
     @staticmethod
-    def _prepare(state: Mapping, fallback: bool = True) -> _Prepared:
+    def _prepare(state: Mapping, fallback: bool = True) -> tuple[list[PendingFile], dict, Mapping, list[dict]]:
+        """:func:`.publication.publish`'s files, contents, identity and tensor table of ``state`` (tensor bytes
+        referenced, not yet read)."""
         files, contents = encode_state(state, fallback)
-        return _Prepared(files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state))
+        return files, contents, state.get(layout.IDENTITY) or {}, tensor_table(state)
 
-    def _publish(self, step: int, prepared: _Prepared) -> None:
+    def _publish(self, step: int, prepared: tuple) -> None:
         with self.store.writer_lock(step), fault.publishing(step):
-            publish(self.store, step, prepared.files, prepared.contents, prepared.identity, prepared.tensors)
+            publish(self.store, step, *prepared)
             self.retain_after(step)
 
     def retain_after(self, step: int) -> None:
@@ -185,20 +172,20 @@ class CheckpointManager:
             return None, [f"{name}/{layout.MANIFEST_NAME}: missing (partial or uncommitted step)"]
         return parse_manifest(raw, step)
 
-    def verify(self, step: int, full: bool = True, only: Iterable[str] | None = None) -> list[str]:
+    def verify(self, step: int, full: bool | None = True) -> list[str]:
         """Problems of checkpoint ``step`` (``[]`` when intact), each naming the file.
 
-        ``full`` compares every file's SHA-256 with the manifest, otherwise only presence and sizes.
-        ``only`` restricts the file checks to these relative paths (the manifest is always checked).
+        ``full`` compares every file's SHA-256 with the manifest, otherwise only presence and sizes (None: as the
+        ``verify`` mode says).
         """
         manifest, problems = self._manifest(step)
         if manifest is None:
             return problems
-        problems = check_files(manifest, step, lambda p: self.store.size_of(step, p),
-                               lambda p: self.store.sha256_of(step, p), full,
-                               None if only is None else set(only))
-        if full and not problems and only is None:
-            self._mark_verified(step, manifest)
+        problems = check_sizes(manifest, step, lambda p: self.store.size_of(step, p))
+        if not problems and (self._full_by_policy(step, manifest) if full is None else full):
+            problems = collect_hashes(step, start_hashes(manifest, lambda p: self.store.sha256_of(step, p)))
+            if not problems:
+                self._mark_verified(step, manifest)
         return problems
 
     def _full_by_policy(self, step: int, manifest: Mapping) -> bool:
@@ -211,12 +198,6 @@ class CheckpointManager:
         with _verified_lock:
             _fully_verified.add((self.root, step, manifest["manifest_sha256"]))
 
-    def _verify_by_policy(self, step: int) -> list[str]:
-        manifest, problems = self._manifest(step)
-        if manifest is None:
-            return problems
-        return self.verify(step, full=self._full_by_policy(step, manifest))
-
     def list(self) -> list[CheckpointInfo]:
         """Published steps, oldest first, with size-level verification (sha256: :meth:`verify`).
 
@@ -225,10 +206,9 @@ class CheckpointManager:
         latest = self.store.read_latest()
         infos = []
         for step in sorted(self.store.step_names()):
-            manifest, problems = self._manifest(step)
+            manifest, _ = self._manifest(step)
             size = sum(f["size"] for f in manifest["files"]) if manifest else 0
-            if manifest is not None:
-                problems = self.verify(step, full=False)
+            problems = self.verify(step, full=False)
             infos.append(CheckpointInfo(step, self.store.location(step), size, not problems,
                                         problems[0] if problems else None, step == latest))
         return infos
@@ -236,7 +216,7 @@ class CheckpointManager:
     def latest_intact(self) -> int | None:
         """Newest step whose manifest and files verify (per ``verify`` mode); warns about each one skipped."""
         for step in sorted(self.store.step_names(), reverse=True):
-            problems = self._verify_by_policy(step)
+            problems = self.verify(step, full=None)
             if not problems:
                 latest = self.store.read_latest()
                 if latest is not None and latest != step:
@@ -363,10 +343,9 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
 
     A sharded checkpoint is digested tensor by tensor from its memory-mapped shards, never whole.
     """
-
     manager = CheckpointManager(root, storage_options=storage_options)
     if step is None:
-        step = manager.latest_loadable()
+        step, state = newest_loadable(manager)
         if step is None:
             raise CheckpointNotFoundError(f"no loadable checkpoint in {manager.root}")
     else:
@@ -374,11 +353,8 @@ def checkpoint_digest(root: str | os.PathLike, step: int | None = None,
         problems, state = step_problems(manager, step)
         if problems:
             raise CheckpointCorruptError(step, problems)
-        if state is not None:  # unsharded: decoded while it was checked
-            return state_digest(state)
-    if is_sharded(manager, step):
-        return state_digest(lazy_state(manager, step, verify=False))  # verified just now
-    return state_digest(manager.load(step))
+    # An unsharded step was decoded while it was checked; a sharded one is digested from its shards (just verified).
+    return state_digest(state if state is not None else lazy_state(manager, step))
 
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "checkpoint_digest", "require_step", "state_digest"]

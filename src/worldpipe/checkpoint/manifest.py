@@ -21,28 +21,18 @@ import torch
 from worldpipe.core.hashing import canonical_hash
 
 from . import layout
-from .structure import table_problems
+from .shards import is_shape
 from .tensorfile import Segment
-from .thread_pool import LazyThreadPool, in_background
+from .thread_pool import shared_pool
 
 FORMAT = "worldpipe.checkpoint"
 FORMAT_VERSION = 1
 _HASH_CHUNK = 64 << 20  # large updates: hashlib releases the GIL while it hashes them
 
-def _hash_threads() -> int:
-    return max(2, min(4, os.cpu_count() or 2))
-
-
-_HASH_POOL = LazyThreadPool("ckpt-sha256", max_workers=_hash_threads)
-_BACKGROUND_HASH_POOL = LazyThreadPool("ckpt-sha256-bg", max_workers=_hash_threads, background=True)
-
 
 def hash_pool() -> ThreadPoolExecutor:
-    """Process-wide threads that SHA-256 file contents concurrently with writing and reading them.
-
-    Asked from a background thread (an async save's publication), the background-priority ones.
-    """
-    return (_BACKGROUND_HASH_POOL if in_background() else _HASH_POOL).get()
+    """Process-wide threads that SHA-256 file contents concurrently with writing and reading them."""
+    return shared_pool("ckpt-sha256", max(2, min(4, os.cpu_count() or 2)))
 
 
 def sha256_segments(segments: Iterable[Segment]) -> str:
@@ -52,25 +42,6 @@ def sha256_segments(segments: Iterable[Segment]) -> str:
         view = memoryview(seg).cast("B") if not isinstance(seg, bytes) else seg
         for start in range(0, len(view), _HASH_CHUNK):
             h.update(view[start:start + _HASH_CHUNK])
-    return h.hexdigest()
-
-
-def sha256_stream(f) -> str:
-    """SHA-256 of a binary file object, read in large chunks."""
-    h = hashlib.sha256()
-    buf = bytearray(16 << 20)
-    view = memoryview(buf)
-    while True:
-        n = f.readinto(buf) if hasattr(f, "readinto") else None
-        if n is None:
-            chunk = f.read(len(buf))
-            if not chunk:
-                break
-            h.update(chunk)
-            continue
-        if not n:
-            break
-        h.update(view[:n])
     return h.hexdigest()
 
 
@@ -87,7 +58,7 @@ def build_manifest(step: int, files: list[FileRecord], contents: Mapping, identi
                    tensors: list[dict] | None = None) -> bytes:
     """Encoded MANIFEST.json for a step whose files are ``files``.
 
-    ``tensors``: the table of every stored tensor's path, shape and dtype (:func:`.structure.tensor_table`), so
+    ``tensors``: the table of every stored tensor's path, shape and dtype (:func:`.loadable.tensor_table`), so
     a reader can tell a step that hashes correctly but would not load.
     """
     body = {
@@ -134,6 +105,17 @@ def parse_manifest(raw: bytes, step: int) -> tuple[dict | None, list[str]]:
         problems = [f"{where}: {p}" for p in table_problems(body["tensors"])]
     body["manifest_sha256"] = claimed
     return (None if problems else body), problems
+
+
+def table_problems(table: object) -> list[str]:
+    """What is malformed in a recorded ``tensors`` table (checked when the manifest is parsed)."""
+    if not isinstance(table, list):
+        return ["'tensors' is not a list"]
+    for entry in table:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), list) and entry["path"]
+                and isinstance(entry.get("dtype"), str) and is_shape(entry.get("shape"))):
+            return [f"malformed 'tensors' entry {entry!r}"[:200]]
+    return []
 
 
 def illegal_path(path: object) -> bool:
@@ -225,15 +207,3 @@ def collect_hashes(step: int, pending: list[tuple[dict, Future]]) -> list[str]:
         if digest != entry["sha256"]:
             problems.append(f"{where}: sha256 {digest[:16]}... != {entry['sha256'][:16]}... in manifest")
     return problems
-
-
-def check_files(manifest: Mapping, step: int, size_of, sha256_of, full: bool,
-                only: set[str] | None = None) -> list[str]:
-    """Problems of the step's files against ``manifest`` (empty when intact).
-
-    ``full`` compares SHA-256 as well as sizes. ``only`` restricts the check to these relative paths.
-    """
-    problems = check_sizes(manifest, step, size_of, only)
-    if problems or not full:
-        return problems
-    return collect_hashes(step, start_hashes(manifest, sha256_of, only))

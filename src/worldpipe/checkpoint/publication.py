@@ -22,24 +22,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from . import fault, layout
 from .codec import PendingFile
 from .errors import CheckpointWriteError
 from .manifest import FileRecord, build_manifest, hash_pool, sha256_segments
-from .stores.base import StepWriter, Store
+from .stores.base import Store
 
 logger = logging.getLogger("worldpipe.checkpoint")
-
-
 
 
 class Publication:
     """One step on its way into a store; every process that writes files of the step holds one."""
 
-    def __init__(self, store: Store, step: int, writer: StepWriter) -> None:
-        self.store, self.step, self.writer = store, step, writer
+    def __init__(self, store: Store, step: int, token: str | None = None) -> None:
+        """``token`` None: the committing process's publication (see :meth:`begin`); otherwise another process's,
+        writing into the step the committing one began (``token``: its writer's)."""
+        self.store, self.step, self.writer = store, step, store.step_writer(step, token)
         self._written = 0  # files this process has written (``mid_files`` fires after its first)
 
     @classmethod
@@ -51,24 +51,14 @@ class Publication:
             raise CheckpointWriteError(step, store.url, f"cannot remove leftovers: {exc}") from exc
         for path in removed:
             logger.warning("removed leftover of an interrupted save or deletion: %s", path)
-        writer = store.step_writer(step)
+        publication = cls(store, step)
         try:
             fault.inject("before_files")
-            writer.create()
+            publication.writer.create()
         except OSError as exc:
-            writer.discard()
-            raise CheckpointWriteError(step, writer.path(), exc) from exc
-        return cls(store, step, writer)
-
-    @classmethod
-    def join(cls, store: Store, step: int, token: str) -> Publication:
-        """Another process, writing files into the step the committing one began (``token``: its writer's)."""
-        return cls(store, step, store.step_writer(step, token))
-
-    @property
-    def token(self) -> str:
-        """What another process passes to :meth:`join` to write into this step."""
-        return self.writer.token
+            publication.writer.discard()
+            raise CheckpointWriteError(step, publication.writer.path(), exc) from exc
+        return publication
 
     def write(self, files: list[PendingFile]) -> list[FileRecord]:
         """Write this process's ``files`` of the step; their manifest records once every one is durable.
@@ -89,14 +79,13 @@ class Publication:
                 self._written += 1
                 if self._written == 1:
                     fault.inject("mid_files")
-        except BaseException as exc:
-            _settle(durable)  # every descriptor closed before the error propagates
-            if isinstance(exc, OSError):
-                raise CheckpointWriteError(self.step, where, exc) from exc
-            raise
-        failed = _settle(durable)
-        if failed is not None:
-            raise CheckpointWriteError(self.step, *failed) from failed[1]
+        except OSError as exc:
+            raise CheckpointWriteError(self.step, where, exc) from exc
+        finally:
+            wait([done for _, done in durable])  # every descriptor closed before any error propagates
+        failed = [(where, done.exception()) for where, done in durable if done.exception() is not None]
+        if failed:
+            raise CheckpointWriteError(self.step, *failed[0]) from failed[0][1]
         return [FileRecord(f.relpath, f.size, digests[f.relpath].result()) for f in files]
 
     def commit(self, records: Iterable[FileRecord], contents: Mapping, identity: Mapping,
@@ -129,16 +118,6 @@ class Publication:
     def discard(self) -> None:
         """Remove what was written of the uncommitted step (the committing process, after a failure)."""
         self.writer.discard()
-
-
-def _settle(durable: list[tuple[str, Future]]) -> tuple[str, BaseException] | None:
-    """Wait for every file's durability; the first failure (path, error), if any."""
-    first = None
-    for where, done in durable:
-        error = done.exception()
-        if error is not None and first is None:
-            first = (where, error)
-    return first
 
 
 def publish(store: Store, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,

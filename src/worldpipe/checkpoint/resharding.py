@@ -9,7 +9,7 @@ ranks in another: fsdp 4→2, 2→1, 1→4, fsdp↔ddp.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,7 +19,6 @@ from . import layout, shards
 from .codec import decode_state
 from .errors import CheckpointCorruptError, load_error_line
 from .manifest import check_sizes
-from .stage_state import restrict_optimizer
 
 # The state keys that are never sharded (read whole by every rank).
 OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, layout.RNG, layout.IDENTITY}
@@ -54,6 +53,10 @@ class StepFiles:
         except (OSError, ValueError) as exc:
             raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
 
+    def other_keys(self) -> dict:
+        """The state with only the keys that are never sharded (:data:`OTHER_KEYS`) loaded."""
+        return decode_state(self.contents, lambda relpath, _on_cpu: self.load(relpath), self.read_json, OTHER_KEYS)
+
     def skeleton(self, key: str) -> Any:
         """The stored tree of ``key`` (placeholders not resolved), or None when absent."""
         relpath = self.contents.get(key)
@@ -80,7 +83,7 @@ class StepFiles:
         return list(saved.shape) if isinstance(saved, torch.Tensor) else []
 
 
-def open_step(manager, step: int, keys: set[str] | None = None) -> StepFiles:
+def open_step(manager, step: int) -> StepFiles:
     """Manifest and size checks of the files this rank will read; raises CheckpointCorruptError naming them."""
     manifest, problems = manager._manifest(step)
     if manifest is None:
@@ -125,12 +128,6 @@ def _fill_tree(source: StepFiles, saved: Any, target: Any, path: list) -> Any:
     return saved
 
 
-def _module(model: nn.Module) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
     """Load checkpoint ``step`` into ``model`` (and ``optimizer``) as they are laid out now; call on every rank.
 
@@ -146,8 +143,10 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
         set_optimizer_state_dict,
     )
 
+    from worldpipe.parallel.wrap import unwrap  # imports torch's FSDP: a second of start-up
+
     source = open_step(manager, step)
-    module = _module(model)
+    module = unwrap(model)
     saved_model = source.skeleton(layout.MODEL) or {}
     target = get_model_state_dict(module)
     missing = sorted(set(target) - set(saved_model))
@@ -161,26 +160,16 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
             raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}: holds no optimizer state"])
         target_optim = get_optimizer_state_dict(module, optimizer)
         if set(target) < set(saved_model):  # a pipeline stage: only its parameters' optimizer state
-            saved_optim = restrict_optimizer(saved_optim, target_optim)
+            saved_optim = shards.restrict_optimizer(saved_optim, target_optim)
         set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
-    return decode_state(source.contents, _loader(source), source.read_json, OTHER_KEYS)
+    return source.other_keys()
 
 
-def _loader(source: StepFiles) -> Callable[[str, bool], Any]:
-    return lambda relpath, _on_cpu: source.load(relpath)
-
-
-def lazy_state(manager, step: int, verify: bool = True) -> dict:
-    """Checkpoint ``step`` with its sharded tensors as :class:`.shards.LazyTensor` s (shards memory-mapped).
-
-    With ``verify`` every file is checked by SHA-256 first (raises CheckpointCorruptError naming them); for
-    :func:`.digest.state_digest`, which then assembles one tensor at a time.
-    """
-    problems = manager.verify(step, full=True) if verify else []
-    if problems:
-        raise CheckpointCorruptError(step, problems)
+def lazy_state(manager, step: int) -> dict:
+    """Checkpoint ``step`` (verified by the caller) with its sharded tensors as :class:`.shards.LazyTensor` s
+    (shards memory-mapped), for :func:`.digest.state_digest`, which then assembles one tensor at a time."""
     source = open_step(manager, step)
-    state = decode_state(source.contents, _loader(source), source.read_json, OTHER_KEYS)
+    state = source.other_keys()
     for key in shards.SHARDED_STATE_KEYS:
         state[key] = shards.resolve(source.skeleton(key), source.index, source.load, lazy=True)
     return state

@@ -23,24 +23,25 @@ training's collectives on the default group.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from worldpipe.parallel.runtime import broadcast_object, gather_objects, group_runtime
+from worldpipe.parallel.wrap import unwrap
 
 from . import fault, layout, shards
 from .async_writer import AsyncWriter
 from .codec import PendingFile, encode_state, json_bytes
 from .digest import state_digest
 from .errors import CheckpointWriteError
+from .loadable import tensor_table
 from .manifest import FileRecord
 from .publication import Publication
 from .resharding import lazy_state
 from .state import snapshot_state, validate_state
-from .structure import tensor_table
 from .tensorfile import encode_with_fallback
 
 
@@ -65,12 +66,8 @@ class ShardedSaver:
         Every rank passes ``model``/``optimizer``/``ema`` as sharded state dicts (DTensor leaves are split by
         placement; plain tensors are taken from rank 0). Only rank 0's other keys are used: scheduler, scaler,
         progress, sampler, identity and ``rng`` (every rank's, gathered by the caller). If any rank fails, every
-        rank raises CheckpointWriteError and the previous checkpoint stays ``latest``.
-
-        Sync: returns once durable and ``latest`` names it. Async: returns after the snapshot (the copy of what
-        ``optimizer.step()`` writes continues in the background when ``optimizer`` is given). ``wait`` (every rank
-        alike): publish on this thread, as a sync save does (a final save is waited for anyway; see
-        CheckpointManager.save).
+        rank raises CheckpointWriteError and the previous checkpoint stays ``latest``. Sync, async, ``optimizer``
+        and ``wait`` (every rank alike) as for :meth:`CheckpointManager.save`.
         """
         layout.step_dir_name(step)
         if layout.MODEL in state and not isinstance(state[layout.MODEL], Mapping):
@@ -89,16 +86,15 @@ class ShardedSaver:
     def _publish(self, step: int, local: shards.LocalShards) -> str | None:
         publish_shards(self.manager, step, local, self._group)
         if self.digest and local.skeleton.get(layout.PROGRESS) is not None:  # rank 0
-            return state_digest(lazy_state(self.manager, step, verify=False))
+            return state_digest(lazy_state(self.manager, step))
         return None
 
 
 def local_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """This rank's model and optimizer state dicts as they are laid out (DTensors stay sharded, no gather)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    from torch.nn.parallel import DistributedDataParallel
 
-    module = model.module if isinstance(model, DistributedDataParallel) else model
+    module = unwrap(model)
     return get_model_state_dict(module), get_optimizer_state_dict(module, optimizer)
 
 
@@ -120,19 +116,21 @@ def publish_shards(manager, step: int, local: shards.LocalShards, group: Any = N
                 publication = Publication.begin(manager.store, step)
             except Exception as exc:
                 own_error = exc
-        token, problem = broadcast_object(runtime, (publication and publication.token,
+        token, problem = broadcast_object(runtime, (publication and publication.writer.token,
                                                     str(own_error) if own_error else None), group)
         if problem:
             _raise(own_error, step, manager.root, problem)
         if publication is None:
-            publication = Publication.join(manager.store, step, token)
-        record, problem = _write_own(publication, runtime.rank, local)
+            publication = Publication(manager.store, step, token)
+        records, _, problem = _write(publication, lambda: (  # this rank's shard file; none without a piece
+            [PendingFile(shards.shard_file(runtime.rank), encode_with_fallback(local.local, archive="shards"))]
+            if local.local else [], {}))
         rank0_records: list[FileRecord] = []
         contents: dict = {}
         if runtime.rank == 0 and problem is None:
             # The skeleton (everything not sharded) is written while the other ranks write their pieces.
-            rank0_records, contents, problem = _write_skeleton(publication, local.skeleton)
-        gathered = gather_objects(runtime, (record, local.pieces, problem), group)
+            rank0_records, contents, problem = _write(publication, lambda: encode_state(local.skeleton))
+        gathered = gather_objects(runtime, (records[0] if records else None, local.pieces, problem), group)
         outcome, own_error = None, None
         if runtime.rank == 0:
             own_error = _commit(publication, local, gathered, rank0_records, contents)
@@ -150,33 +148,17 @@ def _raise(own: BaseException | None, step: int, root: str, problem: str):
     raise CheckpointWriteError(step, root, problem)
 
 
-def _problem(exc: Exception) -> str:
-    """One rank's failure as one line for rank 0 to report (the file it touched, then the cause)."""
-    return f"{exc.path}: {exc.cause}" if isinstance(exc, CheckpointWriteError) else str(exc)
-
-
-def _write_own(publication: Publication, rank: int,
-               local: shards.LocalShards) -> tuple[FileRecord | None, str | None]:
-    """This rank's shard file (None when it holds no piece), or the problem that stopped it."""
-    if not local.local:
-        return None, None
+def _write(publication: Publication, encode: Callable[[], tuple[list[PendingFile], dict]]
+           ) -> tuple[list[FileRecord], dict, str | None]:
+    """This rank's files encoded and written, or the problem that stopped it: reported at the gather, so no rank is
+    left waiting (and every rank fails there)."""
     try:
-        encoded = encode_with_fallback(local.local, archive="shards")
-        (record,) = publication.write([PendingFile(shards.shard_file(rank), encoded.segments)])
-    except (CheckpointWriteError, ValueError, TypeError) as exc:  # reported at the gather: no rank left waiting
-        return None, _problem(exc)
-    return record, None
-
-
-def _write_skeleton(publication: Publication, skeleton: Mapping) -> tuple[list[FileRecord], dict, str | None]:
-    try:
-        files, contents = encode_state(skeleton)
-    except ValueError as exc:  # an invalid state: every rank must still reach the gather, then fail
-        return [], {}, f"invalid state: {exc}"
-    try:
+        files, contents = encode()
         return publication.write(files), contents, None
     except CheckpointWriteError as exc:
-        return [], contents, _problem(exc)
+        return [], {}, f"{exc.path}: {exc.cause}"  # the file it touched, then the cause
+    except (ValueError, TypeError) as exc:
+        return [], {}, f"invalid state: {exc}"
 
 
 def _commit(publication: Publication, local: shards.LocalShards, gathered: list, rank0_records: list[FileRecord],

@@ -13,6 +13,14 @@ Pieces are regions of the logical (unsharded) tensor, so any reader can cut any 
 that is what makes loading onto another layout or world size possible (see :mod:`.resharding`). Replicated
 mesh dimensions are written once (by the replica at coordinate 0). A plain tensor that only some ranks hold
 (a pipeline stage's: :class:`OwnedTensor`) is one piece covering the whole tensor, written by one of them.
+
+A model cut into pipeline stages (:func:`join_stages`): each rank's own model and optimizer state dicts (its
+stage's tensors, under their full-model names) are joined into the state of the whole model without moving a
+tensor: only names, shapes and dtypes are exchanged (one object all-gather). Every rank builds the same joined
+tree, with an :class:`OwnedTensor` leaf per tensor, written by the lowest rank that holds it (a stage's
+data-parallel replicas hold copies). The optimizer's param groups list every stage's parameter names in stage
+order, which is the order of the whole model's parameters (stages are contiguous runs of it): the joined state
+is the one a single process saves. Loading cuts the saved state down to the names this rank's stage holds.
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from typing import Any
 
 import torch
 
+from worldpipe.parallel.runtime import Runtime, gather_objects
+
 from . import layout
 
 PLACEHOLDER = "__worldpipe_shard__"
 SHARD_DIR = "shards"
 INDEX_FILE = f"{SHARD_DIR}/index.json"
-SHARD_FILE_FORMAT = SHARD_DIR + "/rank-{rank:05d}.pt"
 INDEX_FORMAT = 1
 SHARDED_STATE_KEYS = (layout.MODEL, layout.OPTIMIZER, layout.EMA)
 CONTENTS_KEY = "shards"  # manifest contents: {"index": INDEX_FILE, "files": [...], "world_size": N}
@@ -38,7 +47,7 @@ CONTENTS_KEY = "shards"  # manifest contents: {"index": INDEX_FILE, "files": [..
 
 def shard_file(rank: int) -> str:
     """Relative path of rank ``rank``'s shard file."""
-    return SHARD_FILE_FORMAT.format(rank=rank)
+    return f"{SHARD_DIR}/rank-{rank:05d}.pt"
 
 
 def is_dtensor(obj: Any) -> bool:
@@ -111,11 +120,6 @@ class LocalShards:
     local: dict[str, torch.Tensor] = field(default_factory=dict)  # key in this rank's file -> local piece
     pieces: dict[int, dict] = field(default_factory=dict)  # id -> this rank's piece (key, offset, shape)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of this rank's pieces."""
-        return sum(t.numel() * t.element_size() for t in self.local.values())
-
 
 def split_state(state: Mapping) -> LocalShards:
     """Replace the DTensor leaves of ``state`` by placeholders and collect this rank's pieces of them.
@@ -162,19 +166,14 @@ def _split(obj: Any, path: list, shards: LocalShards) -> Any:
 
 def build_index(tensors: list[dict], pieces_by_rank: list[dict[int, dict]]) -> dict:
     """The ``shards/index.json`` body from every rank's pieces (index = rank); checks they tile each tensor."""
-    entries = []
-    for ident, meta in enumerate(tensors):
-        pieces = []
-        for rank, pieces_of_rank in enumerate(pieces_by_rank):
-            piece = pieces_of_rank.get(ident)
-            if piece is not None:
-                pieces.append({"file": shard_file(rank), **piece})
-        covered = sum(math.prod(p["shape"]) for p in pieces)
-        if covered != math.prod(meta["shape"]):
-            raise ValueError(f"{'/'.join(map(str, meta['path']))}: pieces cover {covered} of "
-                             f"{math.prod(meta['shape'])} elements")
-        entries.append({**meta, "pieces": pieces})
-    return {"format_version": INDEX_FORMAT, "world_size": len(pieces_by_rank), "tensors": entries}
+    entries = [{**meta, "pieces": [{"file": shard_file(rank), **pieces[ident]}
+                                   for rank, pieces in enumerate(pieces_by_rank) if ident in pieces]}
+               for ident, meta in enumerate(tensors)]
+    index = {"format_version": INDEX_FORMAT, "world_size": len(pieces_by_rank), "tensors": entries}
+    problems = index_problems(index, {shard_file(rank) for rank in range(len(pieces_by_rank))})
+    if problems:
+        raise ValueError(problems[0])
+    return index
 
 
 def index_problems(index: Any, shard_files: set[str]) -> list[str]:
@@ -196,7 +195,7 @@ def index_problems(index: Any, shard_files: set[str]) -> list[str]:
 
 
 def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
-    if not (isinstance(entry, Mapping) and isinstance(entry.get("path"), list) and _is_shape(entry.get("shape"))
+    if not (isinstance(entry, Mapping) and isinstance(entry.get("path"), list) and is_shape(entry.get("shape"))
             and isinstance(entry.get("pieces"), list)):
         return "malformed entry"
     try:
@@ -205,8 +204,8 @@ def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
         return str(exc).removeprefix(f"{INDEX_FILE}: ")
     shape, boxes = entry["shape"], []
     for piece in entry["pieces"]:
-        if not (isinstance(piece, Mapping) and isinstance(piece.get("key"), str) and _is_shape(piece.get("offset"))
-                and _is_shape(piece.get("shape")) and len(piece["offset"]) == len(piece["shape"]) == len(shape)):
+        if not (isinstance(piece, Mapping) and isinstance(piece.get("key"), str) and is_shape(piece.get("offset"))
+                and is_shape(piece.get("shape")) and len(piece["offset"]) == len(piece["shape"]) == len(shape)):
             return f"malformed piece {piece!r}"[:200]
         if piece.get("file") not in shard_files:
             return f"piece file {piece.get('file')!r} is not a shard file of this step"
@@ -222,7 +221,8 @@ def _entry_problem(entry: Any, shard_files: set[str]) -> str | None:
     return None
 
 
-def _is_shape(value: Any) -> bool:
+def is_shape(value: Any) -> bool:
+    """True for a list of non-negative ints (a shape or an offset as JSON holds it)."""
     return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
 
 
@@ -303,8 +303,87 @@ def resolve(tree: Any, index: Mapping, open_file: Callable[[str], Mapping[str, t
         return tensor if lazy else tensor.materialize()
     if isinstance(tree, Mapping):
         return {k: resolve(v, index, open_file, lazy) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [resolve(v, index, open_file, lazy) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(resolve(v, index, open_file, lazy) for v in tree)
+    if isinstance(tree, list | tuple):
+        return type(tree)(resolve(v, index, open_file, lazy) for v in tree)
     return tree
+
+
+_TENSOR = "__tensor__"
+
+
+def _outline(tree: Any) -> Any:
+    """``tree`` with tensors replaced by (shape, dtype) markers: what the other ranks need to know of it."""
+    if isinstance(tree, torch.Tensor):
+        return {_TENSOR: (list(tree.shape), str(tree.dtype).removeprefix("torch."))}
+    if isinstance(tree, Mapping):
+        return {k: _outline(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_outline(v) for v in tree)
+    return tree
+
+
+def _join(outlines: list[Any]) -> Any:
+    """One tree holding every rank's entries (dicts: union of keys, in rank order; lists: the first rank's)."""
+    present = [o for o in outlines if o is not None]
+    first = present[0]
+    if isinstance(first, Mapping) and _TENSOR not in first:
+        keys = list(dict.fromkeys(k for o in present if isinstance(o, Mapping) for k in o))
+        return {k: _join([o.get(k) if isinstance(o, Mapping) else None for o in present]) for k in keys}
+    return first
+
+
+def _holds(outline: Any, path: tuple) -> bool:
+    """Whether a rank's outline has a tensor at ``path``."""
+    for key in path:
+        if not isinstance(outline, Mapping) or _TENSOR in outline or key not in outline:
+            return False
+        outline = outline[key]
+    return isinstance(outline, Mapping) and _TENSOR in outline
+
+
+def _owned(outline: Any, mine: Any, outlines: list[Any], path: tuple, rank: int) -> Any:
+    """The joined outline with an OwnedTensor per tensor: this rank's tensor where it holds one, written by the
+    lowest rank that holds it."""
+    if isinstance(outline, Mapping) and _TENSOR in outline:
+        shape, dtype = outline[_TENSOR]
+        held = mine if isinstance(mine, torch.Tensor) else None
+        writes = held is not None and not any(_holds(other, path) for other in outlines[:rank])
+        return OwnedTensor(shape, dtype, writes=writes, tensor=held)
+    if isinstance(outline, Mapping):
+        return {k: _owned(v, mine.get(k) if isinstance(mine, Mapping) else None, outlines, path + (k,), rank)
+                for k, v in outline.items()}
+    return outline
+
+
+def _param_groups(groups_by_rank: list[list[Mapping]]) -> list[dict]:
+    """Each group with the parameter names of every stage, in rank order (= stage order for dp coordinate 0)."""
+    joined = []
+    for index, group in enumerate(groups_by_rank[0]):
+        names = dict.fromkeys(n for groups in groups_by_rank for n in groups[index]["params"])
+        joined.append({**group, "params": list(names)})
+    return joined
+
+
+def join_stages(runtime: Runtime, model_state: Mapping, optim_state: Mapping) -> tuple[dict, dict]:
+    """This rank's stage state dicts -> the whole model's, with :class:`OwnedTensor` leaves (collective)."""
+    outlines = gather_objects(runtime, (_outline(model_state), _outline(optim_state.get("state", {})),
+                                        _outline(optim_state.get("param_groups", []))))
+    models, states = [o[0] for o in outlines], [o[1] for o in outlines]
+    model = _owned(_join(models), model_state, models, (), runtime.rank)
+    state = _owned(_join(states), optim_state.get("state", {}), states, (), runtime.rank)
+    return model, {"state": state, "param_groups": _param_groups([o[2] for o in outlines])}
+
+
+def join_shapes(runtime: Runtime, shapes: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """Every rank's ``{name: shape}`` of its stage joined: the whole model's (collective)."""
+    joined: dict[str, list[int]] = {}
+    for part in gather_objects(runtime, dict(shapes)):
+        joined.update(part)
+    return joined
+
+
+def restrict_optimizer(saved: Mapping, target: Mapping) -> dict:
+    """The saved optimizer state of the whole model cut to the parameters in ``target`` (this rank's stage)."""
+    names = set(target.get("state", {})) | {n for g in target.get("param_groups", []) for n in g["params"]}
+    groups = [{**group, "params": [n for n in group["params"] if n in names]} for group in saved["param_groups"]]
+    return {"state": {k: v for k, v in saved["state"].items() if k in names}, "param_groups": groups}

@@ -11,6 +11,11 @@ A state is a dict with exactly these keys (see :mod:`worldpipe.checkpoint.layout
     sampler    JSON-able dict (seed, epoch, cursor into the global order)
     rng        list[dict], index = rank, each as returned by capture_rng()
     identity   JSON-able dict (config, hashes, code version, world size, ...)
+
+A checkpoint holds one RNG file per rank (``rng/rank-NNNNN.pt``). Restoring rank 0's state on every rank, or
+losing a rank's file, changes what a resumed run draws without changing the checkpoint digest (which leaves RNG
+out by definition). :func:`audit_rng` finds both from the stored files: the files listed are exactly ranks
+0..W-1 for the recorded world size, each loads, and the streams training seeds per rank are distinct.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +32,9 @@ import torch
 from worldpipe.core.hashing import only_json_scalars
 
 from . import layout
+from .digest import tree_digest
+from .errors import CheckpointError
+from .manifest import parse_manifest
 
 _NDARRAY_TAG = "__ndarray__"
 # Keys of the process-global streams in a captured RNG state.
@@ -82,12 +91,8 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 
 
 def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: tuple, defer=None):
-    """Copy ``obj``. ``reuse`` (path -> tensor of an earlier, no longer used snapshot) provides buffers to copy
-    into when shape and dtype match; ``record`` collects this snapshot's buffers by path for the next one.
-
-    Reusing buffers avoids allocating fresh memory for every snapshot, whose page faults can cost more than
-    the copy itself.
-    """
+    """Copy ``obj`` (see :func:`snapshot_state`). Reusing buffers avoids allocating fresh memory for every
+    snapshot, whose page faults can cost more than the copy itself."""
     if isinstance(obj, torch.Tensor):
         key = _tensor_key(obj) if obj.untyped_storage().data_ptr() else None
         if key is not None and key in memo:
@@ -123,18 +128,14 @@ def _copy_tree(obj, memo: dict, reuse: dict | None, record: dict | None, path: t
 
 def to_portable(obj):
     """Replace numpy arrays/scalars by plain Python so ``torch.load(weights_only=True)`` and JSON accept them."""
-    if isinstance(obj, list | tuple) and only_json_scalars(obj):
-        return list(obj) if isinstance(obj, list) else tuple(obj)
     if isinstance(obj, np.ndarray):
         return {_NDARRAY_TAG: obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, Mapping):
         return {k: to_portable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_portable(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_portable(v) for v in obj)
+    if isinstance(obj, list | tuple):  # a long run of ints (Python's random state) is copied in one go
+        return type(obj)(obj) if only_json_scalars(obj) else type(obj)(to_portable(v) for v in obj)
     return obj
 
 
@@ -144,16 +145,13 @@ def from_portable(obj):
         if _NDARRAY_TAG in obj:
             return np.asarray(obj["data"], dtype=np.dtype(obj[_NDARRAY_TAG])).reshape(obj["shape"])
         return {k: from_portable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [from_portable(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(from_portable(v) for v in obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(from_portable(v) for v in obj)
     return obj
 
 
-def capture_rng(numpy_generators: Mapping[str, np.random.Generator] | None = None,
-                torch_generators: Mapping[str, torch.Generator] | None = None) -> dict:
-    """This process's RNG state: Python ``random``, NumPy global + named, torch CPU/CUDA default + named.
+def capture_rng(torch_generators: Mapping[str, torch.Generator] | None = None) -> dict:
+    """This process's RNG state: Python ``random``, NumPy's global generator, torch CPU/CUDA default + named.
 
     The result holds only Python containers, ints/floats and CPU ``ByteTensor`` s, so it loads with
     ``torch.load(weights_only=True)`` and survives ``all_gather_object``.
@@ -164,15 +162,13 @@ def capture_rng(numpy_generators: Mapping[str, np.random.Generator] | None = Non
     return {
         PYTHON_STREAM: random.getstate(),
         NUMPY_GLOBAL_STREAM: to_portable(np.random.get_state()),
-        "numpy": {name: to_portable(g.bit_generator.state) for name, g in (numpy_generators or {}).items()},
         "torch": torch.get_rng_state(),
         "cuda": cuda,
         "generators": {name: g.get_state() for name, g in (torch_generators or {}).items()},
     }
 
 
-def restore_rng(rng: Mapping, numpy_generators: Mapping[str, np.random.Generator] | None = None,
-                torch_generators: Mapping[str, torch.Generator] | None = None) -> None:
+def restore_rng(rng: Mapping, torch_generators: Mapping[str, torch.Generator] | None = None) -> None:
     """Restore what :func:`capture_rng` captured, in place, into the global and the given named generators.
 
     A named generator the state does not hold raises ``KeyError``: silently keeping its current state would
@@ -182,11 +178,6 @@ def restore_rng(rng: Mapping, numpy_generators: Mapping[str, np.random.Generator
     random.setstate((py[0], tuple(py[1]), py[2]))
     if rng.get(NUMPY_GLOBAL_STREAM) is not None:
         np.random.set_state(tuple(from_portable(rng[NUMPY_GLOBAL_STREAM])))
-    saved_np = rng.get("numpy") or {}
-    for name, gen in (numpy_generators or {}).items():
-        if name not in saved_np:
-            raise KeyError(f"RNG state holds no NumPy generator {name!r} (has {sorted(saved_np)})")
-        gen.bit_generator.state = from_portable(saved_np[name])
     torch.set_rng_state(_byte_tensor(rng["torch"]))
     if rng.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([_byte_tensor(s) for s in rng["cuda"]])
@@ -216,3 +207,69 @@ def rng_view(rng: Mapping) -> dict:
         return obj
 
     return view(to_portable(rng))
+
+
+def rng_fingerprint(rng: Mapping) -> dict[str, str]:
+    """SHA-256 per stream of one rank's RNG state (as :func:`~worldpipe.checkpoint.state.capture_rng` returns it
+    or a checkpoint loads it); named generators appear as ``torch:<name>``.
+
+    Equal fingerprints mean equal states: the representation is normalized (lists vs tuples, portable NumPy
+    arrays), so a state captured live and the same state read back from a file agree.
+    """
+    rng = from_portable(to_portable(dict(rng)))
+    streams: dict[str, Any] = {PYTHON_STREAM: rng.get(PYTHON_STREAM), NUMPY_GLOBAL_STREAM: rng.get(NUMPY_GLOBAL_STREAM),
+                               "torch": rng.get("torch"), "cuda": rng.get("cuda")}
+    streams.update({f"torch:{k}": v for k, v in (rng.get("generators") or {}).items()})
+    return {name: tree_digest(state) for name, state in streams.items() if state is not None}
+
+
+def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | None,
+              per_rank_streams: Sequence[str]) -> list[str]:
+    """Problems with a checkpoint's RNG files (``[]`` when fine), each naming the step and file.
+
+    ``manifest``: the step's parsed manifest; ``rng_states``: its RNG states as loaded, index = rank;
+    ``world_size``: the world size recorded in the step's identity (None: unknown, not checked);
+    ``per_rank_streams``: streams the trainer seeds differently on every rank, so no two ranks may share one.
+    """
+    step = manifest.get("step")
+    where = layout.step_dir_name(step) if isinstance(step, int) else "checkpoint"
+    listed = list((manifest.get("contents") or {}).get(layout.RNG) or [])
+    expected = [layout.rng_file(rank) for rank in range(len(listed))]
+    problems = []
+    if not listed:
+        return [f"{where}: no RNG files ({layout.RNG_DIR}/)"]
+    if listed != expected:
+        problems.append(f"{where}: RNG files {listed} are not one per rank in order (expected {expected})")
+    if world_size is not None and len(listed) != world_size:
+        problems.append(f"{where}: {len(listed)} RNG file(s) for a run of world size {world_size} "
+                        f"(identity.json)")
+    prints = [rng_fingerprint(state) for state in rng_states]
+    for stream in per_rank_streams:
+        owner: dict[str, int] = {}
+        for rank, fingerprint in enumerate(prints):
+            value = fingerprint.get(stream)
+            if value is None:
+                problems.append(f"{where}/{layout.rng_file(rank)}: no {stream!r} state")
+            elif value in owner:
+                problems.append(f"{where}/{layout.rng_file(rank)}: {stream!r} state identical to rank "
+                                f"{owner[value]}'s (each rank must keep its own stream)")
+            else:
+                owner[value] = rank
+    return problems
+
+
+def check_rng_files(manager: Any, step: int, per_rank_streams: Sequence[str]) -> list[str]:
+    """:func:`audit_rng` of step ``step`` of a :class:`~worldpipe.checkpoint.CheckpointManager`'s store."""
+    raw = manager.store.read_manifest(step)
+    if raw is None:
+        return [f"{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}: missing"]
+    manifest, problems = parse_manifest(raw, step)
+    if manifest is None:
+        return problems
+    try:
+        state = manager.load(step, keys=[layout.RNG, layout.IDENTITY])
+    except CheckpointError as exc:
+        return [str(exc)]
+    world_size = (state[layout.IDENTITY] or {}).get("world_size")
+    return audit_rng(manifest, state[layout.RNG] or [], world_size if isinstance(world_size, int) else None,
+                     per_rank_streams)

@@ -24,7 +24,6 @@ import io
 import pickle
 import struct
 import sys
-from dataclasses import dataclass, field
 
 import torch
 import torch._utils
@@ -60,27 +59,8 @@ class UnsupportedObject(TypeError):
 Segment = bytes | memoryview
 
 
-@dataclass
-class EncodedFile:
-    """A file's full content as ordered segments; ``b"".join(segments)`` is the file."""
-
-    segments: list[Segment] = field(default_factory=list)
-
-    @property
-    def size(self) -> int:
-        """Total number of bytes."""
-        return sum(len(s) if isinstance(s, bytes) else s.nbytes for s in self.segments)
-
-
-class _StorageRef:
-    """Placeholder pickled through ``persistent_id`` as torch's ``("storage", ...)`` tuple."""
-
-    __slots__ = ("key", "storage_type", "numel")
-
-    def __init__(self, key: str, storage_type: type, numel: int) -> None:
-        self.key = key
-        self.storage_type = storage_type
-        self.numel = numel
+class _StorageRef(tuple):
+    """Torch's ``("storage", type, key, "cpu", numel)`` persistent id, marked as one for ``persistent_id``."""
 
 
 class _Pickler(pickle.Pickler):
@@ -92,16 +72,11 @@ class _Pickler(pickle.Pickler):
         self.storages: dict[tuple, tuple[_StorageRef, torch.dtype, torch.Tensor]] = {}
 
     def persistent_id(self, obj):  # noqa: D102 - pickle hook
-        if type(obj) is _StorageRef:
-            return ("storage", obj.storage_type, obj.key, "cpu", obj.numel)
-        return None
+        return tuple(obj) if type(obj) is _StorageRef else None
 
-    def reducer_override(self, obj):  # noqa: D102 - pickle hook
-        if isinstance(obj, torch.Tensor):
-            return self._reduce_tensor(obj)
-        return NotImplemented
-
-    def _reduce_tensor(self, tensor: torch.Tensor):
+    def reducer_override(self, tensor):  # noqa: D102 - pickle hook
+        if not isinstance(tensor, torch.Tensor):
+            return NotImplemented
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             raise UnsupportedObject(f"tensor subclass {type(tensor).__name__}")
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
@@ -123,8 +98,8 @@ class _Pickler(pickle.Pickler):
             itemsize = tensor.element_size()
             if nbytes % itemsize:
                 raise UnsupportedObject("storage size is not a multiple of the element size")
-            ref = _StorageRef(str(len(self.storages)), getattr(torch, _STORAGE_TYPE_NAMES[tensor.dtype]),
-                              nbytes // itemsize)
+            ref = _StorageRef(("storage", getattr(torch, _STORAGE_TYPE_NAMES[tensor.dtype]), str(len(self.storages)),
+                               "cpu", nbytes // itemsize))
             raw = torch.empty(0, dtype=torch.uint8).set_(storage)
             entry = (ref, tensor.dtype, raw)
             self.storages[ident] = entry
@@ -164,12 +139,12 @@ def _central_entry(name: bytes, size: int, offset: int, zip64: bool) -> bytes:
     ) + name + extra
 
 
-def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: bool = False) -> EncodedFile:
+def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: bool = False) -> list[Segment]:
     """Lay out ``records`` (name, data) as an uncompressed, 64-byte-aligned zip under ``archive/``.
 
     ``force_zip64`` writes ZIP64 fields even for small files (tests use it to exercise the >4 GiB path).
     """
-    out = EncodedFile()
+    out: list[Segment] = []
     central: list[tuple[bytes, int, int, bool]] = []
     offset = 0
     for rec_name, data in records:
@@ -177,7 +152,7 @@ def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: boo
         size = len(data) if isinstance(data, bytes) else data.nbytes
         zip64 = force_zip64 or size >= _ZIP32_MAX or offset >= _ZIP32_MAX
         header = _local_header(name, size, offset, zip64)
-        out.segments += [header, data]
+        out += [header, data]
         central.append((name, size, offset, zip64))
         offset += len(header) + size
     cd_offset = offset
@@ -191,11 +166,11 @@ def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: boo
         tail += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, _ZIP16_MAX, _ZIP16_MAX, _ZIP32_MAX, _ZIP32_MAX, 0)
     else:
         tail += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(cd), cd_offset, 0)
-    out.segments.append(tail)
+    out.append(tail)
     return out
 
 
-def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> EncodedFile:
+def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> list[Segment]:
     """Encode ``obj`` as a ``torch.load(weights_only=True)``-loadable file, referencing tensor memory.
 
     The returned segments alias the tensors' storages: they must not be modified until the file is written.
@@ -212,16 +187,16 @@ def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> 
     ]
     for ref, _dtype, raw in pickler.storages.values():
         # numpy() shares memory with `raw`, which keeps the storage alive while the segment exists.
-        records.append((f"data/{ref.key}", memoryview(raw.numpy()).cast("B")))
+        records.append((f"data/{ref[2]}", memoryview(raw.numpy()).cast("B")))  # ref[2]: the storage key
     records += [("version", b"3\n"), (".data/serialization_id", b"0" * 40)]
     return build_zip(records, archive, force_zip64)
 
 
-def encode_with_fallback(obj: object, archive: str = "archive") -> EncodedFile:
+def encode_with_fallback(obj: object, archive: str = "archive") -> list[Segment]:
     """:func:`encode`, or ``torch.save`` into memory for objects :func:`encode` does not support."""
     try:
         return encode(obj, archive)
     except UnsupportedObject:
         buf = io.BytesIO()
         torch.save(obj, buf)
-        return EncodedFile([buf.getvalue()])
+        return [buf.getvalue()]

@@ -62,7 +62,7 @@ def _verify(args) -> int:
     for step in steps:
         problems, _ = step_problems(manager, step)  # loadable: hashes, paths, weights-only loads, shapes
         if args.rng and not problems:
-            from worldpipe.checkpoint.rng_audit import check_rng_files
+            from worldpipe.checkpoint.state import check_rng_files
             from worldpipe.trainer.seeding import PER_RANK_STREAMS
 
             problems = check_rng_files(manager, step, PER_RANK_STREAMS)

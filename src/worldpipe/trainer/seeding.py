@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worldpipe.checkpoint.rng_audit import rng_fingerprint
-from worldpipe.checkpoint.state import NUMPY_GLOBAL_STREAM, PYTHON_STREAM, capture_rng
+from worldpipe.checkpoint.state import NUMPY_GLOBAL_STREAM, PYTHON_STREAM, capture_rng, rng_fingerprint
 
 # Debugging aid: with WORLDPIPE_RNG_TRACE=<dir> set, every training step appends one JSON line to
 # <dir>/rank-NNNNN.jsonl (process id, fingerprint of the global generator states the forward is about to draw

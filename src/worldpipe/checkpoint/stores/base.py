@@ -10,14 +10,17 @@ writer: rank 0 commits; POSIX stores enforce it with a lock file, object stores 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
+from .. import layout
 from ..tensorfile import Segment
 
 
-class StepWriter:
+class StepWriter(Protocol):
     """The files of one step on their way into a store, until the step is committed or discarded.
 
     :mod:`worldpipe.checkpoint.publication` calls these in the protocol's order; every process that writes
@@ -29,93 +32,93 @@ class StepWriter:
 
     def path(self, relpath: str = "") -> str:
         """Printable location of a file of the step being written (``""``: the step itself), for errors."""
-        raise NotImplementedError
 
     def create(self) -> None:
         """Make the place the files go (POSIX: the partial directory; object stores: clear an earlier attempt)."""
-        raise NotImplementedError
 
     def write(self, relpath: str, segments: list[Segment]) -> Future:
         """Write one file (it must not exist yet); the future is done once the file is durable."""
-        raise NotImplementedError
 
     def seal(self, relpaths: Iterable[str]) -> None:
         """Make the names of these files durable (POSIX: fsync the directories below the step that hold them)."""
 
     def stage_manifest(self, data: bytes) -> None:
         """Write ``MANIFEST.json``, after every file is durable (object stores: this PUT is the commit point)."""
-        raise NotImplementedError
 
     def commit(self) -> None:
         """Show the step to readers, durably (POSIX: rename into place, fsync the root)."""
 
     def discard(self) -> None:
         """Remove what was written of an uncommitted step (never raises: it runs while a failure propagates)."""
-        raise NotImplementedError
 
 
-class Store:
+class Store(Protocol):
     """What the manager needs from a place that holds checkpoints."""
 
     url: str
 
     def step_names(self) -> list[int]:
         """Steps visible to readers (object stores: only committed ones), unsorted."""
-        raise NotImplementedError
 
     def step_exists(self, step: int) -> bool:
         """Whether anything exists under the step's directory name."""
-        raise NotImplementedError
 
     def location(self, step: int) -> str:
         """Printable location of a step directory."""
-        raise NotImplementedError
+        return f"{self.url}/{layout.step_dir_name(step)}"
+
+    def open_file(self, step: int | None, relpath: str) -> BinaryIO:
+        """A file of ``step`` (None: of the store's root) opened for reading; FileNotFoundError when missing."""
 
     def read_manifest(self, step: int) -> bytes | None:
         """Raw MANIFEST.json of ``step``, or None when missing."""
-        raise NotImplementedError
+        try:
+            with self.open_file(step, layout.MANIFEST_NAME) as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def size_of(self, step: int, relpath: str) -> int | None:
         """Size of a file of ``step``, None when missing."""
-        raise NotImplementedError
 
     def sha256_of(self, step: int, relpath: str) -> str:
         """SHA-256 of a file of ``step``, read from the store."""
-        raise NotImplementedError
+        with self.open_file(step, relpath) as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:
         """``torch.load(..., weights_only=True)`` of a file of ``step``; ``mmap``: memory-mapped where the store
         holds local files (a reader then touches only the bytes it uses), read whole elsewhere."""
-        raise NotImplementedError
 
     def read_json(self, step: int, relpath: str) -> Any:
         """Parsed JSON file of ``step``."""
-        raise NotImplementedError
+        with self.open_file(step, relpath) as f:
+            return json.load(f)
 
     def read_latest(self) -> int | None:
         """Step named by the ``latest`` pointer, None when absent or unreadable."""
-        raise NotImplementedError
+        try:
+            with self.open_file(None, layout.LATEST_NAME) as f:
+                return layout.parse_step_dir(f.read().decode().strip())
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
 
     def latest_location(self) -> str:
         """Printable location of the ``latest`` pointer, for errors."""
-        raise NotImplementedError
+        return f"{self.url}/{layout.LATEST_NAME}"
 
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:
         """A writer of ``step``: a new place to write it (``token`` None: the committing process, before
         :meth:`StepWriter.create`), or the place another process's writer names by its ``token``."""
-        raise NotImplementedError
 
     def write_latest(self, name: str) -> None:
         """Point ``latest`` at the step directory ``name``, atomically and durably."""
-        raise NotImplementedError
 
     def remove_leftovers(self) -> list[str]:
         """Remove what crashed saves or deletions left behind; return what was removed."""
-        raise NotImplementedError
 
     def delete_step(self, step: int) -> None:
         """Remove a published step so that no reader sees a half-deleted one."""
-        raise NotImplementedError
 
     @contextlib.contextmanager
     def writer_lock(self, step: int) -> Iterator[None]:

@@ -7,13 +7,13 @@ nonexistent, and ``latest`` is written after the manifest.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
-import json
 import logging
 import posixpath
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 import torch
@@ -21,7 +21,6 @@ import torch
 from worldpipe.core import ownership
 
 from .. import layout
-from ..manifest import sha256_stream
 from ..tensorfile import Segment
 from .base import StepWriter, Store
 
@@ -47,12 +46,8 @@ class ObjectStore(Store):
             entries = self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return []
-        steps = []
-        for entry in entries:
-            step = layout.parse_step_dir(posixpath.basename(entry["name"].rstrip("/")))
-            if step is not None and entry.get("type") == "directory":
-                steps.append(step)
-        return steps
+        steps = [(layout.parse_step_dir(posixpath.basename(e["name"].rstrip("/"))), e.get("type")) for e in entries]
+        return [step for step, kind in steps if step is not None and kind == "directory"]
 
     def step_names(self) -> list[int]:  # noqa: D102
         return [s for s in self._listed_steps() if self.fs.exists(self._step_path(s, layout.MANIFEST_NAME))]
@@ -60,14 +55,10 @@ class ObjectStore(Store):
     def step_exists(self, step: int) -> bool:  # noqa: D102
         return step in self._listed_steps()
 
-    def location(self, step: int) -> str:  # noqa: D102
-        return f"{self.url}/{layout.step_dir_name(step)}"
-
-    def read_manifest(self, step: int) -> bytes | None:  # noqa: D102
-        try:
-            return self.fs.cat_file(self._step_path(step, layout.MANIFEST_NAME))
-        except FileNotFoundError:
-            return None
+    def open_file(self, step: int | None, relpath: str) -> BinaryIO:  # noqa: D102
+        # Read whole with one GET: an fsspec file's size may come from a stale listing cache.
+        return io.BytesIO(self.fs.cat_file(self._step_path(step, relpath) if step is not None else
+                                           posixpath.join(self.root, relpath)))
 
     def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
         try:
@@ -77,21 +68,10 @@ class ObjectStore(Store):
 
     def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
         with self.fs.open(self._step_path(step, relpath), "rb") as f:
-            return sha256_stream(f)
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
-        data = self.fs.cat_file(self._step_path(step, relpath))
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-
-    def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
-        return json.loads(self.fs.cat_file(self._step_path(step, relpath)))
-
-    def read_latest(self) -> int | None:  # noqa: D102
-        try:
-            text = self.fs.cat_file(posixpath.join(self.root, layout.LATEST_NAME)).decode().strip()
-        except (FileNotFoundError, UnicodeDecodeError):
-            return None
-        return layout.parse_step_dir(text)
+        return torch.load(self.open_file(step, relpath), map_location=map_location, weights_only=True)
 
     def _remove_step(self, step: int) -> None:
         # Manifest first: the step stops being visible before any of its files disappear.
@@ -110,9 +90,6 @@ class ObjectStore(Store):
                 self._remove_step(step)
                 removed.append(self.location(step))
         return removed
-
-    def latest_location(self) -> str:  # noqa: D102
-        return f"{self.url}/{layout.LATEST_NAME}"
 
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
         return _StepObjects(self, step)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, BinaryIO
 
 import torch
 
@@ -33,27 +32,16 @@ from worldpipe.core.atomic import (
     makedirs_durably,
     publish_dir,
     remove_atomic,
+    write_atomic,
     write_file,
     write_file_durably,
 )
 
 from .. import layout
 from ..errors import CheckpointWriteError, PathEscapeError
-from ..manifest import sha256_stream
 from ..tensorfile import Segment
-from ..thread_pool import LazyThreadPool, in_background
+from ..thread_pool import shared_pool
 from .base import StepWriter, Store
-
-_FSYNC_POOL = LazyThreadPool("ckpt-fsync", max_workers=2)
-_BACKGROUND_FSYNC_POOL = LazyThreadPool("ckpt-fsync-bg", max_workers=2, background=True)
-
-
-def fsync_pool() -> ThreadPoolExecutor:
-    """Threads that fsync finished files while the next ones are being written (device I/O overlaps).
-
-    Asked from a background thread (an async save), the background-priority ones.
-    """
-    return (_BACKGROUND_FSYNC_POOL if in_background() else _FSYNC_POOL).get()
 
 
 class PosixStore(Store):
@@ -87,25 +75,15 @@ class PosixStore(Store):
             names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        steps = []
-        for name in names:
-            step = layout.parse_step_dir(name)
-            if step is not None and os.path.isdir(os.path.join(self.root, name)):
-                steps.append(step)
-        return steps
+        steps = {name: layout.parse_step_dir(name) for name in names}
+        return [step for name, step in steps.items() if step is not None and os.path.isdir(os.path.join(self.root, name))]
 
     def step_exists(self, step: int) -> bool:  # noqa: D102
         return os.path.lexists(self._path(step))
 
-    def location(self, step: int) -> str:  # noqa: D102
-        return self._path(step)
-
-    def read_manifest(self, step: int) -> bytes | None:  # noqa: D102
-        try:
-            with open(self.local_path(step, layout.MANIFEST_NAME), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+    def open_file(self, step: int | None, relpath: str) -> BinaryIO:  # noqa: D102
+        return open(os.path.join(self.root, relpath) if step is None else self.local_path(step, relpath), "rb",
+                    buffering=0)
 
     def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
         try:
@@ -114,34 +92,16 @@ class PosixStore(Store):
             return None
         return st.st_size
 
-    def sha256_of(self, step: int, relpath: str) -> str:  # noqa: D102
-        with open(self.local_path(step, relpath), "rb", buffering=0) as f:
-            return sha256_stream(f)
-
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
         return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True, mmap=mmap)
 
-    def read_json(self, step: int, relpath: str) -> Any:  # noqa: D102
-        with open(self.local_path(step, relpath), "rb") as f:
-            return json.load(f)
-
-    def read_latest(self) -> int | None:  # noqa: D102
-        try:
-            with open(os.path.join(self.root, layout.LATEST_NAME), "rb") as f:
-                return layout.parse_step_dir(f.read().decode().strip())
-        except (FileNotFoundError, UnicodeDecodeError):
-            return None
-
     # ---------------------------------------------------------------- writing
-
-    def _ensure_root(self) -> None:
-        makedirs_durably(self.root)  # the new directories' names must survive a crash too
 
     @contextlib.contextmanager
     def writer_lock(self, step: int) -> Iterator[None]:
         """Exclusive ``flock`` on ``.writer.lock``: two processes publishing into one root is a bug."""
         try:
-            self._ensure_root()
+            makedirs_durably(self.root)  # the new directories' names must survive a crash too
             fd = os.open(os.path.join(self.root, layout.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise CheckpointWriteError(step, self.root, exc) from exc
@@ -156,40 +116,24 @@ class PosixStore(Store):
         finally:
             os.close(fd)  # releases the lock
 
-    def latest_location(self) -> str:  # noqa: D102
-        return os.path.join(self.root, layout.LATEST_NAME)
-
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
         return _PartialDir(self, step, token or layout.temp_name(step, "partial", secrets.token_hex(6)))
 
     def write_latest(self, name: str) -> None:
         """Atomically and durably point ``latest`` at ``name``: temp file, fsync, rename, fsync dir."""
-        tmp = os.path.join(self.root, layout.latest_temp_name(secrets.token_hex(6)))
-        try:
-            write_file_durably(tmp, [f"{name}\n".encode()])
-            ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
-            os.replace(tmp, os.path.join(self.root, layout.LATEST_NAME))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        fsync_dir(self.root)
+        ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
+        write_atomic(os.path.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
 
     def remove_leftovers(self) -> list[str]:  # noqa: D102
-        removed = []
         try:
-            names = os.listdir(self.root)
+            removed = [os.path.join(self.root, name) for name in os.listdir(self.root) if layout.is_leftover(name)]
         except FileNotFoundError:
-            return removed
-        for name in names:
-            if not layout.is_leftover(name):
-                continue
-            path = os.path.join(self.root, name)
+            return []
+        for path in removed:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             else:
                 os.unlink(path)
-            removed.append(path)
         if removed:
             fsync_dir(self.root)
         return removed
@@ -220,7 +164,7 @@ class _PartialDir(StepWriter):
             os.makedirs(os.path.dirname(path), exist_ok=True)  # several ranks may make shards/ at once
         fd = write_file(path, segments)
         # fsync on another thread: this file's device I/O overlaps writing the next file.
-        return fsync_pool().submit(fsync_and_close, fd)
+        return shared_pool("ckpt-fsync", 2).submit(fsync_and_close, fd)
 
     def seal(self, relpaths: Iterable[str]) -> None:  # noqa: D102
         subdirs = {os.path.dirname(self.path(r)) for r in relpaths} - {self.dir}
