@@ -132,7 +132,7 @@ def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_pat
     shutil.rmtree(run_dir / "tracking")
     shutil.copytree(unacknowledged, run_dir / "tracking")
     again = deliver(Spool(run_dir), sqlite_uri)
-    assert again.ok and again.pending == 0 and again.run_id == run.info.run_id
+    assert again.error is None and again.pending == 0 and again.run_id == run.info.run_id
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert client.get_run(run.info.run_id).data.tags[RECORD_KEY_TAG] == Spool(run_dir).state()["record_key"]
     assert histories(client, run.info.run_id) == history

@@ -42,11 +42,10 @@ def import_mlflow() -> None:
 
 
 def client_for(uri: str | None):
-    """An MlflowClient for ``uri`` (resolved like training resolves it) that fails fast when the server is down."""
-    from mlflow.tracking import MlflowClient
-
+    """:func:`tracking_client` of ``uri`` (resolved like training resolves it), failing fast when the server is
+    down."""
     fail_fast_over_http()
-    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    return tracking_client(resolve_tracking_uri(uri))
 
 
 def tracking_client(uri: str):

@@ -18,7 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worldpipe.tracking.evaluation import OF_TAG, PARENT_RUN_TAG, ending, finish_child_run
+from worldpipe.tracking.connection import client_for
+from worldpipe.tracking.evaluation import child_run, log_once
 
 PREFIX = "control/"
 KEY_TAG = "worldpipe.control.key"
@@ -66,39 +67,17 @@ def control_summary_keys(keys: set[str]) -> list[str]:
     return sorted(summaries, key=rank)
 
 
-def _child_run(client, run, key: str, planner: str):
-    found = client.search_runs([run.info.experiment_id], max_results=1, filter_string=(
-        f"tags.`{KEY_TAG}` = '{key}' AND tags.`{OF_TAG}` = '{run.info.run_id}'"))
-    if found:
-        return found[0]
-    name = f"{run.info.run_name or run.info.run_id[:8]}-control-{planner}"
-    return client.create_run(run.info.experiment_id, run_name=name, tags={
-        PARENT_RUN_TAG: run.info.run_id, OF_TAG: run.info.run_id, KEY_TAG: key,
-        DIGEST_TAG: result_digest_tag(key)})
-
-
-def result_digest_tag(key: str) -> str:
-    """The tag value naming an evaluation key (kept short for the UI's tag column)."""
-    return key[:16]
-
-
 def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequence[str],
                 model_id: str | None) -> str:
     """Log a control evaluation of run ``run_id`` (and onto logged model ``model_id``); the child run's id."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    run = client.get_run(run_id)
+    client = client_for(uri)
     key = control_key(result)
-    child = _child_run(client, run, key, str(result["settings"]["planner"].get("_target_", "")).rsplit(".", 1)[-1])
-    child_id = child.info.run_id
-    if child.data.tags.get(COMPLETE_TAG) == key:
-        finish_child_run(client, child)
-        return child_id
-    with ending(client, child_id):
-        _log_into(client, run_id, child_id, result, files, model_id)
-        client.set_tag(child_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
-    return child_id
+    planner = str(result["settings"]["planner"].get("_target_", "")).rsplit(".", 1)[-1]
+    # The digest tag names the key, kept short for the UI's tag column.
+    child = child_run(client, client.get_run(run_id), f"control-{planner}", {KEY_TAG: key, DIGEST_TAG: key[:16]})
+    log_once(client, child, COMPLETE_TAG, key, True,
+             lambda child_id: _log_into(client, run_id, child_id, result, files, model_id))
+    return child.info.run_id
 
 
 def _log_into(client, run_id: str, child_id: str, result: Mapping[str, Any], files: Sequence[str],

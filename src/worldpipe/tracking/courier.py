@@ -21,7 +21,6 @@ in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops and reaps i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -34,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from worldpipe.core.atomic import write_text_atomic
@@ -80,13 +80,13 @@ class Courier:
         """Start a courier for the run of ``spool`` (raises OSError if no process can be started): it imports
         MLflow, then waits for its first wake-up, sent once its segment's ``open`` record is journaled."""
         replies, reply_end = os.pipe()
-        argv = [sys.executable, "-m", MODULE, "--run-dir", str(spool.run_dir), "--uri", uri,
-                "--parent", str(os.getpid()), "--reply-fd", str(reply_end),
-                "--retry-s", str(retry_s), "--system-metrics-s", str(system_metrics_s or 0.0),
-                "--system-metrics-samples", str(system_metrics_samples),
-                "--log-level", str(logging.getLogger().getEffectiveLevel())]
+        settings = {"run_dir": str(spool.run_dir), "uri": uri, "parent": os.getpid(), "reply_fd": reply_end,
+                    "retry_s": retry_s, "system_metrics_s": system_metrics_s or 0.0,
+                    "system_metrics_samples": system_metrics_samples,
+                    "log_level": logging.getLogger().getEffectiveLevel()}
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(reply_end,))
+            proc = subprocess.Popen([sys.executable, "-m", MODULE, json.dumps(settings)], stdin=subprocess.PIPE,
+                                    pass_fds=(reply_end,))
         except BaseException:
             os.close(replies)
             raise
@@ -262,23 +262,10 @@ class _Control:
                 return
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--uri", required=True)
-    parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--reply-fd", type=int, required=True)
-    parser.add_argument("--retry-s", type=float, default=30.0)
-    parser.add_argument("--system-metrics-s", type=float, default=0.0)
-    parser.add_argument("--system-metrics-samples", type=int, default=1)
-    parser.add_argument("--log-level", type=int, default=logging.INFO)
-    return parser.parse_args(argv)
-
-
-def serve(argv: list[str] | None = None) -> int:
-    """The courier's life: wait for its segment, deliver on wake-ups until told to finish (report, exit) or
-    orphaned (exit)."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def serve(settings: str) -> int:
+    """The courier's life, with the ``settings`` (JSON) :meth:`Courier.start` passes: wait for its segment,
+    deliver on wake-ups until told to finish (report, exit) or orphaned (exit)."""
+    args = SimpleNamespace(**json.loads(settings))
     fail_fast_over_http()  # the launcher may have started us before the recorder set them in its own process
     replies = _Replies(args.reply_fd)
     logging.getLogger().addHandler(replies)
@@ -321,4 +308,4 @@ def serve(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve(sys.argv[1]))

@@ -31,7 +31,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,7 @@ log = logging.getLogger("worldpipe.tracking")
 
 RECORD_KEY_TAG = "worldpipe.record_key"
 CHANGED_TAG_PREFIX = "worldpipe.changed."
-PARAM_BATCH = 100
-METRIC_BATCH = 1000
-TAG_BATCH = 100
+BATCH = {"params": 100, "metrics": 1000, "tags": 100}  # entries per log_batch call, by kind
 
 
 @dataclass
@@ -57,12 +55,6 @@ class DeliveryReport:
     pending: int = 0
     run_id: str | None = None
     error: str | None = None
-    blocked_on_gate: int | None = None
-    messages: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | None] | None) -> str | None:
@@ -132,7 +124,7 @@ class _Applier:
             for m in self.client.get_metric_history(source_run, key):
                 if m.step <= through_step and (m.step, m.timestamp, m.value) not in have:
                     metrics.append(Metric(key, m.value, m.timestamp, m.step))
-        self._send_metrics(metrics)
+        self._log("metrics", metrics)
 
     def _params(self, record: dict, _first: bool) -> None:
         from mlflow.entities import Param
@@ -143,17 +135,14 @@ class _Applier:
         # The latest value of a key changed on resume (kept current even if it changes back).
         changed = {f"{CHANGED_TAG_PREFIX}{k}": v for k, v in record["params"].items()
                    if k in existing and (existing[k] != v or f"{CHANGED_TAG_PREFIX}{k}" in tags)}
-        for start in range(0, len(fresh), PARAM_BATCH):
-            self.client.log_batch(self.run_id, params=fresh[start:start + PARAM_BATCH])
+        self._log("params", fresh)
         if changed:
             self._tags({"tags": changed}, False)
 
     def _tags(self, record: dict, _first: bool) -> None:
         from mlflow.entities import RunTag
 
-        tags = [RunTag(k, str(v)) for k, v in sorted(record["tags"].items())]
-        for start in range(0, len(tags), TAG_BATCH):
-            self.client.log_batch(self.run_id, tags=tags[start:start + TAG_BATCH])
+        self._log("tags", [RunTag(k, str(v)) for k, v in sorted(record["tags"].items())])
 
     def _artifacts(self, record: dict, _first: bool) -> None:
         blob, inline = self.spool.blob_dir(record["seq"]), record.get("inline") or {}
@@ -179,14 +168,14 @@ class _Applier:
                 present |= {(key, m.step, m.timestamp, _canon(m.value))
                             for m in self.client.get_metric_history(self.run_id, key)}
             metrics = [m for m in metrics if (m.key, m.step, m.timestamp, _canon(m.value)) not in present]
-        self._send_metrics(metrics)
+        self._log("metrics", metrics)
 
-    def _send_metrics(self, metrics: list) -> None:
-        for start in range(0, len(metrics), METRIC_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + METRIC_BATCH])
+    def _log(self, kind: str, entries: list) -> None:
+        """``entries`` of ``kind`` (params, metrics or tags) in batches MLflow accepts."""
+        for start in range(0, len(entries), BATCH[kind]):
+            self.client.log_batch(self.run_id, **{kind: entries[start:start + BATCH[kind]]})
 
     def _inputs(self, record: dict, _first: bool) -> None:
-
         log_datasets(self.client, self.run_id, [DatasetRecord(**fields) for fields in record["datasets"]])
 
     def _commit(self, _record: dict, _first: bool) -> None:
@@ -232,7 +221,6 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
             if record["op"] == "metrics":
                 fate = metric_fate(records, index, probe)
                 if fate is None:
-                    report.blocked_on_gate = record["gate"]
                     break
             if fate == "deliver":
                 try:
@@ -285,7 +273,7 @@ class DeliveryLoop:
     """
 
     def __init__(self, spool: Spool, uri: str, retry_s: float = 30.0,
-                 on_tried: Callable[[], None] | None = None, on_opened: Callable[[], None] | None = None):
+                 on_tried: Callable[[], None] = lambda: None, on_opened: Callable[[], None] = lambda: None):
         self.spool, self.uri, self.retry_s = spool, uri, retry_s
         self.on_tried, self.on_opened = on_tried, on_opened
         self.retry_at: float | None = None  # monotonic time of the next retry while records wait
@@ -357,9 +345,7 @@ class DeliveryLoop:
             return
         if not self._open_tried:
             self._open_tried = True
-            if self.on_tried is not None:
-                self.on_tried()
+            self.on_tried()
         if self.spool.state()["acked"] >= self._open_seq:
             self._open_acked = True
-            if self.on_opened is not None:
-                self.on_opened()
+            self.on_opened()

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldpipe.tracking.connection import ensure_experiment
+from worldpipe.tracking.connection import client_for, ensure_experiment
 from worldpipe.tracking.datasets import DIGEST_CHARS, EVALUATION, TRAINING, DatasetRecord, log_datasets
 
 # The experiment's kind, as MLflow's experiment settings show it (the layout a link opens is the URL's: links.py)
@@ -102,18 +102,16 @@ def evaluation_metrics(result: Mapping[str, Any], checkpoint_step: int, timestam
     return [Metric(key, float(value), timestamp_ms, checkpoint_step) for key, value in values.items()]
 
 
-def horizon_table(result: Mapping[str, Any]) -> dict[str, list]:
-    """Error by horizon as MLflow's table JSON (``columns``, ``data``): one row per horizon."""
-    columns = ["horizon", *PER_HORIZON.values()]
-    rows = zip(*(result[source] for source in PER_HORIZON), strict=True)
-    return {"columns": columns, "data": [[h, *map(float, row)] for h, row in enumerate(rows, start=1)]}
-
-
 def show_in_model_training_view(client, experiment_id: str) -> None:
     """Tag the experiment as model training (its kind in the UI's settings; the layout comes from the link)."""
     experiment = client.get_experiment(experiment_id)
     if experiment.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+
+
+def tag_filter(tags: Mapping[str, str]) -> str:
+    """The search filter of the runs that carry every one of ``tags``."""
+    return " AND ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
 
 
 def grouping_run(client, experiment: str, name: str, tags: Mapping[str, str]) -> str:
@@ -123,8 +121,7 @@ def grouping_run(client, experiment: str, name: str, tags: Mapping[str, str]) ->
 
     experiment_id = ensure_experiment(client, experiment)
     show_in_model_training_view(client, experiment_id)
-    found = client.search_runs([experiment_id], max_results=1,
-                               filter_string=" AND ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items()))
+    found = client.search_runs([experiment_id], max_results=1, filter_string=tag_filter(tags))
     if found:
         return found[0].info.run_id
     run_id = client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id
@@ -132,43 +129,35 @@ def grouping_run(client, experiment: str, name: str, tags: Mapping[str, str]) ->
     return run_id
 
 
-def _target_run(client, run, key: str, step: int) -> tuple[Any, bool]:
-    """The run an evaluation with ``key`` goes to, claimed for it; (run, is_child)."""
-    tags = run.data.tags
-    if tags.get(KEY_TAG) in (None, key):
-        if tags.get(KEY_TAG) is None:
-            client.set_tag(run.info.run_id, KEY_TAG, key)
-        return client.get_run(run.info.run_id), False
-    experiment_id = run.info.experiment_id
-    found = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{KEY_TAG}` = '{key}' AND tags.`{OF_TAG}` = '{run.info.run_id}'"))
+def child_run(client, run, suffix: str, tags: Mapping[str, str]):
+    """The child run of ``run`` that carries ``tags`` (an evaluation's key), created as ``<run name>-<suffix>``
+    with them if there is none yet."""
+    found = client.search_runs([run.info.experiment_id], max_results=1,
+                               filter_string=tag_filter({**tags, OF_TAG: run.info.run_id}))
     if found:
-        return found[0], True
-    name = f"{run.info.run_name or run.info.run_id[:8]}-eval-step-{step:06d}"
-    child = client.create_run(experiment_id, run_name=name, tags={
-        PARENT_RUN_TAG: run.info.run_id, OF_TAG: run.info.run_id, KEY_TAG: key})
-    return child, True
+        return found[0]
+    return client.create_run(run.info.experiment_id, run_name=f"{run.info.run_name or run.info.run_id[:8]}-{suffix}",
+                             tags={PARENT_RUN_TAG: run.info.run_id, OF_TAG: run.info.run_id, **tags})
 
 
-def finish_child_run(client, run) -> None:
-    """End a child run whose records are whole as FINISHED: it measured once, it does not go on running (a run
-    left RUNNING shows a spinner and no duration in the UI forever)."""
-    if run.info.status != "FINISHED":
-        client.set_terminated(run.info.run_id, "FINISHED")
-
-
-@contextmanager
-def ending(client, run_id: str, child: bool = True) -> Iterator[None]:
-    """Log into child run ``run_id`` inside the block; it ends FINISHED after it, FAILED if the block raises (the
-    next attempt finds the run by its key and completes it). A run that is not a child is left as it is."""
-    try:
-        yield
-    except BaseException:
-        if child:
-            client.set_terminated(run_id, "FAILED")
-        raise
-    if child:
-        finish_child_run(client, client.get_run(run_id))
+def log_once(client, run, complete_tag: str, key: str, child: bool, log: Callable[[str], None]) -> bool:
+    """Call ``log(run_id)`` and then tag ``run`` whole for ``key`` (last: the tag marks the evaluation whole),
+    unless it is whole already (False). A child run ends FINISHED: it measured once, it does not go on running
+    (a run left RUNNING shows a spinner and no duration in the UI forever); FAILED if ``log`` raises (the next
+    attempt finds the run by its key and completes it). A run that is not a child is left as it is."""
+    run_id = run.info.run_id
+    whole = run.data.tags.get(complete_tag) == key
+    if not whole:
+        try:
+            log(run_id)
+            client.set_tag(run_id, complete_tag, key)
+        except BaseException:
+            if child:
+                client.set_terminated(run_id, "FAILED")
+            raise
+    if child and (not whole or run.info.status != "FINISHED"):
+        client.set_terminated(run_id, "FINISHED")
+    return not whole
 
 
 def _fresh(client, run_id: str, metrics: list) -> list:
@@ -180,29 +169,32 @@ def _fresh(client, run_id: str, metrics: list) -> list:
 
 
 def _log_horizon_table(client, run_id: str, result: Mapping[str, Any]) -> None:
-    """``evaluation/by_horizon.json`` (written whole: an interrupted attempt's upload is replaced, not appended)."""
+    """``evaluation/by_horizon.json``: error by horizon as MLflow's table JSON (``columns``, ``data``), one row per
+    horizon (written whole: an interrupted attempt's upload is replaced, not appended)."""
+    rows = zip(*(result[source] for source in PER_HORIZON), strict=True)
+    table = {"columns": ["horizon", *PER_HORIZON.values()],
+             "data": [[h, *map(float, row)] for h, row in enumerate(rows, start=1)]}
     with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:
         path = Path(tmp) / HORIZON_TABLE
-        path.write_text(json.dumps(horizon_table(result), indent=1))
+        path.write_text(json.dumps(table, indent=1))
         client.log_artifact(run_id, str(path), ARTIFACT_DIR)
 
 
 def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
     """Log an evaluation onto its training run (or a child run of it); idempotent per evaluation key."""
     from mlflow.entities import RunTag
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = client_for(uri)
     run = client.get_run(record.run_id)
     show_in_model_training_view(client, run.info.experiment_id)
     key = record.key
-    target, child = _target_run(client, run, key, record.checkpoint_step)
-    run_id = target.info.run_id
-    if target.data.tags.get(COMPLETE_TAG) == key:
-        if child:
-            finish_child_run(client, target)
-        return EvaluationOutcome(run_id, logged=False, child=child)
-    with ending(client, run_id, child):
+    child = run.data.tags.get(KEY_TAG) not in (None, key)  # the training run holds its first evaluation only
+    if child:
+        run = child_run(client, run, f"eval-step-{record.checkpoint_step:06d}", {KEY_TAG: key})
+    elif run.data.tags.get(KEY_TAG) is None:
+        client.set_tag(run.info.run_id, KEY_TAG, key)
+
+    def log(run_id: str) -> None:
         metrics = _fresh(client, run_id, evaluation_metrics(record.result, record.checkpoint_step,
                                                             int(time.time() * 1000)))
         tags = [RunTag(DIGEST_TAG, record.checkpoint_digest), RunTag(STEP_TAG, str(record.checkpoint_step)),
@@ -213,8 +205,9 @@ def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
         _log_horizon_table(client, run_id, record.result)
         for run_with_inputs in {record.run_id, run_id}:  # the training run, and the child run if there is one
             log_datasets(client, run_with_inputs, list(record.datasets))
-        client.set_tag(run_id, COMPLETE_TAG, key)  # last: marks the evaluation whole
-    return EvaluationOutcome(run_id, logged=True, child=child)
+
+    logged = log_once(client, run, COMPLETE_TAG, key, child, log)
+    return EvaluationOutcome(run.info.run_id, logged=logged, child=child)
 
 
 def _dataset_of(record: EvaluationRecord, context: str) -> dict[str, str]:
@@ -225,7 +218,7 @@ def _dataset_of(record: EvaluationRecord, context: str) -> dict[str, str]:
     return {}
 
 
-def _logged_at(client, run_id: str, key: str, step: int):
+def latest_metric(client, run_id: str, key: str, step: float = math.inf):
     """The metric ``key`` as run ``run_id`` holds it at ``step`` (the last one at or before it), None if none."""
     history = [m for m in client.get_metric_history(run_id, key) if m.step <= step]
     return max(history, key=lambda m: (m.step, m.timestamp)) if history else None
@@ -242,7 +235,7 @@ def model_metrics(client, record: EvaluationRecord, eval_run_id: str, model_id: 
     sources.append((record.run_id, TRAINING_LOSS, _dataset_of(record, TRAINING)))
     metrics = []
     for run_id, key, dataset in sources:
-        logged = _logged_at(client, run_id, key, record.checkpoint_step)
+        logged = latest_metric(client, run_id, key, record.checkpoint_step)
         if logged is not None:
             metrics.append(Metric(key, logged.value, logged.timestamp, logged.step, model_id=model_id,
                                   run_id=run_id, **dataset))
@@ -252,9 +245,7 @@ def model_metrics(client, record: EvaluationRecord, eval_run_id: str, model_id: 
 def log_model_evaluation(uri: str, record: EvaluationRecord, eval_run_id: str, model_id: str) -> int:
     """Put the evaluation's metrics (and so its datasets) on logged model ``model_id``; the number of metrics
     added (none when the model has them already: idempotent like :func:`log_evaluation`)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
+    client = client_for(uri)
     present = {(m.key, m.step, m.run_id) for m in (client.get_logged_model(model_id).metrics or [])}
     fresh = [m for m in model_metrics(client, record, eval_run_id, model_id)
              if (m.key, m.step, m.run_id) not in present]

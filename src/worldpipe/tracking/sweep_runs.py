@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
-from worldpipe.tracking.evaluation import PARENT_RUN_TAG, grouping_run
+from worldpipe.tracking.evaluation import PARENT_RUN_TAG, grouping_run, latest_metric, tag_filter
 
 SWEEP_TAG = "worldpipe.sweep.name"
 ROLE_TAG = "worldpipe.sweep.role"  # "parent" on the parent run, "point" on a point's training run
@@ -34,23 +34,16 @@ def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], po
                     values: Mapping[str, Sequence[Any]] | None = None) -> str:
     """The parent run of sweep ``sweep`` in MLflow experiment ``experiment``, created on first use; params: the
     number of points and each swept key's ``values``."""
-    run_id = grouping_run(client, experiment, sweep, {SWEEP_TAG: sweep, ROLE_TAG: PARENT})
-    client.set_tag(run_id, KEYS_TAG, json.dumps(list(keys)))
-    client.set_tag(run_id, "worldpipe.sweep.points", str(points))
-    params = {POINTS_PARAM: str(points), **{key: json.dumps(list(v)) for key, v in (values or {}).items()}}
-    _log_params_once(client, run_id, params)
-    return run_id
-
-
-def _log_params_once(client, run_id: str, params: Mapping[str, str]) -> None:
-    """Params the run lacks; a changed value (a grid grown since) goes to tag ``worldpipe.changed.<key>``."""
     from mlflow.entities import Param, RunTag
 
+    run_id = grouping_run(client, experiment, sweep, {SWEEP_TAG: sweep, ROLE_TAG: PARENT})
+    params = {POINTS_PARAM: str(points), **{key: json.dumps(list(v)) for key, v in (values or {}).items()}}
+    # Params the run lacks; a changed value (a grid grown since) goes to tag ``worldpipe.changed.<key>``.
     held = client.get_run(run_id).data.params
-    fresh = [Param(k, v) for k, v in params.items() if k not in held]
-    changed = [RunTag(f"{CHANGED_TAG_PREFIX}{k}", v) for k, v in params.items() if k in held and held[k] != v]
-    if fresh or changed:
-        client.log_batch(run_id, params=fresh, tags=changed)
+    tags = [RunTag(KEYS_TAG, json.dumps(list(keys))), RunTag("worldpipe.sweep.points", str(points)),
+            *(RunTag(f"{CHANGED_TAG_PREFIX}{k}", v) for k, v in params.items() if k in held and held[k] != v)]
+    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items() if k not in held], tags=tags)
+    return run_id
 
 
 def link_point(client, parent_run_id: str, run_id: str, sweep: str, point: str, values: Mapping[str, Any]) -> None:
@@ -65,8 +58,8 @@ def link_point(client, parent_run_id: str, run_id: str, sweep: str, point: str, 
 def point_runs(client, parent_run_id: str) -> list:
     """The training runs of a sweep (its nested point runs), in point-name order."""
     parent = client.get_run(parent_run_id)
-    runs = client.search_runs([parent.info.experiment_id], max_results=10000, filter_string=(
-        f"tags.`{PARENT_RUN_TAG}` = '{parent_run_id}' AND tags.`{ROLE_TAG}` = '{POINT}'"))
+    runs = client.search_runs([parent.info.experiment_id], max_results=10000,
+                              filter_string=tag_filter({PARENT_RUN_TAG: parent_run_id, ROLE_TAG: POINT}))
     return sorted(runs, key=lambda r: r.data.tags.get(POINT_TAG, r.info.run_id))
 
 
@@ -77,29 +70,25 @@ def swept_keys_of(run) -> list[str] | None:
     return json.loads(run.data.tags.get(KEYS_TAG, "[]"))
 
 
-def best_point(client, parent_run_id: str, metric: str):
-    """The point run with the lowest ``metric`` (None when no point has it yet)."""
-    scored = [run for run in point_runs(client, parent_run_id) if metric in run.data.metrics]
-    return min(scored, key=lambda run: run.data.metrics[metric]) if scored else None
-
-
 def summarize_sweep(client, parent_run_id: str, metric: str, keys: Sequence[str] = ()):
     """Record on the parent run which point won by ``metric`` (lowest), with that point's metrics; the best run
     (None when no point has the metric yet: nothing is recorded)."""
     from mlflow.entities import Metric, RunStatus, RunTag
 
-    best = best_point(client, parent_run_id, metric)
-    if best is None:
+    points = point_runs(client, parent_run_id)
+    scored = [run for run in points if metric in run.data.metrics]
+    if not scored:
         return None
+    best = min(scored, key=lambda run: run.data.metrics[metric])
     name = best.info.run_name or best.info.run_id
     metrics = [Metric(m.key, m.value, m.timestamp, m.step) for key in _summary_keys(best, metric, keys)
-               for m in [_latest(client, best.info.run_id, key)] if m is not None]
-    note = (f"Best of {len(point_runs(client, parent_run_id))} points by lowest `{metric}`: **{name}** "
+               for m in [latest_metric(client, best.info.run_id, key)] if m is not None]
+    note = (f"Best of {len(points)} points by lowest `{metric}`: **{name}** "
             f"({metric} = {best.data.metrics[metric]:.4g})")
     tags = [RunTag(BEST_RUN_TAG, name), RunTag(BEST_ID_TAG, best.info.run_id), RunTag(BEST_BY_TAG, metric),
             RunTag(NOTE_TAG, note)]
     client.log_batch(parent_run_id, metrics=metrics, tags=tags)
-    ends = [run.info.end_time for run in point_runs(client, parent_run_id) if run.info.end_time]
+    ends = [run.info.end_time for run in points if run.info.end_time]
     if ends:  # the parent spans its points in the run list, not the instant it was opened
         client.set_terminated(parent_run_id, RunStatus.to_string(RunStatus.FINISHED), end_time=max(ends))
     return best
@@ -109,8 +98,3 @@ def _summary_keys(best, metric: str, keys: Sequence[str]) -> list[str]:
     """The metric that decides, the given keys, and the point's evaluation summaries (``eval/*`` without ``/``)."""
     summaries = sorted(k for k in best.data.metrics if k.startswith("eval/") and k.count("/") == 1)
     return list(dict.fromkeys([metric, *keys, *summaries]))
-
-
-def _latest(client, run_id: str, key: str):
-    history = client.get_metric_history(run_id, key)
-    return max(history, key=lambda m: (m.step, m.timestamp)) if history else None
