@@ -53,10 +53,6 @@ PARENT_POLL_S = 1.0  # how often an idle courier checks that its parent is alive
 EXIT_WAIT_S = 10.0  # how long a courier that has reported may take to exit before it is killed
 
 
-def _ignore() -> None:
-    """Whom a courier's replies tell until a recorder takes it (:meth:`Courier.report_to`)."""
-
-
 class Courier:
     """The training process's handle on its courier: wake it, end its segment, stop and reap it by PID."""
 
@@ -65,8 +61,9 @@ class Courier:
         self._control: int | None = proc.stdin.fileno()
         os.set_blocking(self._control, False)
         self._record = record
-        self._on_tried: Callable[[], None] = _ignore
-        self._on_opened: Callable[[], None] = _ignore
+        # Whom its replies tell: nobody until a recorder takes it (:meth:`report_to`).
+        self._on_tried: Callable[[], None] = lambda: None
+        self._on_opened: Callable[[], None] = lambda: None
         self._report: dict[str, Any] | None = None
         self._done = threading.Event()  # the final report arrived, or the courier is gone
         # Blocks in os.read (no GIL held) until the courier writes; a handful of lines per segment.
@@ -240,9 +237,6 @@ class _Control:
         self.orphaned = False  # the parent is gone: exit now
         self.woken = False  # any byte has arrived
 
-    def stopping(self) -> bool:
-        return self.finishing or self.orphaned
-
     def wait(self, timeout: float | None) -> None:
         """Until a byte arrives, the parent dies, or ``timeout`` (None: no limit) passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -295,7 +289,7 @@ def serve(settings: str) -> int:
         return 0  # never given a segment: nothing to deliver
     loop.begin(opened[-1]["seq"], int(opened[-1].get("resume_step") or 0) > 0, args.system_metrics_s,
                args.system_metrics_samples)
-    while not control.stopping():
+    while not (control.finishing or control.orphaned):
         if loop.due():  # woken early by a new record while a retry waits: it waits with the others
             loop.deliver_now()
         control.wait(None if loop.retry_at is None else max(0.0, loop.retry_at - time.monotonic()))
