@@ -65,11 +65,8 @@ def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | N
             return "deliver"
         if later["op"] == "open":
             return "deliver" if later.get("resume_step", 0) >= gate else "void"
-    if probe is not None:
-        verdict = probe(gate)
-        if verdict is not None:
-            return "deliver" if verdict else "void"
-    return None
+    verdict = probe(gate) if probe is not None else None
+    return None if verdict is None else "deliver" if verdict else "void"
 
 
 class _Applier:
