@@ -7,6 +7,7 @@ Tensors become ``{"__tensor__": dtype, "shape": [...], "hex": bytes}``, NumPy ar
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,7 @@ TENSOR, NDARRAY, TUPLE, BYTES = "__tensor__", "__ndarray__", "__tuple__", "__byt
 
 def to_jsonable(obj: Any) -> Any:
     """JSON-serialisable, readable form of ``obj`` (see module docstring)."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a hard dependency of the project
-        torch = None
+    torch = sys.modules.get("torch")  # a tensor exists only where torch is imported: no import here
     if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         raw = bytes(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
