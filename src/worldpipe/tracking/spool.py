@@ -52,20 +52,12 @@ def _split_inline(files: Mapping[str, bytes]) -> tuple[dict[str, str], dict[str,
     """({name: text} small enough to journal inline, {name: bytes} for blobs)."""
     inline, large = {}, {}
     for name, data in files.items():
-        try:
-            text = bytes(data).decode("utf-8") if len(data) <= INLINE_LIMIT else None
-        except UnicodeDecodeError:
-            text = None
-        if text is None:
-            large[name] = data
-        else:
-            inline[name] = text
+        if len(data) <= INLINE_LIMIT:
+            with contextlib.suppress(UnicodeDecodeError):
+                inline[name] = bytes(data).decode("utf-8")
+                continue
+        large[name] = data
     return inline, large
-
-
-def default_state() -> dict[str, Any]:
-    return {"acked": 0, "offset": 0, "run_id": None, "record_key": None, "experiment_id": None,
-            "uri": None, "rejected": [], "new_run": None}
 
 
 def _record(line: bytes) -> dict | None:
@@ -160,7 +152,8 @@ class Spool:
 
     # ---- state ----
     def state(self) -> dict[str, Any]:
-        state = default_state()
+        state = {"acked": 0, "offset": 0, "run_id": None, "record_key": None, "experiment_id": None,
+                 "uri": None, "rejected": [], "new_run": None}
         if self.state_path.exists():
             state.update(json.loads(self.state_path.read_text()))
         return state
