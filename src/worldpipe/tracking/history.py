@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +51,9 @@ def histories(client, run_id: str, keys: Iterable[str] | None = None) -> dict[st
 
 def duplicate_steps(history: Mapping[str, list[tuple[int, int, float]]]) -> dict[str, list[int]]:
     """Steps recorded more than once, per metric (empty when the history is clean)."""
-    out = {}
-    for key, points in history.items():
-        steps = [p[0] for p in points]
-        dups = sorted({s for s in steps if steps.count(s) > 1})
-        if dups:
-            out[key] = dups
-    return out
+    counts = {key: Counter(step for step, *_ in points) for key, points in history.items()}
+    return {key: sorted(s for s, n in c.items() if n > 1) for key, c in counts.items()
+            if max(c.values(), default=0) > 1}
 
 
 def _same(a: float, b: float) -> bool:
