@@ -136,7 +136,8 @@ def child_run(client, run, suffix: str, tags: Mapping[str, str]):
                                filter_string=tag_filter({**tags, OF_TAG: run.info.run_id}))
     if found:
         return found[0]
-    return client.create_run(run.info.experiment_id, run_name=f"{run.info.run_name or run.info.run_id[:8]}-{suffix}",
+    name = f"{run.info.run_name or run.info.run_id[:8]}-{suffix}"
+    return client.create_run(run.info.experiment_id, run_name=name,
                              tags={PARENT_RUN_TAG: run.info.run_id, OF_TAG: run.info.run_id, **tags})
 
 
