@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -237,12 +238,10 @@ class _Control:
         self.orphaned = False  # the parent is gone: exit now
         self.woken = False  # any byte has arrived
 
-    def wait(self, timeout: float | None) -> None:
-        """Until a byte arrives, the parent dies, or ``timeout`` (None: no limit) passes."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def wait(self, deadline: float = math.inf) -> None:
+        """Until a byte arrives, the parent dies, or the monotonic clock reaches ``deadline``."""
         while True:
-            left = PARENT_POLL_S if deadline is None else min(PARENT_POLL_S, max(0.0, deadline - time.monotonic()))
-            if select.select([sys.stdin], [], [], left)[0]:
+            if select.select([sys.stdin], [], [], min(PARENT_POLL_S, max(0.0, deadline - time.monotonic())))[0]:
                 data = os.read(sys.stdin.fileno(), 65536)
                 self.woken, self.orphaned = True, self.orphaned or not data
                 if STOP_SAMPLING in data:
@@ -252,7 +251,7 @@ class _Control:
             if os.getppid() != self._parent:
                 self.orphaned = True
                 return
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
 
 
@@ -283,7 +282,7 @@ def serve(settings: str) -> int:
     with contextlib.suppress(Exception):  # a store that cannot be opened is the delivery's to report
         tracking_client(args.uri)
     while not (control.woken or control.orphaned):
-        control.wait(None)
+        control.wait()
     opened = [record for record in spool.records() if record.get("op") == "open"]
     if control.orphaned or not opened:
         return 0  # never given a segment: nothing to deliver
@@ -292,7 +291,7 @@ def serve(settings: str) -> int:
     while not (control.finishing or control.orphaned):
         if loop.due():  # woken early by a new record while a retry waits: it waits with the others
             loop.deliver_now()
-        control.wait(None if loop.retry_at is None else max(0.0, loop.retry_at - time.monotonic()))
+        control.wait(math.inf if loop.retry_at is None else loop.retry_at)
     if control.orphaned:
         return 0  # the records wait in the journal: the next start or `worldpipe tracking sync` delivers them
     loop.stop_sampling()  # a no-op if ``s`` came first
