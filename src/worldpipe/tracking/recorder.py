@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -35,6 +34,7 @@ from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
+JOIN_S = 60.0  # how long the end waits for the run start, then for the final delivery
 
 
 def artifact_records(files: Mapping[str, bytes]) -> list[tuple[str, Mapping[str, bytes], dict[str, str]]]:
@@ -49,16 +49,15 @@ def artifact_records(files: Mapping[str, bytes]) -> list[tuple[str, Mapping[str,
 class RunRecorder:
     """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
 
-    def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
-                 retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
-                 system_metrics_samples: int = 1, on_opened: Callable[[], None] | None = None):
+    def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike,
+                 retry_s: float = 30.0, system_metrics_s: float = 0.0, system_metrics_samples: int = 1,
+                 on_opened: Callable[[], None] | None = None):
         self.enabled = enabled
         self.on_opened = on_opened or (lambda: None)  # called once the run exists (on the courier reply thread)
         self.system_metrics_s = system_metrics_s
         self.system_metrics_samples = system_metrics_samples  # averaged into each logged point
         self.experiment = experiment
         self.retry_s = retry_s
-        self.join_s = join_s
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self._pending: list[tuple[int, str, float, int]] = []  # (step, key, value, timestamp_ms)
         self.spool: Spool | None = None
@@ -68,7 +67,7 @@ class RunRecorder:
         self._courier: Courier | None = None
         self._local: DeliveryLoop | None = None  # delivery in this process, where no courier could start
         if enabled:
-            self.spool = Spool(run_dir if run_dir is not None else tempfile.mkdtemp(prefix="worldpipe-spool-"))
+            self.spool = Spool(run_dir)
             # Started now, ahead of the first segment: it imports MLflow while the trainer sets up.
             self._courier = self._spawn_courier(adopt_early(self.spool.run_dir, self.uri))
 
@@ -122,9 +121,9 @@ class RunRecorder:
         """The run id once a delivery has tried this segment's start (None: the server was not reached)."""
         if not self.enabled:
             return None
-        if self._open_seq is not None and not self._open_tried.wait(self.join_s):
+        if self._open_seq is not None and not self._open_tried.wait(JOIN_S):
             log.warning("the MLflow run start is still in progress after %.0f s; going on without its id",
-                        self.join_s)
+                        JOIN_S)
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
@@ -151,11 +150,11 @@ class RunRecorder:
     def _finish(self, courier: Courier | None) -> int | None:
         """The final delivery, by the courier or in this process; the records left pending (None: unknown)."""
         if courier is not None:
-            outcome, report = courier.finish(self.join_s)
+            outcome, report = courier.finish(JOIN_S)
             if outcome == "done":
                 return int(report["pending"])
             if outcome == "busy":
-                log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
+                log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", JOIN_S)
                 return None
             log.warning("the tracking courier (pid %d) is gone; delivering in this process", courier.pid)
         if self._local is None:
@@ -177,18 +176,14 @@ class RunRecorder:
         if not self.enabled:
             return
         fitting, overflow = split_params(flat)
-        if overflow:
-            self.log_files({f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt": text.encode() for key, text in overflow.items()},
-                           deliver=False)
-        self.spool.append("params", params=fitting)
+        overflow_files = {f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt": text.encode() for key, text in overflow.items()}
+        self.spool.append_many([*artifact_records(overflow_files), ("params", None, {"params": fitting})])
         self.deliver()
 
-    def log_files(self, files: Mapping[str, bytes], deliver: bool = True) -> None:
+    def log_files(self, files: Mapping[str, bytes]) -> None:
         """Record artifacts given as {artifact path: content}; contents are spooled before upload."""
-        if not self.enabled:
-            return
-        self.spool.append_many(artifact_records(files))
-        if deliver:
+        if self.enabled:
+            self.spool.append_many(artifact_records(files))
             self.deliver()
 
     def log_datasets(self, records: list) -> None:
