@@ -50,8 +50,7 @@ HORIZON_TABLE = "by_horizon.json"  # in ARTIFACT_DIR: one row per horizon
 TRAINING_LOSS = "loss/total"  # the training metric the logged model carries (at its checkpoint's step)
 PER_HORIZON = {"model_mse": "model_mse", "baseline_mse": "baseline_mse", "ratio": "mse_ratio"}
 # Frame models' results also carry pixel-space errors (values in [0, 1]) and PSNR in dB.
-PIXEL_PER_HORIZON = {"pixel_mse": "pixel_mse", "baseline_pixel_mse": "baseline_pixel_mse",
-                     "pixel_ratio": "pixel_ratio", "psnr": "psnr", "baseline_psnr": "baseline_psnr"}
+PIXEL_PER_HORIZON = ("pixel_mse", "baseline_pixel_mse", "pixel_ratio", "psnr", "baseline_psnr")
 SUMMARY_METRICS = ("one_step_ratio", "final_ratio")
 
 
@@ -93,7 +92,7 @@ def evaluation_metrics(result: Mapping[str, Any], checkpoint_step: int, timestam
     from mlflow.entities import Metric
 
     values = {}
-    per_horizon = {**PER_HORIZON, **{k: v for k, v in PIXEL_PER_HORIZON.items() if k in result}}
+    per_horizon = {**PER_HORIZON, **{k: k for k in PIXEL_PER_HORIZON if k in result}}
     for source, name in per_horizon.items():
         for horizon, value in enumerate(result[source], start=1):
             values[horizon_metric(name, horizon, len(result[source]))] = value
