@@ -192,7 +192,7 @@ def _permanent(err: Exception) -> bool:
 
 
 def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None = None,
-            on_acked: Callable[[dict], None] | None = None) -> DeliveryReport:
+            on_acked: Callable[[dict], None] = lambda record: None) -> DeliveryReport:
     """Replay pending records of ``spool`` to ``uri``; stops at the first failure or undecided metrics.
 
     ``probe`` decides staged metrics whose checkpoint outcome the journal does not say (only for a dead
@@ -214,11 +214,9 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
             report.pending = len(entries)
             return report
         for index, (record, end) in enumerate(entries):
-            fate = "deliver"
-            if record["op"] == "metrics":
-                fate = metric_fate(records, index, probe)
-                if fate is None:
-                    break
+            fate = metric_fate(records, index, probe) if record["op"] == "metrics" else "deliver"
+            if fate is None:
+                break
             if fate == "deliver":
                 try:
                     applier.apply(record, first=index == 0)
@@ -226,20 +224,17 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
                     if not _permanent(err):
                         report.error = f"{type(err).__name__}: {_short(err)}"
                         break
+                    fate = "reject"
                     state["rejected"].append({"seq": record["seq"], "error": _short(err)})
-                    report.rejected += 1
                     log.error("MLflow rejected record %d (%s): %s; kept in %s", record["seq"], record["op"],
                               _short(err), spool.journal)
-                else:
-                    report.delivered += 1
-            else:
-                report.voided += 1
+            report.delivered += fate == "deliver"
+            report.voided += fate == "void"
+            report.rejected += fate == "reject"
             state["acked"], state["offset"], state["uri"] = record["seq"], end, uri
             spool.save_state(state)
-            if on_acked is not None:
-                on_acked(record)
-            if record["op"] == "artifacts" and fate == "deliver" and not (
-                    state["rejected"] and state["rejected"][-1]["seq"] == record["seq"]):
+            on_acked(record)
+            if record["op"] == "artifacts" and fate == "deliver":
                 spool.drop_blobs(record["seq"])  # only after the acknowledgement is durable
         report.run_id = state["run_id"]
         report.pending = len(spool.read(state["offset"]))
