@@ -79,12 +79,10 @@ def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]
     if code.get("git_dirty"):
         tags["worldpipe.git_diff_sha256"] = hashlib.sha256(ident.git_diff().encode()).hexdigest()
     tags.update(numerics_tags(identity))
-    if os.environ.get(RULE_ENV):
-        tags["worldpipe.snakemake.rule"] = os.environ[RULE_ENV]
-    if os.environ.get(JOB_ENV):
-        tags["worldpipe.snakemake.job"] = os.environ[JOB_ENV]
-    if os.environ.get("SLURM_JOB_ID"):
-        tags["worldpipe.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    for tag, variable in (("worldpipe.snakemake.rule", RULE_ENV), ("worldpipe.snakemake.job", JOB_ENV),
+                          ("worldpipe.slurm_job_id", "SLURM_JOB_ID")):
+        if os.environ.get(variable):
+            tags[tag] = os.environ[variable]
     return tags
 
 
