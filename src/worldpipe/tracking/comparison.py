@@ -53,16 +53,15 @@ def run_ids_of(refs: Sequence[str]) -> list[str]:
 
 
 def _run_id(ref: str) -> str:
-    path = Path(ref)
-    if ref.endswith(".json") and not path.is_file():
+    if not ref.endswith(".json"):
+        return ref
+    if not Path(ref).is_file():
         raise ComparisonError(f"{ref}: no such file (a run's train_done.json or a sweep's parent.json)")
-    if ref.endswith(".json"):
-        record = json.loads(path.read_text())
-        run_id = record.get("run_id") or record.get("mlflow_run_id")
-        if not run_id:
-            raise ComparisonError(f"{ref}: has no 'run_id' or 'mlflow_run_id'")
-        return run_id
-    return ref
+    record = json.loads(Path(ref).read_text())
+    run_id = record.get("run_id") or record.get("mlflow_run_id")
+    if not run_id:
+        raise ComparisonError(f"{ref}: has no 'run_id' or 'mlflow_run_id'")
+    return run_id
 
 
 def resolve(client, refs: Sequence[str]) -> Comparison:
