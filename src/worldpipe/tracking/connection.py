@@ -1,5 +1,5 @@
 """Reaching MLflow: which tracking URI, a client that gives up in seconds, the SQLite store made whole, the
-experiment found or created. Every room that talks to MLflow connects through here."""
+experiment found or created, the metrics a run lacks. Every room that talks to MLflow connects through here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import contextlib
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from worldpipe.config.paths import default_tracking_uri
 from worldpipe.core.atomic import fsync_dir, makedirs_durably
@@ -89,6 +91,13 @@ def create_sqlite_store(path: Path) -> None:
         fsync_dir(path.parent)
     finally:
         scratch.unlink(missing_ok=True)
+
+
+def unlogged(client, run_id: str, metrics: list, identity: Callable[[Any], tuple]) -> list:
+    """The ``metrics`` run ``run_id`` does not hold yet (none with the same ``identity``): logging again what an
+    interrupted or repeated attempt logged adds nothing."""
+    held = {identity(m) for key in {m.key for m in metrics} for m in client.get_metric_history(run_id, key)}
+    return [m for m in metrics if identity(m) not in held]
 
 
 def ensure_experiment(client, name: str) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worldpipe.tracking.connection import ensure_experiment, tracking_client
+from worldpipe.tracking.connection import ensure_experiment, tracking_client, unlogged
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 from worldpipe.tracking.spool import Spool
 from worldpipe.tracking.system_metrics import SystemMetricsSampler
@@ -114,14 +114,10 @@ class _Applier:
     def _copy_history(self, source_run: str, through_step: int) -> None:
         from mlflow.entities import Metric
 
-        source = self.client.get_run(source_run)
-        metrics = []
-        for key in source.data.metrics:
-            have = {(m.step, m.timestamp, m.value) for m in self.client.get_metric_history(self.run_id, key)}
-            for m in self.client.get_metric_history(source_run, key):
-                if m.step <= through_step and (m.step, m.timestamp, m.value) not in have:
-                    metrics.append(Metric(key, m.value, m.timestamp, m.step))
-        self._log("metrics", metrics)
+        metrics = [Metric(key, m.value, m.timestamp, m.step) for key in self.client.get_run(source_run).data.metrics
+                   for m in self.client.get_metric_history(source_run, key) if m.step <= through_step]
+        self._log("metrics", unlogged(self.client, self.run_id, metrics,
+                                      lambda m: (m.key, m.step, m.timestamp, m.value)))
 
     def _params(self, record: dict, _first: bool) -> None:
         from mlflow.entities import Param
@@ -160,11 +156,8 @@ class _Applier:
 
         metrics = [Metric(key, value, ts, step) for step, key, value, ts in record["metrics"]]
         if first:  # may have been applied already by a process that died before acknowledging it
-            present: set = set()
-            for key in {m.key for m in metrics}:
-                present |= {(key, m.step, m.timestamp, _canon(m.value))
-                            for m in self.client.get_metric_history(self.run_id, key)}
-            metrics = [m for m in metrics if (m.key, m.step, m.timestamp, _canon(m.value)) not in present]
+            metrics = unlogged(self.client, self.run_id, metrics,
+                               lambda m: (m.key, m.step, m.timestamp, _canon(m.value)))
         self._log("metrics", metrics)
 
     def _log(self, kind: str, entries: list) -> None:

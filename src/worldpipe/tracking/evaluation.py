@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldpipe.tracking.connection import client_for, ensure_experiment
+from worldpipe.tracking.connection import client_for, ensure_experiment, unlogged
 from worldpipe.tracking.datasets import DIGEST_CHARS, EVALUATION, TRAINING, DatasetRecord, log_datasets
 
 # The experiment's kind, as MLflow's experiment settings show it (the layout a link opens is the URL's: links.py)
@@ -160,14 +160,6 @@ def log_once(client, run, complete_tag: str, key: str, child: bool, log: Callabl
     return not whole
 
 
-def _fresh(client, run_id: str, metrics: list) -> list:
-    """Metrics not yet in the run (same key, step and value): an interrupted attempt is not repeated."""
-    present = set()
-    for name in {m.key for m in metrics}:
-        present |= {(name, m.step, m.value) for m in client.get_metric_history(run_id, name)}
-    return [m for m in metrics if (m.key, m.step, m.value) not in present]
-
-
 def _log_horizon_table(client, run_id: str, result: Mapping[str, Any]) -> None:
     """``evaluation/by_horizon.json``: error by horizon as MLflow's table JSON (``columns``, ``data``), one row per
     horizon (written whole: an interrupted attempt's upload is replaced, not appended)."""
@@ -195,8 +187,9 @@ def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
         client.set_tag(run.info.run_id, KEY_TAG, key)
 
     def log(run_id: str) -> None:
-        metrics = _fresh(client, run_id, evaluation_metrics(record.result, record.checkpoint_step,
-                                                            int(time.time() * 1000)))
+        metrics = unlogged(client, run_id, evaluation_metrics(record.result, record.checkpoint_step,
+                                                              int(time.time() * 1000)),
+                           lambda m: (m.key, m.step, m.value))  # an interrupted attempt is not repeated
         tags = [RunTag(DIGEST_TAG, record.checkpoint_digest), RunTag(STEP_TAG, str(record.checkpoint_step)),
                 RunTag(HELDOUT_TAG, str(record.result["heldout_dataset_hash"]))]
         client.log_batch(run_id, metrics=metrics, tags=tags)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from worldpipe.tracking.connection import unlogged
 from worldpipe.tracking.evaluation import PARENT_RUN_TAG, grouping_run
 
 ROUNDS_TAG = "worldpipe.rounds.id"
@@ -35,8 +36,7 @@ def record_rounds(client, experiment: str, rounds_id: str, name: str, summary: M
                   "behaviour_return_mean": summary["behaviour"]["mean"], "random_return_mean": summary["random"]["mean"]}
         metrics += [Metric(PREFIX + key, float(value), 0, row["round"]) for key, value in values.items()
                     if value is not None]
-    held = {(m.key, m.step) for key in {m.key for m in metrics} for m in client.get_metric_history(parent, key)}
-    metrics = [m for m in metrics if (m.key, m.step) not in held]  # logged once per round: a rerun adds nothing
+    metrics = unlogged(client, parent, metrics, lambda m: (m.key, m.step))  # once per round: a rerun adds nothing
     if metrics:
         client.log_batch(parent, metrics=metrics)
     return parent
