@@ -19,8 +19,8 @@ from worldpipe.cli import main as cli_main
 from worldpipe.tracking import spool as spool_module
 from worldpipe.tracking.delivery import RECORD_KEY_TAG, DeliveryLoop, deliver, metric_fate
 from worldpipe.tracking.history import duplicate_steps, histories
-from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.records import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.spool import Spool
 
 

@@ -18,8 +18,7 @@ from worldpipe.config.identity import flatten
 from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
-from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
-from worldpipe.tracking.records import TIMING_METRICS
+from worldpipe.tracking.records import OVERFLOW_ARTIFACT_DIR, TIMING_METRICS, split_params
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
 # Metrics that are not part of a training run's computation: the machine's, and evaluations (open-loop and

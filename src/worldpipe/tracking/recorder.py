@@ -30,7 +30,7 @@ from typing import Any
 from worldpipe.tracking.connection import fail_fast_over_http, resolve_tracking_uri
 from worldpipe.tracking.courier import Courier, adopt_early
 from worldpipe.tracking.delivery import DeliveryLoop
-from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
+from worldpipe.tracking.records import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
