@@ -48,18 +48,6 @@ BLOBS_DIR = "blobs"
 INLINE_LIMIT = 1 << 16
 
 
-def _split_inline(files: Mapping[str, bytes]) -> tuple[dict[str, str], dict[str, bytes]]:
-    """({name: text} small enough to journal inline, {name: bytes} for blobs)."""
-    inline, large = {}, {}
-    for name, data in files.items():
-        if len(data) <= INLINE_LIMIT:
-            with contextlib.suppress(UnicodeDecodeError):
-                inline[name] = bytes(data).decode("utf-8")
-                continue
-        large[name] = data
-    return inline, large
-
-
 def _record(line: bytes) -> dict | None:
     """The record of one complete journal line, or None for what a crash can leave instead: zeros (a hole where
     an unsynced write never reached the disk) or a line cut and joined to another."""
@@ -219,10 +207,13 @@ class Spool:
             now = int(time.time() * 1000)
             lines = []
             for seq, (op, files, fields) in enumerate(entries, start=first):
-                record = {"seq": seq, "op": op, "time_ms": now, **fields}
-                inline, large = _split_inline(files or {})
-                if inline:
-                    record["inline"] = inline
+                record, large = {"seq": seq, "op": op, "time_ms": now, **fields}, {}
+                for name, data in (files or {}).items():
+                    if len(data) <= INLINE_LIMIT:
+                        with contextlib.suppress(UnicodeDecodeError):
+                            record.setdefault("inline", {})[name] = bytes(data).decode("utf-8")
+                            continue
+                    large[name] = data
                 if large:
                     self._write_blobs(seq, large)
                 lines.append(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
