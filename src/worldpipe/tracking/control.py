@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from worldpipe.config.identity import flatten
 from worldpipe.tracking.connection import client_for
 from worldpipe.tracking.evaluation import child_run, log_once
 
@@ -88,7 +89,8 @@ def _log_into(client, run_id: str, child_id: str, result: Mapping[str, Any], fil
     per_episode = [Metric(f"{PREFIX}{name}/return", float(value), now, i)
                    for name, c in result["contenders"].items() for i, value in enumerate(c["returns"])]
     summaries = [Metric(k, float(v), now, step) for k, v in summary_metrics(result).items()]
-    params = [Param(f"control.{k}", str(v)) for k, v in _flat(result["settings"]).items()]
+    # An empty mapping (a planner's defaults) has no keys to record.
+    params = [Param(f"control.{k}", str(v)) for k, v in flatten(result["settings"]).items() if v != {}]
     client.log_batch(child_id, metrics=per_episode + summaries, params=params)
     for path in files:
         client.log_artifact(child_id, path, ARTIFACT_DIR)
@@ -98,12 +100,3 @@ def _log_into(client, run_id: str, child_id: str, result: Mapping[str, Any], fil
         client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
                                                    run_id=child_id) for m in planner_returns + summaries])
 
-
-def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in settings.items():
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
