@@ -99,4 +99,3 @@ def _log_into(client, run_id: str, child_id: str, result: Mapping[str, Any], fil
         planner_returns = [m for m in per_episode if m.key == f"{PREFIX}planner/return"]
         client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
                                                    run_id=child_id) for m in planner_returns + summaries])
-
