@@ -65,7 +65,7 @@ class Courier:
         # Whom its replies tell: nobody until a recorder takes it (:meth:`report_to`).
         self._on_tried: Callable[[], None] = lambda: None
         self._on_opened: Callable[[], None] = lambda: None
-        self._report: dict[str, Any] | None = None
+        self._delivered = False  # the final report arrived
         self._done = threading.Event()  # the final report arrived, or the courier is gone
         # Blocks in os.read (no GIL held) until the courier writes; a handful of lines per segment.
         self._reader = threading.Thread(target=self._read_replies, args=(replies,), name="worldpipe-courier-replies",
@@ -114,18 +114,18 @@ class Courier:
         """The segment ends: the courier logs its last system sample before any delivery of the end record."""
         self._send(STOP_SAMPLING)
 
-    def finish(self, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
-        """Deliver everything journaled, then exit: ("done", report), ("busy", None) after ``timeout_s`` (the
-        courier is killed), or ("gone", None) if it had died before."""
+    def finish(self, timeout_s: float) -> str:
+        """Deliver everything journaled, then exit: "done", "busy" after ``timeout_s`` (the courier is killed), or
+        "gone" if it had died before."""
         if not self.alive():
             self._reap()
-            return "gone", None
+            return "gone"
         self._send(FINISH)
         if not self._done.wait(timeout_s):
             self._reap(kill=True)
-            return "busy", None
+            return "busy"
         self._reap(wait_s=EXIT_WAIT_S)
-        return ("done", self._report) if self._report is not None else ("gone", None)
+        return "done" if self._delivered else "gone"
 
     def abandon(self) -> None:
         """Close the control pipe, as the parent's death would: the courier exits without a final delivery."""
@@ -173,7 +173,7 @@ class Courier:
                     elif "opened" in message:
                         self._on_opened()
                     elif "done" in message:
-                        self._report = message["done"]
+                        self._delivered = True
                         self._done.set()
         except Exception as err:  # noqa: BLE001 - a garbled reply must not kill the training process
             log.warning("tracking courier: unreadable reply (%s)", err)
@@ -295,8 +295,8 @@ def serve(settings: str) -> int:
     if control.orphaned:
         return 0  # the records wait in the journal: the next start or `worldpipe tracking sync` delivers them
     loop.stop_sampling()  # a no-op if ``s`` came first
-    report = loop.deliver_now()
-    replies.send(done={"pending": report.pending, "error": report.error})
+    loop.deliver_now()
+    replies.send(done=True)  # what is left pending is in the spool's state
     return 0
 
 

@@ -139,27 +139,25 @@ class RunRecorder:
             if deliverer is not None:
                 deliverer.stop_sampling()
         self.spool.append("end", status=status)
-        pending = self._finish(courier)
+        self._finish(courier)
         self._open_seq = None
-        if pending is None or pending:
+        if pending := len(self.spool.pending()):
             log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
-                        "worldpipe tracking sync %s", len(self.spool.pending()) if pending is None else pending,
-                        self.spool.journal, self.spool.run_dir)
+                        "worldpipe tracking sync %s", pending, self.spool.journal, self.spool.run_dir)
         self.spool.release_active()
 
-    def _finish(self, courier: Courier | None) -> int | None:
-        """The final delivery, by the courier or in this process; the records left pending (None: unknown)."""
+    def _finish(self, courier: Courier | None) -> None:
+        """The final delivery, by the courier or, where it is gone, in this process."""
         if courier is not None:
-            outcome, report = courier.finish(JOIN_S)
-            if outcome == "done":
-                return int(report["pending"])
+            outcome = courier.finish(JOIN_S)
             if outcome == "busy":
                 log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", JOIN_S)
-                return None
+            if outcome != "gone":
+                return
             log.warning("the tracking courier (pid %d) is gone; delivering in this process", courier.pid)
         if self._local is None:
             self._local = DeliveryLoop(self.spool, self.uri, self.retry_s)
-        return self._local.deliver_now().pending
+        self._local.deliver_now()
 
     def abandon(self) -> None:
         """Stop as this process's death would: no final delivery (the courier exits), the run directory free for
