@@ -22,8 +22,8 @@ from worldpipe.core.figures import save_figure
 from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
 from worldpipe.tracking.control import control_summary_keys
 from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
+from worldpipe.tracking.groups import point_runs, swept_keys_of
 from worldpipe.tracking.records import NUMERICS_TAG
-from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 
 SEED_PARAM = "seed"
 DEFAULT_METRIC = f"{METRIC_PREFIX}one_step_ratio"

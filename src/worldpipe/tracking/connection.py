@@ -1,5 +1,6 @@
 """Reaching MLflow: which tracking URI, a client that gives up in seconds, the SQLite store made whole, the
-experiment found or created, the metrics a run lacks. Every room that talks to MLflow connects through here."""
+experiment found or created, runs found by their tags, the metrics a run lacks. Every room that talks to MLflow
+connects through here."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ def unlogged(client, run_id: str, metrics: list, identity: Callable[[Any], tuple
     interrupted or repeated attempt logged adds nothing."""
     held = {identity(m) for key in {m.key for m in metrics} for m in client.get_metric_history(run_id, key)}
     return [m for m in metrics if identity(m) not in held]
+
+
+def tag_filter(tags: Mapping[str, str]) -> str:
+    """The search filter of the runs that carry every one of ``tags``."""
+    return " AND ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
 
 
 def ensure_experiment(client, name: str) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldpipe.tracking.connection import client_for, ensure_experiment, unlogged
+from worldpipe.tracking.connection import client_for, tag_filter, unlogged
 from worldpipe.tracking.datasets import DIGEST_CHARS, EVALUATION, TRAINING, DatasetRecord, log_datasets
 
 # The experiment's kind, as MLflow's experiment settings show it (the layout a link opens is the URL's: links.py)
@@ -106,26 +106,6 @@ def show_in_model_training_view(client, experiment_id: str) -> None:
     experiment = client.get_experiment(experiment_id)
     if experiment.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
-
-
-def tag_filter(tags: Mapping[str, str]) -> str:
-    """The search filter of the runs that carry every one of ``tags``."""
-    return " AND ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-
-
-def grouping_run(client, experiment: str, name: str, tags: Mapping[str, str]) -> str:
-    """The id of the run that groups others (a sweep's or a loop's parent) in ``experiment``: found by its ``tags``
-    or created with them, FINISHED (it groups, it does not run); the experiment shown as model training."""
-    from mlflow.entities import RunStatus
-
-    experiment_id = ensure_experiment(client, experiment)
-    show_in_model_training_view(client, experiment_id)
-    found = client.search_runs([experiment_id], max_results=1, filter_string=tag_filter(tags))
-    if found:
-        return found[0].info.run_id
-    run_id = client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
-    return run_id
 
 
 def child_run(client, run, suffix: str, tags: Mapping[str, str]):

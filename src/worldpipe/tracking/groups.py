@@ -1,13 +1,18 @@
-"""A sweep as grouped MLflow runs: one parent run per sweep, every point's training run nested under it.
+"""Grouped MLflow runs: one parent run per sweep or collection loop, every point's or round's training run nested
+under it.
 
-The parent is found again by its tags (never created twice for one sweep name in one experiment); a point's
-run is linked by tags only (``mlflow.parentRunId`` nests it in the UI), so linking is idempotent.
+The parent is found again by its tags (never created twice for one sweep name, or one loop, in one experiment); a
+member's run is linked by tags only (``mlflow.parentRunId`` nests it in the UI), so linking is idempotent.
 
-The parent says what the sweep is and how it came out: params ``sweep.points`` (the number of points) and one
+A sweep's parent says what the sweep is and how it came out: params ``sweep.points`` (the number of points) and one
 per swept key (its values, as a JSON list); once every point is evaluated, :func:`summarize_sweep` gives it the
 best point's metrics (same names as on the points, so the collapsed row in the run list shows them), the tags
 ``worldpipe.sweep.best_run`` / ``best_run_id`` / ``best_by`` and a description naming the winner, and an end
 time that spans the points.
+
+A loop's parent carries the loop's outcome with the round on the "Step" axis: ``rounds/return_mean`` (and its 95%
+CI), ``rounds/score`` and ``rounds/heldout_ratio``, plus the scripted policy's and random's returns on the same
+seeds; each value is logged once per round.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from worldpipe.tracking.connection import ensure_experiment, tag_filter, unlogged
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
-from worldpipe.tracking.evaluation import PARENT_RUN_TAG, grouping_run, latest_metric, tag_filter
+from worldpipe.tracking.evaluation import PARENT_RUN_TAG, latest_metric, show_in_model_training_view
 
 SWEEP_TAG = "worldpipe.sweep.name"
 ROLE_TAG = "worldpipe.sweep.role"  # "parent" on the parent run, "point" on a point's training run
@@ -28,6 +34,25 @@ BEST_RUN_TAG, BEST_ID_TAG, BEST_BY_TAG = "worldpipe.sweep.best_run", "worldpipe.
 NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
 VALUE_TAG_PREFIX = "worldpipe.sweep.value."  # point: one tag per swept key
 PARENT, POINT = "parent", "point"
+ROUNDS_TAG = "worldpipe.rounds.id"
+ROUNDS_ROLE_TAG = "worldpipe.rounds.role"  # "parent" on the parent run, "round" on each round's training run
+ROUND_TAG = "worldpipe.round"
+ROUNDS_PREFIX = "rounds/"
+
+
+def grouping_run(client, experiment: str, name: str, tags: Mapping[str, str]) -> str:
+    """The id of the run that groups others (a sweep's or a loop's parent) in ``experiment``: found by its ``tags``
+    or created with them, FINISHED (it groups, it does not run); the experiment shown as model training."""
+    from mlflow.entities import RunStatus
+
+    experiment_id = ensure_experiment(client, experiment)
+    show_in_model_training_view(client, experiment_id)
+    found = client.search_runs([experiment_id], max_results=1, filter_string=tag_filter(tags))
+    if found:
+        return found[0].info.run_id
+    run_id = client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run_id
 
 
 def open_parent_run(client, experiment: str, sweep: str, keys: Sequence[str], points: int,
@@ -98,3 +123,26 @@ def _summary_keys(best, metric: str, keys: Sequence[str]) -> list[str]:
     """The metric that decides, the given keys, and the point's evaluation summaries (``eval/*`` without ``/``)."""
     summaries = sorted(k for k in best.data.metrics if k.startswith("eval/") and k.count("/") == 1)
     return list(dict.fromkeys([metric, *keys, *summaries]))
+
+
+def record_rounds(client, experiment: str, rounds_id: str, name: str, summary: Mapping[str, Any]) -> str:
+    """Open (or find) the loop's parent run, nest every round's training run under it, log the outcome; its id."""
+    from mlflow.entities import Metric, RunTag
+
+    parent = grouping_run(client, experiment, name, {ROUNDS_TAG: rounds_id, ROUNDS_ROLE_TAG: PARENT})
+    metrics = []
+    for row in summary["rounds"]:
+        if row.get("mlflow_run_id"):
+            tags = [RunTag(PARENT_RUN_TAG, parent), RunTag(ROUNDS_TAG, rounds_id), RunTag(ROUNDS_ROLE_TAG, "round"),
+                    RunTag(ROUND_TAG, str(row["round"]))]
+            client.log_batch(row["mlflow_run_id"], tags=tags)
+        values = {"return_mean": row["return_mean"], "return_ci95_low": row["return_ci95"][0],
+                  "return_ci95_high": row["return_ci95"][1], "score": row["score"],
+                  "heldout_ratio": row["heldout_ratio"], "heldout_one_step_ratio": row["heldout_one_step_ratio"],
+                  "behaviour_return_mean": summary["behaviour"]["mean"], "random_return_mean": summary["random"]["mean"]}
+        metrics += [Metric(ROUNDS_PREFIX + key, float(value), 0, row["round"]) for key, value in values.items()
+                    if value is not None]
+    metrics = unlogged(client, parent, metrics, lambda m: (m.key, m.step))  # once per round: a rerun adds nothing
+    if metrics:
+        client.log_batch(parent, metrics=metrics)
+    return parent
