@@ -197,31 +197,27 @@ def latest_metric(client, run_id: str, key: str, step: float = math.inf):
     return max(history, key=lambda m: (m.step, m.timestamp)) if history else None
 
 
-def model_metrics(client, record: EvaluationRecord, eval_run_id: str, model_id: str) -> list:
-    """What the logged model of the evaluated checkpoint carries: the evaluation's metrics as run ``eval_run_id``
-    holds them, naming the held-out dataset, and the training run's loss at the checkpoint's step, naming the
-    training dataset. Same values, steps and timestamps as the runs' own: logging them adds no run metric."""
+def log_model_evaluation(uri: str, record: EvaluationRecord, eval_run_id: str, model_id: str) -> int:
+    """Put the evaluation's metrics (and so its datasets) on logged model ``model_id``; the number of metrics
+    added (none when the model has them already: idempotent like :func:`log_evaluation`).
+
+    The model carries the evaluation's metrics as run ``eval_run_id`` holds them, naming the held-out dataset, and
+    the training run's loss at the checkpoint's step, naming the training dataset. Same values, steps and
+    timestamps as the runs' own: logging them adds no run metric.
+    """
     from mlflow.entities import Metric
 
+    client = client_for(uri)
     keys = [m.key for m in evaluation_metrics(record.result, record.checkpoint_step, 0)]
     sources = [(eval_run_id, key, _dataset_of(record, EVALUATION)) for key in keys]
     sources.append((record.run_id, TRAINING_LOSS, _dataset_of(record, TRAINING)))
-    metrics = []
+    present = {(m.key, m.step, m.run_id) for m in (client.get_logged_model(model_id).metrics or [])}
+    fresh = []
     for run_id, key, dataset in sources:
         logged = latest_metric(client, run_id, key, record.checkpoint_step)
-        if logged is not None:
-            metrics.append(Metric(key, logged.value, logged.timestamp, logged.step, model_id=model_id,
-                                  run_id=run_id, **dataset))
-    return metrics
-
-
-def log_model_evaluation(uri: str, record: EvaluationRecord, eval_run_id: str, model_id: str) -> int:
-    """Put the evaluation's metrics (and so its datasets) on logged model ``model_id``; the number of metrics
-    added (none when the model has them already: idempotent like :func:`log_evaluation`)."""
-    client = client_for(uri)
-    present = {(m.key, m.step, m.run_id) for m in (client.get_logged_model(model_id).metrics or [])}
-    fresh = [m for m in model_metrics(client, record, eval_run_id, model_id)
-             if (m.key, m.step, m.run_id) not in present]
+        if logged is not None and (key, logged.step, run_id) not in present:
+            fresh.append(Metric(key, logged.value, logged.timestamp, logged.step, model_id=model_id,
+                                run_id=run_id, **dataset))
     for run_id in dict.fromkeys(m.run_id for m in fresh):
         client.log_batch(run_id, metrics=[m for m in fresh if m.run_id == run_id])
     return len(fresh)
