@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from worldpipe.tracking.connection import ensure_experiment, tracking_client, unlogged
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
@@ -157,7 +156,7 @@ class _Applier:
         metrics = [Metric(key, value, ts, step) for step, key, value, ts in record["metrics"]]
         if first:  # may have been applied already by a process that died before acknowledging it
             metrics = unlogged(self.client, self.run_id, metrics,
-                               lambda m: (m.key, m.step, m.timestamp, _canon(m.value)))
+                               lambda m: (m.key, m.step, m.timestamp, "nan" if math.isnan(m.value) else m.value))
         self._log("metrics", metrics)
 
     def _log(self, kind: str, entries: list) -> None:
@@ -173,15 +172,6 @@ class _Applier:
 
     def _end(self, record: dict, _first: bool) -> None:
         self.client.set_terminated(self.run_id, status=record["status"], end_time=record["time_ms"])
-
-
-def _canon(value: float) -> Any:
-    return "nan" if isinstance(value, float) and math.isnan(value) else value
-
-
-def _permanent(err: Exception) -> bool:
-    """A record MLflow will never accept (as opposed to a server that is down or busy)."""
-    return getattr(err, "error_code", None) == "INVALID_PARAMETER_VALUE"
 
 
 def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None = None,
@@ -214,7 +204,8 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
                 try:
                     applier.apply(record, first=index == 0)
                 except Exception as err:  # noqa: BLE001 - any failure keeps the record pending
-                    if not _permanent(err):
+                    # Kept pending unless MLflow will never accept it (not a server that is down or busy).
+                    if getattr(err, "error_code", None) != "INVALID_PARAMETER_VALUE":
                         report.error = f"{type(err).__name__}: {_short(err)}"
                         break
                     fate = "reject"
