@@ -17,7 +17,7 @@ Artifact layout of a run (everything `worldpipe rerun` needs is here)::
         MANIFEST.json                    the published checkpoint's manifest
         digest.json                      state digest + manifest sha256
         train_state.json                 progress and sampler state
-        rng/rank-NNNNN.json              every rank's RNG state (readable, reversible JSON)
+        rng/rank-NNNNN.json              every rank's RNG state (readable JSON, exact: :func:`to_jsonable`)
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from worldpipe.core import numerics
 from worldpipe.core import provenance as ident
-from worldpipe.tracking.jsonable import to_jsonable
+from worldpipe.core.hashing import only_json_scalars
 
 # Metrics measured with a clock: they differ between bit-identical runs and are not compared by `rerun`.
 TIMING_METRICS = ("samples_per_s", "step_time_s", "data_wait_s")
@@ -138,6 +139,32 @@ def installed_packages() -> str:
         if name and name.lower() not in seen:
             seen[name.lower()] = f"{name}=={dist.version}"
     return "\n".join(seen[k] for k in sorted(seen)) + "\n"
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Readable JSON of a state that holds tensors, arrays, tuples and big ints (sampler, RNG), exact to the bit:
+    tensors become ``{"__tensor__": dtype, "shape": [...], "hex": bytes}``, NumPy arrays ``{"__ndarray__": dtype,
+    "shape": [...], "data": [...]}``, tuples ``{"__tuple__": [...]}``, bytes ``{"__bytes__": hex}``."""
+    torch = sys.modules.get("torch")  # a tensor exists only where torch is imported: no import here
+    if torch is not None and isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        raw = bytes(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
+        return {"__tensor__": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "hex": raw.hex()}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, bytes | bytearray):
+        return {"__bytes__": bytes(obj).hex()}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        # Python's RNG state is a tuple of 625 ints: nothing in it to convert, so no call per item.
+        items = list(obj) if only_json_scalars(obj) else [to_jsonable(v) for v in obj]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
 
 
 def json_artifact(obj: Any) -> bytes:
