@@ -80,22 +80,18 @@ class EvaluationOutcome:
     child: bool
 
 
-def horizon_metric(name: str, horizon: int, horizons: int) -> str:
-    """``eval/per_horizon/<name>/hNN``: the metric of one horizon, zero-padded so the names sort by horizon (and
-    after the summaries: the UI's compare view lists metrics by name in a short scrolled box)."""
-    return f"{PER_HORIZON_PREFIX}{name}/h{horizon:0{max(2, len(str(horizons)))}d}"
-
-
 def evaluation_metrics(result: Mapping[str, Any], checkpoint_step: int, timestamp_ms: int) -> list:
-    """MLflow metrics of an evaluation result, all at the checkpoint's training step: per horizon (named by
-    horizon) and summaries."""
+    """MLflow metrics of an evaluation result, all at the checkpoint's training step: per horizon
+    (``eval/per_horizon/<name>/hNN``, zero-padded so the names sort by horizon, and after the summaries: the UI's
+    compare view lists metrics by name in a short scrolled box) and summaries."""
     from mlflow.entities import Metric
 
     values = {}
     per_horizon = {**PER_HORIZON, **{k: k for k in PIXEL_PER_HORIZON if k in result}}
     for source, name in per_horizon.items():
+        width = max(2, len(str(len(result[source]))))
         for horizon, value in enumerate(result[source], start=1):
-            values[horizon_metric(name, horizon, len(result[source]))] = value
+            values[f"{PER_HORIZON_PREFIX}{name}/h{horizon:0{width}d}"] = value
     values[f"{METRIC_PREFIX}one_step_ratio"] = result["ratio"][0]
     values[f"{METRIC_PREFIX}final_ratio"] = result["ratio"][-1]
     return [Metric(key, float(value), timestamp_ms, checkpoint_step) for key, value in values.items()]
