@@ -66,6 +66,5 @@ def server_command(backend: str, artifacts: str, host: str = LOCAL_HOST, port: i
 
 def exec_server(command: list[str]) -> None:
     """Replace this process with the server (signals and exit status are then the server's own)."""
-    env = dict(os.environ)
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    os.execve(command[0], command, env)
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    os.execv(command[0], command)
