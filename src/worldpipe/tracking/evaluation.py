@@ -21,13 +21,10 @@ is skipped, and an interrupted one is completed without repeating the values alr
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from worldpipe.tracking.connection import client_for, tag_filter, unlogged
@@ -136,18 +133,6 @@ def log_once(client, run, complete_tag: str, key: str, child: bool, log: Callabl
     return not whole
 
 
-def _log_horizon_table(client, run_id: str, result: Mapping[str, Any]) -> None:
-    """``evaluation/by_horizon.json``: error by horizon as MLflow's table JSON (``columns``, ``data``), one row per
-    horizon (written whole: an interrupted attempt's upload is replaced, not appended)."""
-    rows = zip(*(result[source] for source in PER_HORIZON), strict=True)
-    table = {"columns": ["horizon", *PER_HORIZON.values()],
-             "data": [[h, *map(float, row)] for h, row in enumerate(rows, start=1)]}
-    with tempfile.TemporaryDirectory(prefix="worldpipe-eval-") as tmp:
-        path = Path(tmp) / HORIZON_TABLE
-        path.write_text(json.dumps(table, indent=1))
-        client.log_artifact(run_id, str(path), ARTIFACT_DIR)
-
-
 def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
     """Log an evaluation onto its training run (or a child run of it); idempotent per evaluation key."""
     from mlflow.entities import RunTag
@@ -171,7 +156,12 @@ def log_evaluation(uri: str, record: EvaluationRecord) -> EvaluationOutcome:
         client.log_batch(run_id, metrics=metrics, tags=tags)
         for path in record.artifacts.values():
             client.log_artifact(run_id, path, ARTIFACT_DIR)
-        _log_horizon_table(client, run_id, record.result)
+        # Error by horizon as MLflow's table JSON (columns, data), one row per horizon; written whole: an
+        # interrupted attempt's upload is replaced, not appended.
+        rows = zip(*(record.result[source] for source in PER_HORIZON), strict=True)
+        client.log_dict(run_id, {"columns": ["horizon", *PER_HORIZON.values()],
+                                 "data": [[h, *map(float, row)] for h, row in enumerate(rows, start=1)]},
+                        f"{ARTIFACT_DIR}/{HORIZON_TABLE}")
         for run_with_inputs in {record.run_id, run_id}:  # the training run, and the child run if there is one
             log_datasets(client, run_with_inputs, list(record.datasets))
 
