@@ -106,7 +106,9 @@ def summarize_sweep(client, parent_run_id: str, metric: str, keys: Sequence[str]
         return None
     best = min(scored, key=lambda run: run.data.metrics[metric])
     name = best.info.run_name or best.info.run_id
-    metrics = [Metric(m.key, m.value, m.timestamp, m.step) for key in _summary_keys(best, metric, keys)
+    # The metric that decides, the given keys, and the point's evaluation summaries (``eval/*`` without ``/``).
+    summaries = sorted(k for k in best.data.metrics if k.startswith("eval/") and k.count("/") == 1)
+    metrics = [Metric(m.key, m.value, m.timestamp, m.step) for key in dict.fromkeys([metric, *keys, *summaries])
                for m in [latest_metric(client, best.info.run_id, key)] if m is not None]
     note = (f"Best of {len(points)} points by lowest `{metric}`: **{name}** "
             f"({metric} = {best.data.metrics[metric]:.4g})")
@@ -117,12 +119,6 @@ def summarize_sweep(client, parent_run_id: str, metric: str, keys: Sequence[str]
     if ends:  # the parent spans its points in the run list, not the instant it was opened
         client.set_terminated(parent_run_id, RunStatus.to_string(RunStatus.FINISHED), end_time=max(ends))
     return best
-
-
-def _summary_keys(best, metric: str, keys: Sequence[str]) -> list[str]:
-    """The metric that decides, the given keys, and the point's evaluation summaries (``eval/*`` without ``/``)."""
-    summaries = sorted(k for k in best.data.metrics if k.startswith("eval/") and k.count("/") == 1)
-    return list(dict.fromkeys([metric, *keys, *summaries]))
 
 
 def record_rounds(client, experiment: str, rounds_id: str, name: str, summary: Mapping[str, Any]) -> str:
