@@ -71,31 +71,29 @@ def control_summary_keys(keys: set[str]) -> list[str]:
 def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequence[str],
                 model_id: str | None) -> str:
     """Log a control evaluation of run ``run_id`` (and onto logged model ``model_id``); the child run's id."""
+    from mlflow.entities import Metric, Param
+
     client = client_for(uri)
     key = control_key(result)
     planner = str(result["settings"]["planner"].get("_target_", "")).rsplit(".", 1)[-1]
     # The digest tag names the key, kept short for the UI's tag column.
     child = child_run(client, client.get_run(run_id), f"control-{planner}", {KEY_TAG: key, DIGEST_TAG: key[:16]})
-    log_once(client, child, COMPLETE_TAG, key, True,
-             lambda child_id: _log_into(client, run_id, child_id, result, files, model_id))
+
+    def log(child_id: str) -> None:
+        now, step = int(time.time() * 1000), int(result["checkpoint_step"])
+        per_episode = [Metric(f"{PREFIX}{name}/return", float(value), now, i)
+                       for name, c in result["contenders"].items() for i, value in enumerate(c["returns"])]
+        summaries = [Metric(k, float(v), now, step) for k, v in summary_metrics(result).items()]
+        # An empty mapping (a planner's defaults) has no keys to record.
+        params = [Param(f"control.{k}", str(v)) for k, v in flatten(result["settings"]).items() if v != {}]
+        client.log_batch(child_id, metrics=per_episode + summaries, params=params)
+        for path in files:
+            client.log_artifact(child_id, path, ARTIFACT_DIR)
+        client.log_batch(run_id, metrics=summaries)
+        if model_id is not None:
+            planner_returns = [m for m in per_episode if m.key == f"{PREFIX}planner/return"]
+            client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
+                                                       run_id=child_id) for m in planner_returns + summaries])
+
+    log_once(client, child, COMPLETE_TAG, key, True, log)
     return child.info.run_id
-
-
-def _log_into(client, run_id: str, child_id: str, result: Mapping[str, Any], files: Sequence[str],
-              model_id: str | None) -> None:
-    from mlflow.entities import Metric, Param
-
-    now, step = int(time.time() * 1000), int(result["checkpoint_step"])
-    per_episode = [Metric(f"{PREFIX}{name}/return", float(value), now, i)
-                   for name, c in result["contenders"].items() for i, value in enumerate(c["returns"])]
-    summaries = [Metric(k, float(v), now, step) for k, v in summary_metrics(result).items()]
-    # An empty mapping (a planner's defaults) has no keys to record.
-    params = [Param(f"control.{k}", str(v)) for k, v in flatten(result["settings"]).items() if v != {}]
-    client.log_batch(child_id, metrics=per_episode + summaries, params=params)
-    for path in files:
-        client.log_artifact(child_id, path, ARTIFACT_DIR)
-    client.log_batch(run_id, metrics=summaries)
-    if model_id is not None:
-        planner_returns = [m for m in per_episode if m.key == f"{PREFIX}planner/return"]
-        client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
-                                                   run_id=child_id) for m in planner_returns + summaries])
