@@ -139,25 +139,18 @@ class RunRecorder:
             if deliverer is not None:
                 deliverer.stop_sampling()
         self.spool.append("end", status=status)
-        self._finish(courier)
+        outcome = courier.finish(JOIN_S) if courier is not None else "none"  # the final delivery
+        if outcome == "busy":
+            log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", JOIN_S)
+        elif outcome == "gone":
+            log.warning("the tracking courier (pid %d) is gone; delivering in this process", courier.pid)
+        if outcome in ("gone", "none"):  # no courier to deliver: this process does
+            (self._local or DeliveryLoop(self.spool, self.uri, self.retry_s)).deliver_now()
         self._open_seq = None
         if pending := len(self.spool.pending()):
             log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
                         "worldpipe tracking sync %s", pending, self.spool.journal, self.spool.run_dir)
         self.spool.release_active()
-
-    def _finish(self, courier: Courier | None) -> None:
-        """The final delivery, by the courier or, where it is gone, in this process."""
-        if courier is not None:
-            outcome = courier.finish(JOIN_S)
-            if outcome == "busy":
-                log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", JOIN_S)
-            if outcome != "gone":
-                return
-            log.warning("the tracking courier (pid %d) is gone; delivering in this process", courier.pid)
-        if self._local is None:
-            self._local = DeliveryLoop(self.spool, self.uri, self.retry_s)
-        self._local.deliver_now()
 
     def abandon(self) -> None:
         """Stop as this process's death would: no final delivery (the courier exits), the run directory free for
