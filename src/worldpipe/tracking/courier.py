@@ -122,9 +122,9 @@ class Courier:
             return "gone"
         self._send(FINISH)
         if not self._done.wait(timeout_s):
-            self._reap(kill=True)
+            self._reap()
             return "busy"
-        self._reap(wait_s=EXIT_WAIT_S)
+        self._reap(EXIT_WAIT_S)
         return "done" if self._delivered else "gone"
 
     def abandon(self) -> None:
@@ -132,7 +132,7 @@ class Courier:
         self._control = None
         with contextlib.suppress(OSError):
             self._proc.stdin.close()
-        self._reap(wait_s=EXIT_WAIT_S)
+        self._reap(EXIT_WAIT_S)
 
     def _send(self, byte: bytes) -> None:
         if self._control is None:
@@ -140,13 +140,10 @@ class Courier:
         with contextlib.suppress(OSError):  # a full pipe holds wake-ups enough; a gone courier: finish() notices
             os.write(self._control, byte)
 
-    def _reap(self, kill: bool = False, wait_s: float = 0.0) -> None:
-        """Wait for the courier's exit (killing it by PID if asked, or if it outstays ``wait_s``), then forget it."""
-        if kill and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+    def _reap(self, wait_s: float = 0.0) -> None:
+        """Wait up to ``wait_s`` for the courier's exit (then kill it by PID), then forget it."""
         try:
-            self._proc.wait(wait_s if wait_s else None)
+            self._proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
