@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from worldpipe.tracking.connection import ensure_experiment, tracking_client, unlogged
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
@@ -142,13 +141,8 @@ class _Applier:
             self.client.log_artifacts(self.run_id, str(blob), record.get("path") or None)
         elif not inline:
             raise RuntimeError(f"files of artifact record {record['seq']} are missing from {blob}")
-        if inline:
-            with tempfile.TemporaryDirectory(prefix="worldpipe-inline-") as staging:
-                for name, text in inline.items():
-                    target = Path(staging) / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(text, encoding="utf-8")
-                self.client.log_artifacts(self.run_id, staging, record.get("path") or None)
+        for name, text in inline.items():
+            self.client.log_text(self.run_id, text, posixpath.join(record.get("path") or "", name))
 
     def _metrics(self, record: dict, first: bool) -> None:
         from mlflow.entities import Metric
