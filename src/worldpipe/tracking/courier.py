@@ -11,7 +11,7 @@ already waiting is enough), ``s`` the segment ends (log the last system sample),
 child forked by the parent holds the pipe), is the parent's death (``kill -9`` included): the courier exits after
 the delivery in flight. Replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on
 stdout): ``tried`` (the segment's ``open`` record was tried: a run id, if any, is in the spool's ``state.json``),
-``opened`` (the run exists), ``log`` (re-emitted by the parent under the same logger), ``done`` (the final report).
+``opened`` (the run exists), ``log`` (re-emitted by the parent under the same logger), ``done`` (delivered).
 
 The courier runs in the parent's process group, at its CPU priority until the run start has been tried (the first
 checkpoint waits for it) and at nice +10 after, ignores SIGINT and SIGTERM (the parent, which answers them with a

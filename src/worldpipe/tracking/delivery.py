@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worldpipe.tracking.connection import ensure_experiment, tracking_client, unlogged
+from worldpipe.tracking.connection import ensure_experiment, tag_filter, tracking_client, unlogged
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 from worldpipe.tracking.spool import Spool
 from worldpipe.tracking.system_metrics import SystemMetricsSampler
@@ -93,15 +93,10 @@ class _Applier:
         else:
             experiment = ensure_experiment(client, record["experiment"])
             key = record["record_key"]
-            found = client.search_runs([experiment], filter_string=f"tags.`{RECORD_KEY_TAG}` = '{key}'",
-                                       max_results=1)
-            if found:
-                run_id = found[0].info.run_id
-            else:
-                tags = {**record.get("tags", {}), **new_run.get("tags", {}), RECORD_KEY_TAG: key}
-                run = client.create_run(experiment, start_time=record["time_ms"], tags=tags,
-                                        run_name=record.get("run_name"))
-                run_id = run.info.run_id
+            found = client.search_runs([experiment], filter_string=tag_filter({RECORD_KEY_TAG: key}), max_results=1)
+            tags = {**record.get("tags", {}), **new_run.get("tags", {}), RECORD_KEY_TAG: key}
+            run_id = found[0].info.run_id if found else client.create_run(
+                experiment, start_time=record["time_ms"], tags=tags, run_name=record.get("run_name")).info.run_id
             state["experiment_id"] = experiment
             state["run_id"] = run_id
             if new_run.get("copy_history_from"):
