@@ -19,9 +19,7 @@ from typing import Any
 from worldpipe.core.axes import legend_outside, readable_log_axis
 from worldpipe.core.errors import UsageError
 from worldpipe.core.figures import save_figure
-from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
-from worldpipe.tracking.control import control_summary_keys
-from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
+from worldpipe.tracking.evaluation import CONTROL_PREFIX, METRIC_PREFIX, SUMMARY_METRICS, control_summary_keys
 from worldpipe.tracking.groups import point_runs, swept_keys_of
 from worldpipe.tracking.records import NUMERICS_TAG
 

@@ -1,4 +1,4 @@
-"""Evaluation results on the MLflow run they evaluate, so runs can be compared by quality in the UI.
+"""Open- and closed-loop evaluation results on the MLflow run they evaluate: runs compared by quality in the UI.
 
 Every metric is logged at the evaluated checkpoint's training step, so the UI's "Step" axis means training step
 in every chart of the run. The horizon is in the name: ``eval/per_horizon/model_mse/h01``,
@@ -16,17 +16,29 @@ An evaluation is identified by its key (checkpoint digest, held-out dataset hash
 training run holds the first evaluation logged to it; another key (a later checkpoint, another horizon) goes
 to a nested child run of the training run. The same key logged again changes nothing: a finished evaluation
 is skipped, and an interrupted one is completed without repeating the values already there.
+
+Closed-loop evaluations (control) log returns per episode and their summaries, on the run and its logged model.
+A control evaluation goes to a nested child run of the training run (``<run>-control-<planner>``): its "Step" axis
+is the held-out episode, so ``control/<contender>/return`` at step i is episode i's return (the training run keeps
+training steps on its axis). The training run gets the summaries at the evaluated checkpoint's step
+(``control/<contender>/return_mean``, ``.../return_ci95_low``, ``.../return_ci95_high``, ``control/score``,
+``control/ceiling_score``, ``control/behaviour_score``, ``control/decision_p99_ms`` and, where the loop was probed
+over HTTP, ``control/http_probe/decision_p99_ms``), and so does the logged model of the checkpoint, where one
+exists, together with the planner's per-episode returns. The HTTP probe is timing, never a return or a score. Idempotent per evaluation key (checkpoint digest and
+settings): the same evaluation logged twice adds nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worldpipe.config.identity import flatten
 from worldpipe.tracking.connection import client_for, tag_filter, unlogged
 from worldpipe.tracking.datasets import DIGEST_CHARS, EVALUATION, TRAINING, DatasetRecord, log_datasets
 
@@ -49,6 +61,13 @@ PER_HORIZON = {"model_mse": "model_mse", "baseline_mse": "baseline_mse", "ratio"
 # Frame models' results also carry pixel-space errors (values in [0, 1]) and PSNR in dB.
 PIXEL_PER_HORIZON = ("pixel_mse", "baseline_pixel_mse", "pixel_ratio", "psnr", "baseline_psnr")
 SUMMARY_METRICS = ("one_step_ratio", "final_ratio")
+CONTROL_PREFIX = "control/"
+CONTROL_KEY_TAG = "worldpipe.control.key"
+CONTROL_COMPLETE_TAG = "worldpipe.control.complete"
+CONTROL_DIGEST_TAG = "worldpipe.control.checkpoint_digest"
+CONTROL_ARTIFACT_DIR = "control"
+# Measured by the clock (they differ run to run); every other control metric is a function of the records.
+CLOCK_METRICS = (f"{CONTROL_PREFIX}decision_p99_ms", f"{CONTROL_PREFIX}http_probe/decision_p99_ms")
 
 
 @dataclass(frozen=True)
@@ -207,3 +226,71 @@ def log_model_evaluation(uri: str, record: EvaluationRecord, eval_run_id: str, m
     for run_id in dict.fromkeys(m.run_id for m in fresh):
         client.log_batch(run_id, metrics=[m for m in fresh if m.run_id == run_id])
     return len(fresh)
+
+
+def control_key(result: Mapping[str, Any]) -> str:
+    """Identity of a control evaluation: the checkpoint digest and every setting."""
+    text = json.dumps({"digest": result["checkpoint_digest"], "settings": result["settings"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def control_summaries(result: Mapping[str, Any]) -> dict[str, float]:
+    """The summaries the training run and the logged model carry (name -> value)."""
+    values: dict[str, float] = {}
+    for name, c in result["contenders"].items():
+        values[f"{CONTROL_PREFIX}{name}/return_mean"] = c["mean"]
+        values[f"{CONTROL_PREFIX}{name}/return_ci95_low"], values[f"{CONTROL_PREFIX}{name}/return_ci95_high"] = c["ci95"]
+    for key in ("score", "ceiling_score", "behaviour_score"):
+        if result.get(key) is not None:
+            values[f"{CONTROL_PREFIX}{key}"] = result[key]
+    decision, probe = CLOCK_METRICS
+    values[decision] = result["contenders"]["planner"]["control_loop"]["decision_p99_ms"]
+    if "http_probe" in result:
+        values[probe] = result["http_probe"]["control_loop"]["decision_p99_ms"]
+    return values
+
+
+def control_summary_keys(keys: set[str]) -> list[str]:
+    """The closed-loop summaries among a run's metric names, in reading order: the scores, then the planner's
+    return, then every other contender's and the loop's clock (per-episode histories are the child run's)."""
+    summaries = [k for k in keys if k.startswith(CONTROL_PREFIX) and not k.endswith("/return")]
+
+    def rank(key: str) -> tuple[int, str]:
+        name = key[len(CONTROL_PREFIX):]
+        scalar = "/" not in name
+        first = 0 if name == "score" else 1 if scalar and name.endswith("score") else 2 if name.startswith(
+            "planner/") else 3
+        return first, name
+
+    return sorted(summaries, key=rank)
+
+
+def log_control(uri: str, run_id: str, result: Mapping[str, Any], files: Sequence[str],
+                model_id: str | None) -> str:
+    """Log a control evaluation of run ``run_id`` (and onto logged model ``model_id``); the child run's id."""
+    from mlflow.entities import Metric, Param
+
+    client = client_for(uri)
+    key = control_key(result)
+    planner = str(result["settings"]["planner"].get("_target_", "")).rsplit(".", 1)[-1]
+    # The digest tag names the key, kept short for the UI's tag column.
+    child = child_run(client, client.get_run(run_id), f"control-{planner}", {CONTROL_KEY_TAG: key, CONTROL_DIGEST_TAG: key[:16]})
+
+    def log(child_id: str) -> None:
+        now, step = int(time.time() * 1000), int(result["checkpoint_step"])
+        per_episode = [Metric(f"{CONTROL_PREFIX}{name}/return", float(value), now, i)
+                       for name, c in result["contenders"].items() for i, value in enumerate(c["returns"])]
+        summaries = [Metric(k, float(v), now, step) for k, v in control_summaries(result).items()]
+        # An empty mapping (a planner's defaults) has no keys to record.
+        params = [Param(f"control.{k}", str(v)) for k, v in flatten(result["settings"]).items() if v != {}]
+        client.log_batch(child_id, metrics=per_episode + summaries, params=params)
+        for path in files:
+            client.log_artifact(child_id, path, CONTROL_ARTIFACT_DIR)
+        client.log_batch(run_id, metrics=summaries)
+        if model_id is not None:
+            planner_returns = [m for m in per_episode if m.key == f"{CONTROL_PREFIX}planner/return"]
+            client.log_batch(child_id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id,
+                                                       run_id=child_id) for m in planner_returns + summaries])
+
+    log_once(client, child, CONTROL_COMPLETE_TAG, key, True, log)
+    return child.info.run_id

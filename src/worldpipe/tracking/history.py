@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from worldpipe.config.identity import flatten
-from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
+from worldpipe.tracking.evaluation import CONTROL_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
 from worldpipe.tracking.records import OVERFLOW_ARTIFACT_DIR, TIMING_METRICS, split_params
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
