@@ -234,7 +234,7 @@ def test_the_run_start_is_reported_once_its_open_record_is_acknowledged_not_afte
         acked_when["opened"] = (spool.state()["acked"], spool.state()["run_id"])
 
     loop = DeliveryLoop(spool, sqlite_uri, on_tried=tried, on_opened=opened)
-    loop.begin(open_seq, resume=False)
+    loop.begin(open_seq, resume=False, system_metrics_s=0.0, system_metrics_samples=1)
     report = loop.deliver_now()
     assert report.delivered == 7 and not report.pending
     assert acked_when == {"tried": open_seq, "opened": (open_seq, report.run_id)}

@@ -122,8 +122,7 @@ class _Applier:
         changed = {f"{CHANGED_TAG_PREFIX}{k}": v for k, v in record["params"].items()
                    if k in existing and (existing[k] != v or f"{CHANGED_TAG_PREFIX}{k}" in tags)}
         self._log("params", fresh)
-        if changed:
-            self._tags({"tags": changed}, False)
+        self._tags({"tags": changed}, False)
 
     def _tags(self, record: dict, _first: bool) -> None:
         from mlflow.entities import RunTag
@@ -248,8 +247,7 @@ class DeliveryLoop:
         self._open_tried = self._open_acked = False
         self._sampler: SystemMetricsSampler | None = None  # this segment's, from its start to its end
 
-    def begin(self, open_seq: int, resume: bool, system_metrics_s: float = 0.0, system_metrics_samples: int = 1,
-              ) -> None:
+    def begin(self, open_seq: int, resume: bool, system_metrics_s: float, system_metrics_samples: int) -> None:
         """A segment opened with record ``open_seq``: start sampling the host (every ``system_metrics_s``; 0: off)."""
         self._open_seq, self._open_tried, self._open_acked = open_seq, False, False
         if system_metrics_s and system_metrics_s > 0:
