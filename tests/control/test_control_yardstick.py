@@ -115,12 +115,12 @@ def test_the_http_run_is_a_latency_probe_beside_the_contenders_not_one_of_them()
 
 
 def test_mlflow_gets_every_score_and_the_http_probe_as_timing_only():
-    from worldpipe.tracking.control import CLOCK_METRICS, summary_metrics
+    from worldpipe.tracking.evaluation import CLOCK_METRICS, control_summaries
 
     record = _record({"random": _contender([-1200.0, -1000.0]), "behaviour": _contender([-190.0, -170.0]),
                       "planner": _contender([-300.0, -200.0]), "ceiling": _contender([-200.0, -180.0]),
                       HTTP_CONTENDER: _contender([-300.0])})
-    metrics = summary_metrics(record)
+    metrics = control_summaries(record)
     assert {"control/score", "control/ceiling_score", "control/behaviour_score"} <= set(metrics)
     assert metrics["control/score"] == record["score"] and metrics["control/ceiling_score"] == 1.0
     assert set(CLOCK_METRICS) <= set(metrics)

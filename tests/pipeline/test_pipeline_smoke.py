@@ -140,7 +140,7 @@ def test_mlflow_run_has_every_config_key(pipeline_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from worldpipe.config.identity import flatten
-    from worldpipe.tracking.params import split_params
+    from worldpipe.tracking.records import split_params
 
     record = json.loads((pipeline_dir / "results/runs/smoke/latest/train_done.json").read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{pipeline_dir / 'results/mlflow.db'}")

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from mlflow_support import run_group
 from pipeline_project import report_clicks
 from worldpipe.tracking.evaluation import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
-from worldpipe.tracking.sweep_runs import point_runs
+from worldpipe.tracking.groups import point_runs
 
 # Whole pipelines in the module fixture: well past the default per-test timeout on a busy 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]

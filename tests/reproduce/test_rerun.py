@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from mlflow_support import train_command
 from worldpipe.config.identity import flatten
 from worldpipe.tracking.history import duplicate_steps, first_difference, histories, read_artifact
-from worldpipe.tracking.params import split_params
+from worldpipe.tracking.records import split_params
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

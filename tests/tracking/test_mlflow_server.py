@@ -19,8 +19,7 @@ from mlflow.tracking import MlflowClient
 from mlflow_support import MlflowServer, train_command
 from worldpipe.config.identity import flatten
 from worldpipe.tracking.history import duplicate_steps, histories, read_artifact
-from worldpipe.tracking.params import split_params
-from worldpipe.tracking.records import TIMING_METRICS
+from worldpipe.tracking.records import TIMING_METRICS, split_params
 from worldpipe.tracking.spool import Spool
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 

@@ -18,7 +18,7 @@ from postgres_support import PostgresCluster, unavailable_reason
 
 from mlflow_support import MlflowServer, run_group
 from pipeline_project import seed_datasets
-from worldpipe.tracking.control import CLOCK_METRICS as CONTROL_CLOCK_METRICS
+from worldpipe.tracking.evaluation import CLOCK_METRICS as CONTROL_CLOCK_METRICS
 from worldpipe.tracking.history import histories
 from worldpipe.tracking.records import TIMING_METRICS
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX

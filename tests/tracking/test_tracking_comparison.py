@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 from worldpipe.tracking.comparison import ComparisonError, comparison_table, plot_comparison, resolve
 from worldpipe.tracking.datasets import EVALUATION, TRAINING, DatasetRecord
 from worldpipe.tracking.evaluation import EvaluationRecord, log_evaluation, log_model_evaluation
+from worldpipe.tracking.groups import link_point, open_parent_run, point_runs, summarize_sweep
 from worldpipe.tracking.history import duplicate_steps, histories
-from worldpipe.tracking.sweep_runs import link_point, open_parent_run, point_runs, summarize_sweep
 
 pytestmark = pytest.mark.integration  # a real SQLite MLflow store (its schema migrations take a few seconds)
 

@@ -1,7 +1,7 @@
 """Lossless params: every key, values beyond MLflow's limit pointed to an artifact."""
 
 from worldpipe.config.identity import flatten
-from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH, OVERFLOW_ARTIFACT_DIR, param_text, split_params
+from worldpipe.tracking.records import MAX_PARAM_VALUE_LENGTH, OVERFLOW_ARTIFACT_DIR, param_text, split_params
 
 
 def test_every_key_is_kept_and_long_values_overflow_whole():

@@ -19,8 +19,8 @@ from worldpipe.cli import main as cli_main
 from worldpipe.tracking import spool as spool_module
 from worldpipe.tracking.delivery import RECORD_KEY_TAG, DeliveryLoop, deliver, metric_fate
 from worldpipe.tracking.history import duplicate_steps, histories
-from worldpipe.tracking.params import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.recorder import RunRecorder
+from worldpipe.tracking.records import MAX_PARAM_VALUE_LENGTH
 from worldpipe.tracking.spool import Spool
 
 
@@ -132,7 +132,7 @@ def test_unreachable_at_start_spools_everything_and_sync_replays_it_once(tmp_pat
     shutil.rmtree(run_dir / "tracking")
     shutil.copytree(unacknowledged, run_dir / "tracking")
     again = deliver(Spool(run_dir), sqlite_uri)
-    assert again.ok and again.pending == 0 and again.run_id == run.info.run_id
+    assert again.error is None and again.pending == 0 and again.run_id == run.info.run_id
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert client.get_run(run.info.run_id).data.tags[RECORD_KEY_TAG] == Spool(run_dir).state()["record_key"]
     assert histories(client, run.info.run_id) == history
@@ -234,7 +234,7 @@ def test_the_run_start_is_reported_once_its_open_record_is_acknowledged_not_afte
         acked_when["opened"] = (spool.state()["acked"], spool.state()["run_id"])
 
     loop = DeliveryLoop(spool, sqlite_uri, on_tried=tried, on_opened=opened)
-    loop.begin(open_seq, resume=False)
+    loop.begin(open_seq, resume=False, system_metrics_s=0.0, system_metrics_samples=1)
     report = loop.deliver_now()
     assert report.delivered == 7 and not report.pending
     assert acked_when == {"tried": open_seq, "opened": (open_seq, report.run_id)}

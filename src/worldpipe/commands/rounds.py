@@ -54,7 +54,7 @@ def _summarize(args) -> int:
     if args.tracking_uri != "":
         from worldpipe.control.loop_records import log_env_steps
         from worldpipe.tracking.connection import client_for
-        from worldpipe.tracking.rounds_runs import record_rounds
+        from worldpipe.tracking.groups import record_rounds
 
         client = client_for(args.tracking_uri)
         summary["mlflow_parent_run_id"] = record_rounds(client, args.mlflow_experiment, args.rounds_id, args.name,

@@ -54,7 +54,7 @@ def _open(args) -> int:
     from worldpipe.core.atomic import write_text_atomic
     from worldpipe.pipeline.sweep import SweepError, expand_sweep, swept_keys
     from worldpipe.tracking.connection import client_for
-    from worldpipe.tracking.sweep_runs import open_parent_run
+    from worldpipe.tracking.groups import open_parent_run
 
     try:
         sweep = json.loads(args.sweep_json)
@@ -84,7 +84,7 @@ def _summarize(args) -> int:
     from worldpipe.pipeline.sweep import SweepError
     from worldpipe.tracking.comparison import DEFAULT_METRIC, TRAINING_METRICS
     from worldpipe.tracking.connection import client_for
-    from worldpipe.tracking.sweep_runs import summarize_sweep
+    from worldpipe.tracking.groups import summarize_sweep
 
     parent = _record("--parent", args.parent, "`worldpipe sweep open --out` writes it")
     client = client_for(args.tracking_uri or parent.get("tracking_uri"))
@@ -110,7 +110,7 @@ def _record(option: str, path: str, writer: str) -> dict:
 
 def _link(args) -> int:
     from worldpipe.tracking.connection import client_for
-    from worldpipe.tracking.sweep_runs import link_point
+    from worldpipe.tracking.groups import link_point
 
     parent = _record("--parent", args.parent, "`worldpipe sweep open --out` writes it")
     run_id = _record("--done", args.done, "training writes it").get("mlflow_run_id")

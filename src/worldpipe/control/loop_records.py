@@ -1,6 +1,6 @@
 """The collect-train loop in MLflow with real environment steps on the "Step" axis.
 
-Each loop's parent run (:func:`worldpipe.tracking.rounds_runs.record_rounds`, the round on its step axis) also gets
+Each loop's parent run (:func:`worldpipe.tracking.groups.record_rounds`, the round on its step axis) also gets
 ``env_steps/...`` metrics whose step is the real env steps collected so far: the return (mean, 95% CI), the loop's
 wall-clock so far and each round's split (collection, training, evaluation). Across loop seeds, one parent run per
 set of loops (found again by its tag) nests the loops' parents and carries ``time_to_quality/...``: the median

@@ -9,7 +9,7 @@ from worldpipe.checkpoint.layout import step_identity
 from worldpipe.evaluate.logged_model import find_logged_model
 from worldpipe.evaluate.record import recorded_run_id
 from worldpipe.tracking.connection import fail_fast_over_http, resolve_tracking_uri
-from worldpipe.tracking.control import log_control
+from worldpipe.tracking.evaluation import log_control
 
 log = logging.getLogger("worldpipe.control")
 

@@ -19,11 +19,9 @@ from typing import Any
 from worldpipe.core.axes import legend_outside, readable_log_axis
 from worldpipe.core.errors import UsageError
 from worldpipe.core.figures import save_figure
-from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
-from worldpipe.tracking.control import control_summary_keys
-from worldpipe.tracking.evaluation import METRIC_PREFIX, SUMMARY_METRICS
+from worldpipe.tracking.evaluation import CONTROL_PREFIX, METRIC_PREFIX, SUMMARY_METRICS, control_summary_keys
+from worldpipe.tracking.groups import point_runs, swept_keys_of
 from worldpipe.tracking.records import NUMERICS_TAG
-from worldpipe.tracking.sweep_runs import point_runs, swept_keys_of
 
 SEED_PARAM = "seed"
 DEFAULT_METRIC = f"{METRIC_PREFIX}one_step_ratio"
@@ -53,16 +51,15 @@ def run_ids_of(refs: Sequence[str]) -> list[str]:
 
 
 def _run_id(ref: str) -> str:
-    path = Path(ref)
-    if ref.endswith(".json") and not path.is_file():
+    if not ref.endswith(".json"):
+        return ref
+    if not Path(ref).is_file():
         raise ComparisonError(f"{ref}: no such file (a run's train_done.json or a sweep's parent.json)")
-    if ref.endswith(".json"):
-        record = json.loads(path.read_text())
-        run_id = record.get("run_id") or record.get("mlflow_run_id")
-        if not run_id:
-            raise ComparisonError(f"{ref}: has no 'run_id' or 'mlflow_run_id'")
-        return run_id
-    return ref
+    record = json.loads(Path(ref).read_text())
+    run_id = record.get("run_id") or record.get("mlflow_run_id")
+    if not run_id:
+        raise ComparisonError(f"{ref}: has no 'run_id' or 'mlflow_run_id'")
+    return run_id
 
 
 def resolve(client, refs: Sequence[str]) -> Comparison:

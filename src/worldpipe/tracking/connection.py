@@ -1,5 +1,6 @@
 """Reaching MLflow: which tracking URI, a client that gives up in seconds, the SQLite store made whole, the
-experiment found or created. Every room that talks to MLflow connects through here."""
+experiment found or created, runs found by their tags, the metrics a run lacks. Every room that talks to MLflow
+connects through here."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import contextlib
 import os
 import re
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from worldpipe.config.paths import default_tracking_uri
 from worldpipe.core.atomic import fsync_dir, makedirs_durably
@@ -42,11 +45,10 @@ def import_mlflow() -> None:
 
 
 def client_for(uri: str | None):
-    """An MlflowClient for ``uri`` (resolved like training resolves it) that fails fast when the server is down."""
-    from mlflow.tracking import MlflowClient
-
+    """:func:`tracking_client` of ``uri`` (resolved like training resolves it), failing fast when the server is
+    down."""
     fail_fast_over_http()
-    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    return tracking_client(resolve_tracking_uri(uri))
 
 
 def tracking_client(uri: str):
@@ -90,6 +92,18 @@ def create_sqlite_store(path: Path) -> None:
         fsync_dir(path.parent)
     finally:
         scratch.unlink(missing_ok=True)
+
+
+def unlogged(client, run_id: str, metrics: list, identity: Callable[[Any], tuple]) -> list:
+    """The ``metrics`` run ``run_id`` does not hold yet (none with the same ``identity``): logging again what an
+    interrupted or repeated attempt logged adds nothing."""
+    held = {identity(m) for key in {m.key for m in metrics} for m in client.get_metric_history(run_id, key)}
+    return [m for m in metrics if identity(m) not in held]
+
+
+def tag_filter(tags: Mapping[str, str]) -> str:
+    """The search filter of the runs that carry every one of ``tags``."""
+    return " AND ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
 
 
 def ensure_experiment(client, name: str) -> str:

@@ -11,7 +11,7 @@ already waiting is enough), ``s`` the segment ends (log the last system sample),
 child forked by the parent holds the pipe), is the parent's death (``kill -9`` included): the courier exits after
 the delivery in flight. Replies, courier -> parent, JSON lines on a pipe of their own (MLflow may print on
 stdout): ``tried`` (the segment's ``open`` record was tried: a run id, if any, is in the spool's ``state.json``),
-``opened`` (the run exists), ``log`` (re-emitted by the parent under the same logger), ``done`` (the final report).
+``opened`` (the run exists), ``log`` (re-emitted by the parent under the same logger), ``done`` (delivered).
 
 The courier runs in the parent's process group, at its CPU priority until the run start has been tried (the first
 checkpoint waits for it) and at nice +10 after, ignores SIGINT and SIGTERM (the parent, which answers them with a
@@ -21,10 +21,10 @@ in ``RUN_DIR/tracking/courier.json`` while it runs; the parent stops and reaps i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from worldpipe.core.atomic import write_text_atomic
@@ -53,10 +54,6 @@ PARENT_POLL_S = 1.0  # how often an idle courier checks that its parent is alive
 EXIT_WAIT_S = 10.0  # how long a courier that has reported may take to exit before it is killed
 
 
-def _ignore() -> None:
-    """Whom a courier's replies tell until a recorder takes it (:meth:`Courier.report_to`)."""
-
-
 class Courier:
     """The training process's handle on its courier: wake it, end its segment, stop and reap it by PID."""
 
@@ -65,9 +62,10 @@ class Courier:
         self._control: int | None = proc.stdin.fileno()
         os.set_blocking(self._control, False)
         self._record = record
-        self._on_tried: Callable[[], None] = _ignore
-        self._on_opened: Callable[[], None] = _ignore
-        self._report: dict[str, Any] | None = None
+        # Whom its replies tell: nobody until a recorder takes it (:meth:`report_to`).
+        self._on_tried: Callable[[], None] = lambda: None
+        self._on_opened: Callable[[], None] = lambda: None
+        self._delivered = False  # the final report arrived
         self._done = threading.Event()  # the final report arrived, or the courier is gone
         # Blocks in os.read (no GIL held) until the courier writes; a handful of lines per segment.
         self._reader = threading.Thread(target=self._read_replies, args=(replies,), name="worldpipe-courier-replies",
@@ -80,13 +78,13 @@ class Courier:
         """Start a courier for the run of ``spool`` (raises OSError if no process can be started): it imports
         MLflow, then waits for its first wake-up, sent once its segment's ``open`` record is journaled."""
         replies, reply_end = os.pipe()
-        argv = [sys.executable, "-m", MODULE, "--run-dir", str(spool.run_dir), "--uri", uri,
-                "--parent", str(os.getpid()), "--reply-fd", str(reply_end),
-                "--retry-s", str(retry_s), "--system-metrics-s", str(system_metrics_s or 0.0),
-                "--system-metrics-samples", str(system_metrics_samples),
-                "--log-level", str(logging.getLogger().getEffectiveLevel())]
+        settings = {"run_dir": str(spool.run_dir), "uri": uri, "parent": os.getpid(), "reply_fd": reply_end,
+                    "retry_s": retry_s, "system_metrics_s": system_metrics_s or 0.0,
+                    "system_metrics_samples": system_metrics_samples,
+                    "log_level": logging.getLogger().getEffectiveLevel()}
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(reply_end,))
+            proc = subprocess.Popen([sys.executable, "-m", MODULE, json.dumps(settings)], stdin=subprocess.PIPE,
+                                    pass_fds=(reply_end,))
         except BaseException:
             os.close(replies)
             raise
@@ -116,25 +114,25 @@ class Courier:
         """The segment ends: the courier logs its last system sample before any delivery of the end record."""
         self._send(STOP_SAMPLING)
 
-    def finish(self, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
-        """Deliver everything journaled, then exit: ("done", report), ("busy", None) after ``timeout_s`` (the
-        courier is killed), or ("gone", None) if it had died before."""
+    def finish(self, timeout_s: float) -> str:
+        """Deliver everything journaled, then exit: "done", "busy" after ``timeout_s`` (the courier is killed), or
+        "gone" if it had died before."""
         if not self.alive():
             self._reap()
-            return "gone", None
+            return "gone"
         self._send(FINISH)
         if not self._done.wait(timeout_s):
-            self._reap(kill=True)
-            return "busy", None
-        self._reap(wait_s=EXIT_WAIT_S)
-        return ("done", self._report) if self._report is not None else ("gone", None)
+            self._reap()
+            return "busy"
+        self._reap(EXIT_WAIT_S)
+        return "done" if self._delivered else "gone"
 
     def abandon(self) -> None:
         """Close the control pipe, as the parent's death would: the courier exits without a final delivery."""
         self._control = None
         with contextlib.suppress(OSError):
             self._proc.stdin.close()
-        self._reap(wait_s=EXIT_WAIT_S)
+        self._reap(EXIT_WAIT_S)
 
     def _send(self, byte: bytes) -> None:
         if self._control is None:
@@ -142,13 +140,10 @@ class Courier:
         with contextlib.suppress(OSError):  # a full pipe holds wake-ups enough; a gone courier: finish() notices
             os.write(self._control, byte)
 
-    def _reap(self, kill: bool = False, wait_s: float = 0.0) -> None:
-        """Wait for the courier's exit (killing it by PID if asked, or if it outstays ``wait_s``), then forget it."""
-        if kill and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+    def _reap(self, wait_s: float = 0.0) -> None:
+        """Wait up to ``wait_s`` for the courier's exit (then kill it by PID), then forget it."""
         try:
-            self._proc.wait(wait_s if wait_s else None)
+            self._proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
@@ -175,7 +170,7 @@ class Courier:
                     elif "opened" in message:
                         self._on_opened()
                     elif "done" in message:
-                        self._report = message["done"]
+                        self._delivered = True
                         self._done.set()
         except Exception as err:  # noqa: BLE001 - a garbled reply must not kill the training process
             log.warning("tracking courier: unreadable reply (%s)", err)
@@ -240,15 +235,10 @@ class _Control:
         self.orphaned = False  # the parent is gone: exit now
         self.woken = False  # any byte has arrived
 
-    def stopping(self) -> bool:
-        return self.finishing or self.orphaned
-
-    def wait(self, timeout: float | None) -> None:
-        """Until a byte arrives, the parent dies, or ``timeout`` (None: no limit) passes."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def wait(self, deadline: float = math.inf) -> None:
+        """Until a byte arrives, the parent dies, or the monotonic clock reaches ``deadline``."""
         while True:
-            left = PARENT_POLL_S if deadline is None else min(PARENT_POLL_S, max(0.0, deadline - time.monotonic()))
-            if select.select([sys.stdin], [], [], left)[0]:
+            if select.select([sys.stdin], [], [], min(PARENT_POLL_S, max(0.0, deadline - time.monotonic())))[0]:
                 data = os.read(sys.stdin.fileno(), 65536)
                 self.woken, self.orphaned = True, self.orphaned or not data
                 if STOP_SAMPLING in data:
@@ -258,27 +248,14 @@ class _Control:
             if os.getppid() != self._parent:
                 self.orphaned = True
                 return
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--uri", required=True)
-    parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--reply-fd", type=int, required=True)
-    parser.add_argument("--retry-s", type=float, default=30.0)
-    parser.add_argument("--system-metrics-s", type=float, default=0.0)
-    parser.add_argument("--system-metrics-samples", type=int, default=1)
-    parser.add_argument("--log-level", type=int, default=logging.INFO)
-    return parser.parse_args(argv)
-
-
-def serve(argv: list[str] | None = None) -> int:
-    """The courier's life: wait for its segment, deliver on wake-ups until told to finish (report, exit) or
-    orphaned (exit)."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def serve(settings: str) -> int:
+    """The courier's life, with the ``settings`` (JSON) :meth:`Courier.start` passes: wait for its segment,
+    deliver on wake-ups until told to finish (report, exit) or orphaned (exit)."""
+    args = SimpleNamespace(**json.loads(settings))
     fail_fast_over_http()  # the launcher may have started us before the recorder set them in its own process
     replies = _Replies(args.reply_fd)
     logging.getLogger().addHandler(replies)
@@ -302,23 +279,23 @@ def serve(argv: list[str] | None = None) -> int:
     with contextlib.suppress(Exception):  # a store that cannot be opened is the delivery's to report
         tracking_client(args.uri)
     while not (control.woken or control.orphaned):
-        control.wait(None)
+        control.wait()
     opened = [record for record in spool.records() if record.get("op") == "open"]
     if control.orphaned or not opened:
         return 0  # never given a segment: nothing to deliver
     loop.begin(opened[-1]["seq"], int(opened[-1].get("resume_step") or 0) > 0, args.system_metrics_s,
                args.system_metrics_samples)
-    while not control.stopping():
+    while not (control.finishing or control.orphaned):
         if loop.due():  # woken early by a new record while a retry waits: it waits with the others
             loop.deliver_now()
-        control.wait(None if loop.retry_at is None else max(0.0, loop.retry_at - time.monotonic()))
+        control.wait(math.inf if loop.retry_at is None else loop.retry_at)
     if control.orphaned:
         return 0  # the records wait in the journal: the next start or `worldpipe tracking sync` delivers them
     loop.stop_sampling()  # a no-op if ``s`` came first
-    report = loop.deliver_now()
-    replies.send(done={"pending": report.pending, "error": report.error})
+    loop.deliver_now()
+    replies.send(done=True)  # what is left pending is in the spool's state
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve(sys.argv[1]))

@@ -40,11 +40,6 @@ class DatasetRecord:
                    episodes=manifest.get("episodes"), steps=manifest.get("steps"), context=context)
 
 
-def _source(store_url: str) -> tuple[str, str]:
-    """(source type, source JSON) in the form MLflow's own dataset sources use."""
-    return scheme(store_url), json.dumps({"uri": store_url})
-
-
 def _schema(arrays: Mapping[str, Any]) -> str:
     """MLflow tensor schema of the stored arrays (leading episode dimension variable)."""
     import numpy as np
@@ -61,10 +56,11 @@ def dataset_input(record: DatasetRecord):
     """The record as an ``mlflow.entities.DatasetInput`` tagged with its context."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
-    source_type, source = _source(record.store_url)
     profile = json.dumps({"dataset_hash": record.dataset_hash, "episodes": record.episodes, "steps": record.steps})
-    dataset = Dataset(name=record.name, digest=record.dataset_hash[:DIGEST_CHARS], source_type=source_type,
-                      source=source, schema=_schema(record.arrays), profile=profile)
+    # The source in the form MLflow's own dataset sources use.
+    dataset = Dataset(name=record.name, digest=record.dataset_hash[:DIGEST_CHARS],
+                      source_type=scheme(record.store_url), source=json.dumps({"uri": record.store_url}),
+                      schema=_schema(record.arrays), profile=profile)
     return DatasetInput(dataset=dataset, tags=[InputTag(key=CONTEXT_TAG, value=record.context)])
 
 
@@ -73,16 +69,16 @@ _INSERT_RACE_ATTEMPTS = 4
 
 def log_datasets(client, run_id: str, records: list[DatasetRecord]) -> None:
     """Log the datasets as inputs of a run; one already logged (same name, digest, context) is not repeated."""
+    def identity(entry) -> tuple:
+        return entry.dataset.name, entry.dataset.digest, tuple(sorted((t.key, t.value) for t in entry.tags))
+
     run = client.get_run(run_id)
-    present = {(d.dataset.name, d.dataset.digest, tuple(sorted((t.key, t.value) for t in d.tags)))
-               for d in (run.inputs.dataset_inputs if run.inputs else [])}
+    present = {identity(d) for d in (run.inputs.dataset_inputs if run.inputs else [])}
     fresh = []
-    for record in records:
-        entry = dataset_input(record)
-        key = (entry.dataset.name, entry.dataset.digest, tuple(sorted((t.key, t.value) for t in entry.tags)))
-        if key not in present:
+    for entry in map(dataset_input, records):
+        if identity(entry) not in present:
             fresh.append(entry)
-            present.add(key)
+            present.add(identity(entry))
     if not fresh:
         return
     for attempt in range(_INSERT_RACE_ATTEMPTS):

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
+import posixpath
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
-from worldpipe.tracking.connection import ensure_experiment, tracking_client
+from worldpipe.tracking.connection import ensure_experiment, tag_filter, tracking_client, unlogged
 from worldpipe.tracking.datasets import DatasetRecord, log_datasets
 from worldpipe.tracking.spool import Spool
 from worldpipe.tracking.system_metrics import SystemMetricsSampler
@@ -44,9 +42,7 @@ log = logging.getLogger("worldpipe.tracking")
 
 RECORD_KEY_TAG = "worldpipe.record_key"
 CHANGED_TAG_PREFIX = "worldpipe.changed."
-PARAM_BATCH = 100
-METRIC_BATCH = 1000
-TAG_BATCH = 100
+BATCH = {"params": 100, "metrics": 1000, "tags": 100}  # entries per log_batch call, by kind
 
 
 @dataclass
@@ -57,12 +53,6 @@ class DeliveryReport:
     pending: int = 0
     run_id: str | None = None
     error: str | None = None
-    blocked_on_gate: int | None = None
-    messages: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | None] | None) -> str | None:
@@ -73,11 +63,8 @@ def metric_fate(records: list[dict], index: int, probe: Callable[[int], bool | N
             return "deliver"
         if later["op"] == "open":
             return "deliver" if later.get("resume_step", 0) >= gate else "void"
-    if probe is not None:
-        verdict = probe(gate)
-        if verdict is not None:
-            return "deliver" if verdict else "void"
-    return None
+    verdict = probe(gate) if probe is not None else None
+    return None if verdict is None else "deliver" if verdict else "void"
 
 
 class _Applier:
@@ -106,15 +93,10 @@ class _Applier:
         else:
             experiment = ensure_experiment(client, record["experiment"])
             key = record["record_key"]
-            found = client.search_runs([experiment], filter_string=f"tags.`{RECORD_KEY_TAG}` = '{key}'",
-                                       max_results=1)
-            if found:
-                run_id = found[0].info.run_id
-            else:
-                tags = {**record.get("tags", {}), **new_run.get("tags", {}), RECORD_KEY_TAG: key}
-                run = client.create_run(experiment, start_time=record["time_ms"], tags=tags,
-                                        run_name=record.get("run_name"))
-                run_id = run.info.run_id
+            found = client.search_runs([experiment], filter_string=tag_filter({RECORD_KEY_TAG: key}), max_results=1)
+            tags = {**record.get("tags", {}), **new_run.get("tags", {}), RECORD_KEY_TAG: key}
+            run_id = found[0].info.run_id if found else client.create_run(
+                experiment, start_time=record["time_ms"], tags=tags, run_name=record.get("run_name")).info.run_id
             state["experiment_id"] = experiment
             state["run_id"] = run_id
             if new_run.get("copy_history_from"):
@@ -125,14 +107,10 @@ class _Applier:
     def _copy_history(self, source_run: str, through_step: int) -> None:
         from mlflow.entities import Metric
 
-        source = self.client.get_run(source_run)
-        metrics = []
-        for key in source.data.metrics:
-            have = {(m.step, m.timestamp, m.value) for m in self.client.get_metric_history(self.run_id, key)}
-            for m in self.client.get_metric_history(source_run, key):
-                if m.step <= through_step and (m.step, m.timestamp, m.value) not in have:
-                    metrics.append(Metric(key, m.value, m.timestamp, m.step))
-        self._send_metrics(metrics)
+        metrics = [Metric(key, m.value, m.timestamp, m.step) for key in self.client.get_run(source_run).data.metrics
+                   for m in self.client.get_metric_history(source_run, key) if m.step <= through_step]
+        self._log("metrics", unlogged(self.client, self.run_id, metrics,
+                                      lambda m: (m.key, m.step, m.timestamp, m.value)))
 
     def _params(self, record: dict, _first: bool) -> None:
         from mlflow.entities import Param
@@ -143,17 +121,13 @@ class _Applier:
         # The latest value of a key changed on resume (kept current even if it changes back).
         changed = {f"{CHANGED_TAG_PREFIX}{k}": v for k, v in record["params"].items()
                    if k in existing and (existing[k] != v or f"{CHANGED_TAG_PREFIX}{k}" in tags)}
-        for start in range(0, len(fresh), PARAM_BATCH):
-            self.client.log_batch(self.run_id, params=fresh[start:start + PARAM_BATCH])
-        if changed:
-            self._tags({"tags": changed}, False)
+        self._log("params", fresh)
+        self._tags({"tags": changed}, False)
 
     def _tags(self, record: dict, _first: bool) -> None:
         from mlflow.entities import RunTag
 
-        tags = [RunTag(k, str(v)) for k, v in sorted(record["tags"].items())]
-        for start in range(0, len(tags), TAG_BATCH):
-            self.client.log_batch(self.run_id, tags=tags[start:start + TAG_BATCH])
+        self._log("tags", [RunTag(k, str(v)) for k, v in sorted(record["tags"].items())])
 
     def _artifacts(self, record: dict, _first: bool) -> None:
         blob, inline = self.spool.blob_dir(record["seq"]), record.get("inline") or {}
@@ -161,32 +135,24 @@ class _Applier:
             self.client.log_artifacts(self.run_id, str(blob), record.get("path") or None)
         elif not inline:
             raise RuntimeError(f"files of artifact record {record['seq']} are missing from {blob}")
-        if inline:
-            with tempfile.TemporaryDirectory(prefix="worldpipe-inline-") as staging:
-                for name, text in inline.items():
-                    target = Path(staging) / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(text, encoding="utf-8")
-                self.client.log_artifacts(self.run_id, staging, record.get("path") or None)
+        for name, text in inline.items():
+            self.client.log_text(self.run_id, text, posixpath.join(record.get("path") or "", name))
 
     def _metrics(self, record: dict, first: bool) -> None:
         from mlflow.entities import Metric
 
         metrics = [Metric(key, value, ts, step) for step, key, value, ts in record["metrics"]]
         if first:  # may have been applied already by a process that died before acknowledging it
-            present: set = set()
-            for key in {m.key for m in metrics}:
-                present |= {(key, m.step, m.timestamp, _canon(m.value))
-                            for m in self.client.get_metric_history(self.run_id, key)}
-            metrics = [m for m in metrics if (m.key, m.step, m.timestamp, _canon(m.value)) not in present]
-        self._send_metrics(metrics)
+            metrics = unlogged(self.client, self.run_id, metrics,
+                               lambda m: (m.key, m.step, m.timestamp, "nan" if math.isnan(m.value) else m.value))
+        self._log("metrics", metrics)
 
-    def _send_metrics(self, metrics: list) -> None:
-        for start in range(0, len(metrics), METRIC_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + METRIC_BATCH])
+    def _log(self, kind: str, entries: list) -> None:
+        """``entries`` of ``kind`` (params, metrics or tags) in batches MLflow accepts."""
+        for start in range(0, len(entries), BATCH[kind]):
+            self.client.log_batch(self.run_id, **{kind: entries[start:start + BATCH[kind]]})
 
     def _inputs(self, record: dict, _first: bool) -> None:
-
         log_datasets(self.client, self.run_id, [DatasetRecord(**fields) for fields in record["datasets"]])
 
     def _commit(self, _record: dict, _first: bool) -> None:
@@ -196,17 +162,8 @@ class _Applier:
         self.client.set_terminated(self.run_id, status=record["status"], end_time=record["time_ms"])
 
 
-def _canon(value: float) -> Any:
-    return "nan" if isinstance(value, float) and math.isnan(value) else value
-
-
-def _permanent(err: Exception) -> bool:
-    """A record MLflow will never accept (as opposed to a server that is down or busy)."""
-    return getattr(err, "error_code", None) == "INVALID_PARAMETER_VALUE"
-
-
 def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None = None,
-            on_acked: Callable[[dict], None] | None = None) -> DeliveryReport:
+            on_acked: Callable[[dict], None] = lambda record: None) -> DeliveryReport:
     """Replay pending records of ``spool`` to ``uri``; stops at the first failure or undecided metrics.
 
     ``probe`` decides staged metrics whose checkpoint outcome the journal does not say (only for a dead
@@ -228,33 +185,28 @@ def deliver(spool: Spool, uri: str, probe: Callable[[int], bool | None] | None =
             report.pending = len(entries)
             return report
         for index, (record, end) in enumerate(entries):
-            fate = "deliver"
-            if record["op"] == "metrics":
-                fate = metric_fate(records, index, probe)
-                if fate is None:
-                    report.blocked_on_gate = record["gate"]
-                    break
+            fate = metric_fate(records, index, probe) if record["op"] == "metrics" else "deliver"
+            if fate is None:
+                break
             if fate == "deliver":
                 try:
                     applier.apply(record, first=index == 0)
                 except Exception as err:  # noqa: BLE001 - any failure keeps the record pending
-                    if not _permanent(err):
+                    # Kept pending unless MLflow will never accept it (not a server that is down or busy).
+                    if getattr(err, "error_code", None) != "INVALID_PARAMETER_VALUE":
                         report.error = f"{type(err).__name__}: {_short(err)}"
                         break
+                    fate = "reject"
                     state["rejected"].append({"seq": record["seq"], "error": _short(err)})
-                    report.rejected += 1
                     log.error("MLflow rejected record %d (%s): %s; kept in %s", record["seq"], record["op"],
                               _short(err), spool.journal)
-                else:
-                    report.delivered += 1
-            else:
-                report.voided += 1
+            report.delivered += fate == "deliver"
+            report.voided += fate == "void"
+            report.rejected += fate == "reject"
             state["acked"], state["offset"], state["uri"] = record["seq"], end, uri
             spool.save_state(state)
-            if on_acked is not None:
-                on_acked(record)
-            if record["op"] == "artifacts" and fate == "deliver" and not (
-                    state["rejected"] and state["rejected"][-1]["seq"] == record["seq"]):
+            on_acked(record)
+            if record["op"] == "artifacts" and fate == "deliver":
                 spool.drop_blobs(record["seq"])  # only after the acknowledgement is durable
         report.run_id = state["run_id"]
         report.pending = len(spool.read(state["offset"]))
@@ -285,7 +237,7 @@ class DeliveryLoop:
     """
 
     def __init__(self, spool: Spool, uri: str, retry_s: float = 30.0,
-                 on_tried: Callable[[], None] | None = None, on_opened: Callable[[], None] | None = None):
+                 on_tried: Callable[[], None] = lambda: None, on_opened: Callable[[], None] = lambda: None):
         self.spool, self.uri, self.retry_s = spool, uri, retry_s
         self.on_tried, self.on_opened = on_tried, on_opened
         self.retry_at: float | None = None  # monotonic time of the next retry while records wait
@@ -295,8 +247,7 @@ class DeliveryLoop:
         self._open_tried = self._open_acked = False
         self._sampler: SystemMetricsSampler | None = None  # this segment's, from its start to its end
 
-    def begin(self, open_seq: int, resume: bool, system_metrics_s: float = 0.0, system_metrics_samples: int = 1,
-              ) -> None:
+    def begin(self, open_seq: int, resume: bool, system_metrics_s: float, system_metrics_samples: int) -> None:
         """A segment opened with record ``open_seq``: start sampling the host (every ``system_metrics_s``; 0: off)."""
         self._open_seq, self._open_tried, self._open_acked = open_seq, False, False
         if system_metrics_s and system_metrics_s > 0:
@@ -357,9 +308,7 @@ class DeliveryLoop:
             return
         if not self._open_tried:
             self._open_tried = True
-            if self.on_tried is not None:
-                self.on_tried()
+            self.on_tried()
         if self.spool.state()["acked"] >= self._open_seq:
             self._open_acked = True
-            if self.on_opened is not None:
-                self.on_opened()
+            self.on_opened()

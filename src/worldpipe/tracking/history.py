@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +15,10 @@ from typing import Any
 import yaml
 
 from worldpipe.config.identity import flatten
-from worldpipe.tracking.control import PREFIX as CONTROL_PREFIX
 from worldpipe.tracking.delivery import CHANGED_TAG_PREFIX
+from worldpipe.tracking.evaluation import CONTROL_PREFIX
 from worldpipe.tracking.evaluation import METRIC_PREFIX as EVAL_PREFIX
-from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
-from worldpipe.tracking.records import TIMING_METRICS
+from worldpipe.tracking.records import OVERFLOW_ARTIFACT_DIR, TIMING_METRICS, split_params
 from worldpipe.tracking.system_metrics import PREFIX as SYSTEM_PREFIX
 
 # Metrics that are not part of a training run's computation: the machine's, and evaluations (open-loop and
@@ -50,13 +50,9 @@ def histories(client, run_id: str, keys: Iterable[str] | None = None) -> dict[st
 
 def duplicate_steps(history: Mapping[str, list[tuple[int, int, float]]]) -> dict[str, list[int]]:
     """Steps recorded more than once, per metric (empty when the history is clean)."""
-    out = {}
-    for key, points in history.items():
-        steps = [p[0] for p in points]
-        dups = sorted({s for s in steps if steps.count(s) > 1})
-        if dups:
-            out[key] = dups
-    return out
+    counts = {key: Counter(step for step, *_ in points) for key, points in history.items()}
+    return {key: sorted(s for s, n in c.items() if n > 1) for key, c in counts.items()
+            if max(c.values(), default=0) > 1}
 
 
 def _same(a: float, b: float) -> bool:

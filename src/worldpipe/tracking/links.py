@@ -15,23 +15,23 @@ MLFLOW_EXPERIMENT_KEY = "mlflow_experiment_id"
 LOCAL_UI = "http://127.0.0.1:5000"
 
 
-def ui_base(tracking_uri: str) -> str:
-    """The UI's address for a tracking URI: the server itself, or `mlflow ui`'s default for a local store."""
-    if tracking_uri.startswith(("http://", "https://")):
-        return tracking_uri.rstrip("/")
-    return LOCAL_UI
+def _page(tracking_uri: str, path: str) -> str:
+    """Page ``experiments/<path>`` of the UI of a tracking URI (the server itself, or `mlflow ui`'s default for a
+    local store) in the Model training view."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else LOCAL_UI
+    return f"{base}/#/experiments/{path}?{WORKFLOW_QUERY}"
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """The run's page in the Model training view."""
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}"
+    return _page(tracking_uri, f"{experiment_id}/runs/{run_id}")
 
 
 def experiment_url(tracking_uri: str, experiment_id: str) -> str:
     """The experiment's run list in the Model training view."""
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}"
+    return _page(tracking_uri, f"{experiment_id}/runs")
 
 
 def model_url(tracking_uri: str, experiment_id: str, model_id: str) -> str:
     """A logged model's page in the Model training view."""
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/models/{model_id}?{WORKFLOW_QUERY}"
+    return _page(tracking_uri, f"{experiment_id}/models/{model_id}")

@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 
 from worldpipe.tracking.connection import fail_fast_over_http, resolve_tracking_uri
 from worldpipe.tracking.courier import Courier, adopt_early
 from worldpipe.tracking.delivery import DeliveryLoop
-from worldpipe.tracking.params import OVERFLOW_ARTIFACT_DIR, split_params
+from worldpipe.tracking.records import OVERFLOW_ARTIFACT_DIR, split_params
 from worldpipe.tracking.spool import Spool
 
 log = logging.getLogger("worldpipe.tracking")
+JOIN_S = 60.0  # how long the end waits for the run start, then for the final delivery
 
 
 def artifact_records(files: Mapping[str, bytes]) -> list[tuple[str, Mapping[str, bytes], dict[str, str]]]:
@@ -48,42 +49,37 @@ def artifact_records(files: Mapping[str, bytes]) -> list[tuple[str, Mapping[str,
 class RunRecorder:
     """Rank-0 MLflow run with a durable spool and checkpoint-gated metrics. A disabled recorder does nothing."""
 
-    def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike | None = None,
-                 retry_s: float = 30.0, join_s: float = 60.0, system_metrics_s: float = 0.0,
-                 system_metrics_samples: int = 1, on_opened: Callable[[], None] | None = None):
+    def __init__(self, enabled: bool, uri: str | None, experiment: str, run_dir: str | os.PathLike,
+                 retry_s: float = 30.0, system_metrics_s: float = 0.0, system_metrics_samples: int = 1,
+                 on_opened: Callable[[], None] | None = None):
         self.enabled = enabled
-        self.on_opened = on_opened  # called once the run exists (on the courier reply thread)
+        self.on_opened = on_opened or (lambda: None)  # called once the run exists (on the courier reply thread)
         self.system_metrics_s = system_metrics_s
         self.system_metrics_samples = system_metrics_samples  # averaged into each logged point
         self.experiment = experiment
         self.retry_s = retry_s
-        self.join_s = join_s
         self.uri = resolve_tracking_uri(uri) if enabled else None
         self._pending: list[tuple[int, str, float, int]] = []  # (step, key, value, timestamp_ms)
-        self._spool: Spool | None = None
+        self.spool: Spool | None = None
         # Set once a delivery has tried this segment's "open" record (run created/reopened, or server unreachable).
         self._open_tried = threading.Event()
         self._open_seq: int | None = None  # this segment's open record (None: no segment open)
         self._courier: Courier | None = None
         self._local: DeliveryLoop | None = None  # delivery in this process, where no courier could start
         if enabled:
-            self._spool = Spool(run_dir if run_dir is not None else tempfile.mkdtemp(prefix="worldpipe-spool-"))
+            self.spool = Spool(run_dir)
             # Started now, ahead of the first segment: it imports MLflow while the trainer sets up.
-            self._courier = self._spawn_courier(adopt_early(self._spool.run_dir, self.uri))
-
-    @property
-    def spool(self) -> Spool | None:
-        return self._spool
+            self._courier = self._spawn_courier(adopt_early(self.spool.run_dir, self.uri))
 
     @property
     def run_id(self) -> str | None:
         """The MLflow run id if the run has been created (or reopened) by now; never waits."""
-        return self._spool.state()["run_id"] if self._spool else None
+        return self.spool.state()["run_id"] if self.spool else None
 
     @property
     def experiment_id(self) -> str | None:
         """The id of the run's MLflow experiment once the run has been created (or reopened); never waits."""
-        return self._spool.state().get("experiment_id") if self._spool else None
+        return self.spool.state().get("experiment_id") if self.spool else None
 
     @property
     def courier_pid(self) -> int | None:
@@ -102,11 +98,11 @@ class RunRecorder:
             return None
         os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         fail_fast_over_http()
-        self._spool.hold_active()
+        self.spool.hold_active()
         self._open_tried.clear()
-        self._open_seq = self._spool.append(
+        self._open_seq = self.spool.append(
             "open", experiment=self.experiment, run_name=run_name, tags=dict(tags), reopen_run_id=run_id,
-            record_key=self._spool.record_key(), resume_step=int(resume_step), checkpoint_dir=checkpoint_dir,
+            record_key=self.spool.record_key(), resume_step=int(resume_step), checkpoint_dir=checkpoint_dir,
             uri=self.uri)
         if self._courier is None or not self._courier.alive():  # a later segment, or a courier that died
             if self._courier is not None:
@@ -115,8 +111,8 @@ class RunRecorder:
         if self._courier is not None:
             self._courier.wake()  # the waiting courier takes this segment (the journal's newest open record)
             return self.run_id
-        self._local = DeliveryLoop(self._spool, self.uri, self.retry_s, on_tried=self._open_tried.set,
-                                   on_opened=self._opened)
+        self._local = DeliveryLoop(self.spool, self.uri, self.retry_s, on_tried=self._open_tried.set,
+                                   on_opened=self.on_opened)
         self._local.begin(self._open_seq, resume_step > 0, self.system_metrics_s, self.system_metrics_samples)
         self._local.deliver_now()
         return self.run_id
@@ -125,9 +121,9 @@ class RunRecorder:
         """The run id once a delivery has tried this segment's start (None: the server was not reached)."""
         if not self.enabled:
             return None
-        if self._open_seq is not None and not self._open_tried.wait(self.join_s):
+        if self._open_seq is not None and not self._open_tried.wait(JOIN_S):
             log.warning("the MLflow run start is still in progress after %.0f s; going on without its id",
-                        self.join_s)
+                        JOIN_S)
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
@@ -142,28 +138,19 @@ class RunRecorder:
         for deliverer in (courier, self._local):
             if deliverer is not None:
                 deliverer.stop_sampling()
-        self._spool.append("end", status=status)
-        pending = self._finish(courier)
-        self._open_seq = None
-        if pending is None or pending:
-            log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
-                        "worldpipe tracking sync %s", len(self._spool.pending()) if pending is None else pending,
-                        self._spool.journal, self._spool.run_dir)
-        self._spool.release_active()
-
-    def _finish(self, courier: Courier | None) -> int | None:
-        """The final delivery, by the courier or in this process; the records left pending (None: unknown)."""
-        if courier is not None:
-            outcome, report = courier.finish(self.join_s)
-            if outcome == "done":
-                return int(report["pending"])
-            if outcome == "busy":
-                log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", self.join_s)
-                return None
+        self.spool.append("end", status=status)
+        outcome = courier.finish(JOIN_S) if courier is not None else "none"  # the final delivery
+        if outcome == "busy":
+            log.warning("tracking delivery still busy after %.0f s; leaving the rest spooled", JOIN_S)
+        elif outcome == "gone":
             log.warning("the tracking courier (pid %d) is gone; delivering in this process", courier.pid)
-        if self._local is None:
-            self._local = DeliveryLoop(self._spool, self.uri, self.retry_s)
-        return self._local.deliver_now().pending
+        if outcome in ("gone", "none"):  # no courier to deliver: this process does
+            (self._local or DeliveryLoop(self.spool, self.uri, self.retry_s)).deliver_now()
+        self._open_seq = None
+        if pending := len(self.spool.pending()):
+            log.warning("%d tracking record(s) of this run are still spooled in %s; replay them with: "
+                        "worldpipe tracking sync %s", pending, self.spool.journal, self.spool.run_dir)
+        self.spool.release_active()
 
     def abandon(self) -> None:
         """Stop as this process's death would: no final delivery (the courier exits), the run directory free for
@@ -171,8 +158,8 @@ class RunRecorder:
         courier, self._courier, self._open_seq = self._courier, None, None
         if courier is not None:
             courier.abandon()
-        if self._spool is not None:
-            self._spool.release_active()
+        if self.spool is not None:
+            self.spool.release_active()
 
     # ---- params, tags, artifacts ----
     def log_params(self, flat: dict[str, Any]) -> None:
@@ -180,26 +167,20 @@ class RunRecorder:
         if not self.enabled:
             return
         fitting, overflow = split_params(flat)
-        if overflow:
-            self.log_files({f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt": text.encode() for key, text in overflow.items()},
-                           deliver=False)
-        self._spool.append("params", params=fitting)
+        overflow_files = {f"{OVERFLOW_ARTIFACT_DIR}/{key}.txt": text.encode() for key, text in overflow.items()}
+        self.spool.append_many([*artifact_records(overflow_files), ("params", None, {"params": fitting})])
         self.deliver()
 
-    def log_files(self, files: Mapping[str, bytes], deliver: bool = True) -> None:
+    def log_files(self, files: Mapping[str, bytes]) -> None:
         """Record artifacts given as {artifact path: content}; contents are spooled before upload."""
-        if not self.enabled:
-            return
-        self._spool.append_many(artifact_records(files))
-        if deliver:
+        if self.enabled:
+            self.spool.append_many(artifact_records(files))
             self.deliver()
 
     def log_datasets(self, records: list) -> None:
         """Record datasets (``DatasetRecord``) as run inputs: the UI's Dataset column."""
         if self.enabled and records:
-            from dataclasses import asdict
-
-            self._spool.append("inputs", datasets=[asdict(r) for r in records])
+            self.spool.append("inputs", datasets=[asdict(r) for r in records])
             self.deliver()
 
     # ---- metrics ----
@@ -215,7 +196,7 @@ class RunRecorder:
         ready = [[s, k, v, ts] for s, k, v, ts in self._pending if s <= step]
         self._pending = [m for m in self._pending if m[0] > step]
         if ready:
-            self._spool.append("metrics", gate=int(step), metrics=ready)
+            self.spool.append("metrics", gate=int(step), metrics=ready)
 
     def commit(self, step: int, files: Mapping[str, bytes] | None = None, tags: Mapping[str, str] | None = None) -> None:
         """Checkpoint `step` is durable: release its staged metrics, record its artifacts and tags, replay."""
@@ -225,7 +206,7 @@ class RunRecorder:
         records = [("commit", None, {"step": int(step)}), *artifact_records(files or {})]
         if tags:
             records.append(("tags", None, {"tags": {k: str(v) for k, v in tags.items()}}))
-        self._spool.append_many(records)
+        self.spool.append_many(records)
         self.deliver()
 
     # ---- delivery ----
@@ -239,18 +220,14 @@ class RunRecorder:
         elif self._local.due():
             self._local.deliver_now()
 
-    def _opened(self) -> None:
-        if self.on_opened is not None:
-            self.on_opened()
-
     def _spawn_courier(self, courier: Courier | None = None) -> Courier | None:
         """``courier`` (one started early), else a new one, ready for its segment and replying to this recorder;
         None (and a warning) if no process could be started."""
         try:
-            courier = courier or Courier.start(self._spool, self.uri, self.retry_s, self.system_metrics_s,
+            courier = courier or Courier.start(self.spool, self.uri, self.retry_s, self.system_metrics_s,
                                                self.system_metrics_samples)
         except OSError as err:
             log.warning("the tracking courier could not be started (%s); delivering from this process", err)
             return None
-        courier.report_to(self._open_tried.set, self._opened)
+        courier.report_to(self._open_tried.set, self.on_opened)
         return courier

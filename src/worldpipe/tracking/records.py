@@ -1,4 +1,5 @@
-"""What a training run records besides params and metrics: identity tags and artifacts.
+"""What a training run records besides metrics: params (every flattened config key, values too long for MLflow
+stored as artifacts), identity tags and artifacts.
 
 Artifact layout of a run (everything `worldpipe rerun` needs is here)::
 
@@ -16,7 +17,7 @@ Artifact layout of a run (everything `worldpipe rerun` needs is here)::
         MANIFEST.json                    the published checkpoint's manifest
         digest.json                      state digest + manifest sha256
         train_state.json                 progress and sampler state
-        rng/rank-NNNNN.json              every rank's RNG state (readable, reversible JSON)
+        rng/rank-NNNNN.json              every rank's RNG state (readable JSON, exact: :func:`to_jsonable`)
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from worldpipe.core import numerics
 from worldpipe.core import provenance as ident
-from worldpipe.tracking.jsonable import to_jsonable
+from worldpipe.core.hashing import only_json_scalars
 
 # Metrics measured with a clock: they differ between bit-identical runs and are not compared by `rerun`.
 TIMING_METRICS = ("samples_per_s", "step_time_s", "data_wait_s")
@@ -45,6 +47,30 @@ RULE_ENV, JOB_ENV = "WORLDPIPE_RULE", "WORLDPIPE_JOB"
 CHECKPOINT_STEP_TAG, CHECKPOINT_DIGEST_TAG = "worldpipe.checkpoint.step", "worldpipe.checkpoint.digest"
 NUMERICS_TAG = "worldpipe.numerics"
 NUMERICS_CHANGED_TAG = f"{NUMERICS_TAG}.changed"
+# MLflow's server-side limit on a param value (mlflow.utils.validation.MAX_PARAM_VAL_LENGTH).
+MAX_PARAM_VALUE_LENGTH = 6000
+OVERFLOW_ARTIFACT_DIR = "params_overflow"
+
+
+def param_text(value: Any) -> str:
+    """The string MLflow stores for a value (JSON for lists and null, so it reads back unambiguously)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+def split_params(flat: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """Split params into those that fit and overflow values; overflow params point at their artifact."""
+    fitting: dict[str, str] = {}
+    overflow: dict[str, str] = {}
+    for key, value in flat.items():
+        text = param_text(value)
+        if len(text) > MAX_PARAM_VALUE_LENGTH:
+            overflow[key] = text
+            fitting[key] = f"<artifact:{OVERFLOW_ARTIFACT_DIR}/{key}.txt>"
+        else:
+            fitting[key] = text
+    return fitting, overflow
 
 
 def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]:
@@ -79,12 +105,10 @@ def run_tags(identity: Mapping[str, Any], start_step: int = 0) -> dict[str, str]
     if code.get("git_dirty"):
         tags["worldpipe.git_diff_sha256"] = hashlib.sha256(ident.git_diff().encode()).hexdigest()
     tags.update(numerics_tags(identity))
-    if os.environ.get(RULE_ENV):
-        tags["worldpipe.snakemake.rule"] = os.environ[RULE_ENV]
-    if os.environ.get(JOB_ENV):
-        tags["worldpipe.snakemake.job"] = os.environ[JOB_ENV]
-    if os.environ.get("SLURM_JOB_ID"):
-        tags["worldpipe.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    for tag, variable in (("worldpipe.snakemake.rule", RULE_ENV), ("worldpipe.snakemake.job", JOB_ENV),
+                          ("worldpipe.slurm_job_id", "SLURM_JOB_ID")):
+        if os.environ.get(variable):
+            tags[tag] = os.environ[variable]
     return tags
 
 
@@ -115,6 +139,32 @@ def installed_packages() -> str:
         if name and name.lower() not in seen:
             seen[name.lower()] = f"{name}=={dist.version}"
     return "\n".join(seen[k] for k in sorted(seen)) + "\n"
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Readable JSON of a state that holds tensors, arrays, tuples and big ints (sampler, RNG), exact to the bit:
+    tensors become ``{"__tensor__": dtype, "shape": [...], "hex": bytes}``, NumPy arrays ``{"__ndarray__": dtype,
+    "shape": [...], "data": [...]}``, tuples ``{"__tuple__": [...]}``, bytes ``{"__bytes__": hex}``."""
+    torch = sys.modules.get("torch")  # a tensor exists only where torch is imported: no import here
+    if torch is not None and isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        raw = bytes(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
+        return {"__tensor__": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "hex": raw.hex()}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, bytes | bytearray):
+        return {"__bytes__": bytes(obj).hex()}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        # Python's RNG state is a tuple of 625 ints: nothing in it to convert, so no call per item.
+        items = list(obj) if only_json_scalars(obj) else [to_jsonable(v) for v in obj]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
 
 
 def json_artifact(obj: Any) -> bytes:

@@ -9,7 +9,6 @@ filesystem (artifacts are proxied through the server, so jobs need no direct acc
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,17 +21,6 @@ DATABASE_SCHEMES = ("postgresql", "postgresql+psycopg2", "sqlite", "mysql", "mss
 
 class ServerConfigError(UsageError, ValueError):
     """A server option that cannot work; the message names the option."""
-
-
-def mlflow_executable() -> str:
-    """The `mlflow` beside this interpreter (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mlflow"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mlflow")
-    if found is None:
-        raise ServerConfigError("the `mlflow` executable is neither beside this Python nor on PATH")
-    return found
 
 
 def check_backend(uri: str) -> None:
@@ -60,12 +48,12 @@ def server_command(backend: str, artifacts: str, host: str = LOCAL_HOST, port: i
     if "://" not in artifacts:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         artifacts = str(Path(artifacts).resolve())
-    return [mlflow_executable(), "server", "--host", host, "--port", str(port), "--workers", str(workers),
-            "--backend-store-uri", backend, "--artifacts-destination", artifacts, *(extra or [])]
+    # This interpreter's MLflow (the venv's), whatever `mlflow` PATH finds.
+    return [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers",
+            str(workers), "--backend-store-uri", backend, "--artifacts-destination", artifacts, *(extra or [])]
 
 
 def exec_server(command: list[str]) -> None:
     """Replace this process with the server (signals and exit status are then the server's own)."""
-    env = dict(os.environ)
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    os.execve(command[0], command, env)
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    os.execv(command[0], command)

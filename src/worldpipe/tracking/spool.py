@@ -48,26 +48,6 @@ BLOBS_DIR = "blobs"
 INLINE_LIMIT = 1 << 16
 
 
-def _split_inline(files: Mapping[str, bytes]) -> tuple[dict[str, str], dict[str, bytes]]:
-    """({name: text} small enough to journal inline, {name: bytes} for blobs)."""
-    inline, large = {}, {}
-    for name, data in files.items():
-        try:
-            text = bytes(data).decode("utf-8") if len(data) <= INLINE_LIMIT else None
-        except UnicodeDecodeError:
-            text = None
-        if text is None:
-            large[name] = data
-        else:
-            inline[name] = text
-    return inline, large
-
-
-def default_state() -> dict[str, Any]:
-    return {"acked": 0, "offset": 0, "run_id": None, "record_key": None, "experiment_id": None,
-            "uri": None, "rejected": [], "new_run": None}
-
-
 def _record(line: bytes) -> dict | None:
     """The record of one complete journal line, or None for what a crash can leave instead: zeros (a hole where
     an unsynced write never reached the disk) or a line cut and joined to another."""
@@ -160,7 +140,8 @@ class Spool:
 
     # ---- state ----
     def state(self) -> dict[str, Any]:
-        state = default_state()
+        state = {"acked": 0, "offset": 0, "run_id": None, "record_key": None, "experiment_id": None,
+                 "uri": None, "rejected": [], "new_run": None}
         if self.state_path.exists():
             state.update(json.loads(self.state_path.read_text()))
         return state
@@ -226,10 +207,13 @@ class Spool:
             now = int(time.time() * 1000)
             lines = []
             for seq, (op, files, fields) in enumerate(entries, start=first):
-                record = {"seq": seq, "op": op, "time_ms": now, **fields}
-                inline, large = _split_inline(files or {})
-                if inline:
-                    record["inline"] = inline
+                record, large = {"seq": seq, "op": op, "time_ms": now, **fields}, {}
+                for name, data in (files or {}).items():
+                    if len(data) <= INLINE_LIMIT:
+                        with contextlib.suppress(UnicodeDecodeError):
+                            record.setdefault("inline", {})[name] = bytes(data).decode("utf-8")
+                            continue
+                    large[name] = data
                 if large:
                     self._write_blobs(seq, large)
                 lines.append(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
