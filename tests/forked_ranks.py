@@ -83,6 +83,20 @@ def _crash_stack(store_path: str, rank: int) -> str:
     return f"\n{text}" if text else ""
 
 
+def fork_after_collecting() -> int:
+    """``os.fork()`` with the test process's garbage collected first and the rest frozen for the child (see
+    :func:`run_on_ranks`); the parent unfreezes at once, the child never."""
+    gc.collect()
+    gc.freeze()
+    pid = -1
+    try:
+        pid = os.fork()
+        return pid
+    finally:
+        if pid != 0:  # the child keeps its inherited objects frozen
+            gc.unfreeze()
+
+
 def run_on_ranks(nproc: int, fn: Callable[..., Any], *args: Any, tmp: Path, timeout_s: float = TIMEOUT_S) -> list:
     """``[fn(*args) on rank 0, ..., on rank nproc-1]``, each run in its own forked process of one gloo group.
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from checkpoint_states import example_state, save_until_killed
+from forked_ranks import fork_after_collecting
 from worldpipe.checkpoint import CheckpointManager
 from worldpipe.checkpoint.fault import PHASES
 
@@ -39,7 +40,7 @@ class ForkedChild:
 
     def __init__(self, root, fault: str, mode: str) -> None:
         read_fd, write_fd = os.pipe()
-        self.pid = os.fork()
+        self.pid = fork_after_collecting()  # a child that collected inherited cycles could die with SIGSEGV
         if self.pid == 0:  # the child: never returns into pytest
             os.close(read_fd)
             code = 0
