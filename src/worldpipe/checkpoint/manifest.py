@@ -169,41 +169,34 @@ def _named_paths(value: object) -> list:
 
 def check_sizes(manifest: Mapping, step: int, size_of, only: set[str] | None = None) -> list[str]:
     """Problems of presence and size of the step's files (``size_of(relpath)``: size or None when missing)."""
-    name = layout.step_dir_name(step)
-    problems: list[str] = []
-    for entry in manifest["files"]:
-        if only is not None and entry["path"] not in only:
-            continue
-        where = f"{name}/{entry['path']}"
-        try:
-            size = size_of(entry["path"])
-        except OSError as exc:
-            problems.append(f"{where}: unreadable ({exc})")
-            continue
-        if size is None:
-            problems.append(f"{where}: missing")
-        elif size != entry["size"]:
-            problems.append(f"{where}: size {size} != {entry['size']} in manifest")
-    return problems
+    return _mismatches(step, [(e, e["path"]) for e in _selected(manifest, only)], size_of,
+                       lambda size, e: "missing" if size is None else
+                       f"size {size} != {e['size']} in manifest" if size != e["size"] else None)
 
 
 def start_hashes(manifest: Mapping, sha256_of, only: set[str] | None = None) -> list[tuple[dict, Future]]:
     """Start hashing the step's files on the hash threads (``sha256_of(relpath)``); see :func:`collect_hashes`."""
-    return [(entry, hash_pool().submit(sha256_of, entry["path"])) for entry in manifest["files"]
-            if only is None or entry["path"] in only]
+    return [(entry, hash_pool().submit(sha256_of, entry["path"])) for entry in _selected(manifest, only)]
 
 
 def collect_hashes(step: int, pending: list[tuple[dict, Future]]) -> list[str]:
     """Wait for :func:`start_hashes` and return the mismatches, naming each file."""
-    name = layout.step_dir_name(step)
+    return _mismatches(step, pending, Future.result, lambda digest, e: (
+        f"sha256 {digest[:16]}... != {e['sha256'][:16]}... in manifest" if digest != e["sha256"] else None))
+
+
+def _selected(manifest: Mapping, only: set[str] | None) -> list[dict]:
+    return [entry for entry in manifest["files"] if only is None or entry["path"] in only]
+
+
+def _mismatches(step: int, pending: list[tuple[dict, object]], get, problem) -> list[str]:
+    """Each file's ``problem(get(item), entry)``, named; an OSError of ``get`` makes it unreadable."""
     problems = []
-    for entry, fut in pending:
-        where = f"{name}/{entry['path']}"
+    for entry, item in pending:
         try:
-            digest = fut.result()
+            found = problem(get(item), entry)
         except OSError as exc:
-            problems.append(f"{where}: unreadable ({exc})")
-            continue
-        if digest != entry["sha256"]:
-            problems.append(f"{where}: sha256 {digest[:16]}... != {entry['sha256'][:16]}... in manifest")
+            found = f"unreadable ({exc})"
+        if found:
+            problems.append(f"{layout.step_dir_name(step)}/{entry['path']}: {found}")
     return problems
