@@ -18,11 +18,11 @@ from . import fault, layout
 from .async_writer import AsyncWriter
 from .codec import PendingFile, decode_state, encode_state, files_for_keys
 from .digest import state_digest
-from .errors import CheckpointCorruptError, CheckpointNotFoundError, load_error_line
+from .errors import CheckpointCorruptError, CheckpointNotFoundError
 from .loadable import found_tensors, newest_loadable, step_problems, structure_problems, tensor_table
 from .manifest import check_sizes, collect_hashes, parse_manifest, start_hashes
 from .publication import publish
-from .resharding import lazy_state
+from .resharding import StepFiles, lazy_state
 from .state import validate_state
 from .stores.base import Store
 from .stores.object import ObjectStore
@@ -274,23 +274,10 @@ class CheckpointManager(contextlib.AbstractContextManager):
         # Hash on the hash threads while this thread deserializes: a weights_only load of a damaged file is
         # harmless (it never runs code), and its result is discarded unless every digest matches.
         pending = start_hashes(manifest, lambda p: self.store.sha256_of(step, p), only) if full else []
-        name = layout.step_dir_name(step)
-
-        def load_torch(relpath: str, on_cpu: bool) -> Any:
-            try:
-                return self.store.load_torch(step, relpath, "cpu" if on_cpu else map_location)
-            except Exception as exc:  # a damaged file that passed a size-only check
-                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({load_error_line(exc)})"]) from exc
-
-        def read_json(relpath: str) -> Any:
-            try:
-                return self.store.read_json(step, relpath)
-            except (OSError, ValueError) as exc:
-                raise CheckpointCorruptError(step, [f"{name}/{relpath}: cannot load ({load_error_line(exc)})"]) from exc
-
+        source = StepFiles(self, step, manifest, map_location, mmap=False)
         state = None
         try:
-            state = decode_state(manifest["contents"], load_torch, read_json, wanted)
+            state = decode_state(manifest["contents"], source.load, source.read_json, wanted)
         except CheckpointCorruptError as exc:
             problems = exc.problems
         if state is not None:  # hash-valid files holding other shapes than the writer recorded do not load

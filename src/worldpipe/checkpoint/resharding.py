@@ -9,6 +9,7 @@ ranks in another: fsdp 4→2, 2→1, 1→4, fsdp↔ddp.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,22 +28,28 @@ OTHER_KEYS = {layout.SCHEDULER, layout.SCALER, layout.PROGRESS, layout.SAMPLER, 
 class StepFiles:
     """The files of one published step, opened lazily and cached (memory-mapped where possible)."""
 
-    def __init__(self, manager, step: int, manifest: Mapping) -> None:
+    def __init__(self, manager, step: int, manifest: Mapping, map_location: Any = "cpu", mmap: bool = True) -> None:
         self.manager, self.step, self.manifest = manager, step, manifest
+        self.map_location, self.mmap = map_location, mmap
         self.contents = manifest["contents"]
         self._opened: dict[str, Any] = {}
+
+    @functools.cached_property
+    def index(self) -> dict | None:
+        """The parsed shard index (None: an unsharded step)."""
         sharded = self.contents.get(shards.CONTENTS_KEY)
-        self.index = self.read_json(sharded["index"]) if sharded else None
+        return self.read_json(sharded["index"]) if sharded else None
 
     def _where(self, relpath: str) -> str:
         return f"{layout.step_dir_name(self.step)}/{relpath}"
 
-    def load(self, relpath: str) -> Any:
-        """A tensor file (``weights_only``), memory-mapped on POSIX stores."""
+    def load(self, relpath: str, on_cpu: bool = True) -> Any:
+        """A tensor file (``weights_only``) on CPU or ``map_location``, memory-mapped on POSIX stores (``mmap``)."""
         if relpath not in self._opened:
+            where = "cpu" if on_cpu else self.map_location
             try:
-                self._opened[relpath] = self.manager.store.load_torch(self.step, relpath, "cpu", mmap=True)
-            except Exception as exc:  # a damaged file that passed the size check
+                self._opened[relpath] = self.manager.store.load_torch(self.step, relpath, where, mmap=self.mmap)
+            except Exception as exc:  # a damaged file that passed a size-only check
                 raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
         return self._opened[relpath]
 
@@ -55,7 +62,7 @@ class StepFiles:
 
     def other_keys(self) -> dict:
         """The state with only the keys that are never sharded (:data:`OTHER_KEYS`) loaded."""
-        return decode_state(self.contents, lambda relpath, _on_cpu: self.load(relpath), self.read_json, OTHER_KEYS)
+        return decode_state(self.contents, self.load, self.read_json, OTHER_KEYS)
 
     def skeleton(self, key: str) -> Any:
         """The stored tree of ``key`` (placeholders not resolved), or None when absent."""
