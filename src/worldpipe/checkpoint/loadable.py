@@ -21,7 +21,7 @@ tensor-holding state keys with its path in the state, logical (unsharded) shape 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -66,8 +66,7 @@ def walk_tensors(tree: Any, path: tuple, sharded: Sequence[Mapping] | None = Non
 
 def tensor_table(state: Mapping, sharded: Sequence[Mapping] | None = None) -> list[dict]:
     """The manifest's ``tensors`` table of ``state`` (``sharded``: the tensors its placeholders stand for)."""
-    return [{"path": list(e.path), "shape": e.shape, "dtype": e.dtype}
-            for key in layout.TENSOR_KEYS for e in walk_tensors(state.get(key), (key,), sharded)]
+    return [{"path": list(e.path), "shape": e.shape, "dtype": e.dtype} for e in found_tensors(state, sharded=sharded)]
 
 
 def _name(path: Sequence) -> str:
@@ -187,18 +186,15 @@ def _piece_problems(source, name: str) -> list[str]:
     return []
 
 
-def newest_loadable(manager, expected: ExpectedShapes | None = None,
-                    report: Callable[[str], None] | None = None) -> tuple[int | None, dict | None]:
+def newest_loadable(manager, expected: ExpectedShapes | None = None) -> tuple[int | None, dict | None]:
     """The newest loadable step (None when there is none) and, when unsharded, its decoded state.
 
-    Every newer step is skipped with one line through ``report`` (default: a warning on the checkpoint
-    logger) that names the step and its first problems.
+    Every newer step is skipped with one warning line that names the step and its first problems.
     """
     for step in sorted(manager.store.step_names(), reverse=True):
         problems, state = step_problems(manager, step, expected)
         if not problems:
             return step, state
-        line = f"skipping checkpoint {manager.store.location(step)}: {'; '.join(problems)}"
-        (report or logger.warning)(line)
+        logger.warning("skipping checkpoint %s: %s", manager.store.location(step), "; ".join(problems))
     return None, None
 

@@ -34,7 +34,6 @@ from worldpipe.core.hashing import only_json_scalars
 from . import layout
 from .digest import tree_digest
 from .errors import CheckpointError
-from .manifest import parse_manifest
 
 _NDARRAY_TAG = "__ndarray__"
 # Keys of the process-global streams in a captured RNG state.
@@ -260,10 +259,7 @@ def audit_rng(manifest: Mapping, rng_states: list[Mapping], world_size: int | No
 
 def check_rng_files(manager: Any, step: int, per_rank_streams: Sequence[str]) -> list[str]:
     """:func:`audit_rng` of step ``step`` of a :class:`~worldpipe.checkpoint.CheckpointManager`'s store."""
-    raw = manager.store.read_manifest(step)
-    if raw is None:
-        return [f"{layout.step_dir_name(step)}/{layout.MANIFEST_NAME}: missing"]
-    manifest, problems = parse_manifest(raw, step)
+    manifest, problems = manager._manifest(step)
     if manifest is None:
         return problems
     try:

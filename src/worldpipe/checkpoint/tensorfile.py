@@ -155,19 +155,15 @@ def build_zip(records: list[tuple[str, Segment]], archive: str, force_zip64: boo
         out += [header, data]
         central.append((name, size, offset, zip64))
         offset += len(header) + size
-    cd_offset = offset
     cd = b"".join(_central_entry(*entry) for entry in central)
-    tail = cd
-    count = len(central)
-    end_offset = cd_offset + len(cd)
-    if force_zip64 or count >= _ZIP16_MAX or cd_offset >= _ZIP32_MAX or len(cd) >= _ZIP32_MAX:
-        tail += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, count, count, len(cd), cd_offset)
-        tail += struct.pack("<IIQI", 0x07064B50, 0, end_offset, 1)
-        tail += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, _ZIP16_MAX, _ZIP16_MAX, _ZIP32_MAX, _ZIP32_MAX, 0)
+    count, cd_size = len(central), len(cd)  # the central directory starts at ``offset``
+    if force_zip64 or count >= _ZIP16_MAX or offset >= _ZIP32_MAX or cd_size >= _ZIP32_MAX:
+        cd += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, count, count, cd_size, offset)
+        cd += struct.pack("<IIQI", 0x07064B50, 0, offset + cd_size, 1)
+        cd += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, _ZIP16_MAX, _ZIP16_MAX, _ZIP32_MAX, _ZIP32_MAX, 0)
     else:
-        tail += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(cd), cd_offset, 0)
-    out.append(tail)
-    return out
+        cd += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, cd_size, offset, 0)
+    return [*out, cd]
 
 
 def encode(obj: object, archive: str = "archive", force_zip64: bool = False) -> list[Segment]:
