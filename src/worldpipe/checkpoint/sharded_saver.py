@@ -1,23 +1,15 @@
 """ShardedSaver: sharded checkpoints, synchronous or in the background (collective: one per rank).
 
-Every rank writes its own pieces; the publication protocol is :mod:`.publication`'s, split across ranks
-(:func:`publish_shards`):
+The publication protocol is :mod:`.publication`'s, split across ranks (:func:`publish_shards`): rank 0 begins
+the step under the writer lock and broadcasts where it is written (its writer's token); every rank writes its
+own pieces (``shards/rank-NNNNN.pt``), rank 0 meanwhile the skeleton (every non-sharded part, :mod:`.shards`);
+rank 0 gathers every rank's record, writes ``shards/index.json``, commits and broadcasts the outcome: every rank
+returns, or every rank raises CheckpointWriteError. A rank killed before the commit leaves only what readers
+never see, which the next save removes.
 
-1. rank 0 takes the writer lock and begins the step (leftovers removed, the step's place made) and broadcasts
-   where it is written (its writer's token);
-2. every rank writes ``shards/rank-NNNNN.pt`` (its local pieces), hashed meanwhile and durable before its record
-   is handed on; rank 0 meanwhile writes the skeleton (every non-sharded part, see :mod:`.shards`);
-3. rank 0 gathers every rank's record and pieces, writes ``shards/index.json`` and commits (manifest last);
-4. rank 0 broadcasts the outcome: every rank returns, or every rank raises CheckpointWriteError.
-
-A rank killed anywhere before the commit leaves only what readers never see (a hidden partial directory, or on
-object stores a step without a manifest), which the next save removes.
-
-Async: ``save`` splits the state into this rank's pieces and hands them to the manager's writer
-(:mod:`.async_writer`: the snapshot, its deferred copy, the one save in flight), which publishes on a background
-thread of every rank. Its collectives (gathers and broadcasts of ``worldpipe.parallel.runtime``) use a process
-group of their own (gloo, created once by the constructor on every rank), so they never interleave with the
-training's collectives on the default group.
+Async: the manager's writer (:mod:`.async_writer`) publishes on a background thread of every rank. Its
+collectives use a process group of their own (gloo, created once by the constructor on every rank), so they
+never interleave with the training's collectives on the default group.
 """
 
 from __future__ import annotations

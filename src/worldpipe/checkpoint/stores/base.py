@@ -1,10 +1,7 @@
-"""The interface a place that holds checkpoints offers (docs/architecture.md, "Publication protocol").
-
-Two implementations: :class:`worldpipe.checkpoint.stores.posix.PosixStore` (a directory: partial directory,
-fsync, atomic rename) and :class:`worldpipe.checkpoint.stores.object.ObjectStore` (fsspec object stores:
-files first, MANIFEST.json last as the commit marker). A store says how each step of the protocol is done
-(:class:`StepWriter`); the order of the steps is :mod:`worldpipe.checkpoint.publication`'s alone. Single
-writer: rank 0 commits; POSIX stores enforce it with a lock file, object stores cannot.
+"""The interface a place that holds checkpoints offers (docs/architecture.md, "Publication protocol"), said once
+here: a store says how each step of the protocol is done (:class:`StepWriter`), the order of the steps is
+:mod:`worldpipe.checkpoint.publication`'s alone. Single writer: rank 0 commits (POSIX stores lock; object stores
+cannot). Implementations: :mod:`.posix` (a directory) and :mod:`.object` (fsspec object stores).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Object stores over fsspec (``memory://``, ``s3://``, ...): how each step of the publication protocol is done
-without an atomic rename (the order is :mod:`worldpipe.checkpoint.publication`'s). The files of a step are
-written first and ``MANIFEST.json`` LAST, as the commit marker; readers treat a step without a manifest as
-nonexistent, and ``latest`` is written after the manifest.
+"""Object stores over fsspec (``memory://``, ``s3://``, ...; :mod:`.base`), without an atomic rename: readers
+treat a step without a manifest as nonexistent.
 """
 
 from __future__ import annotations
@@ -94,8 +92,7 @@ class ObjectStore(Store):
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
         return _StepObjects(self, step)
 
-    def write_latest(self, name: str) -> None:
-        """Point ``latest`` at ``name`` (a single PUT)."""
+    def write_latest(self, name: str) -> None:  # noqa: D102 - a single PUT
         ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
         with _io_errors():
             self.fs.pipe_file(posixpath.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
@@ -131,8 +128,7 @@ class _StepObjects(StepWriter):
         done.set_result(None)  # the object exists once its upload is closed
         return done
 
-    def stage_manifest(self, data: bytes) -> None:
-        """The commit point of a step: a single PUT of its manifest (every file is written before)."""
+    def stage_manifest(self, data: bytes) -> None:  # noqa: D102 - the commit point: a single PUT
         ownership.confirm(f"publishing step {self.step}")
         with _io_errors():
             self.store.fs.pipe_file(self.path(layout.MANIFEST_NAME), data)

@@ -1,14 +1,6 @@
-"""POSIX store: how each step of the publication protocol is done in a local directory (docs/architecture.md,
-"Publication protocol"; the order is :mod:`worldpipe.checkpoint.publication`'s): atomic via rename, durable via
-fsync.
-
-1. every file goes into ``.step-NNNNNN.partial-<nonce>/``: write, ``fsync(file)``; then its subdirectories;
-2. ``MANIFEST.json`` (every file, size, sha256; step; identity): write, ``fsync``, ``fsync`` the partial dir;
-3. the commit: ``rename`` the partial dir to ``step-NNNNNN`` and ``fsync`` the checkpoints dir;
-4. ``latest``: temp file, ``fsync``, ``rename``, ``fsync`` the checkpoints dir;
-5. a deletion (retention's) renames the step to a hidden name, fsyncs, removes.
-
-A crash (SIGKILL, power loss) leaves at most a hidden partial dir, which readers never list and the next save
+"""POSIX store (:mod:`.base`): atomic via rename, durable via fsync. A step is written into a hidden
+``.step-NNNNNN.partial-<nonce>/`` and renamed into place; ``latest`` and deletions go through a hidden name too.
+A crash (SIGKILL, power loss) leaves at most a hidden directory, which readers never list and the next save
 removes.
 """
 
@@ -119,8 +111,7 @@ class PosixStore(Store):
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:  # noqa: D102
         return _PartialDir(self, step, token or layout.temp_name(step, "partial", secrets.token_hex(6)))
 
-    def write_latest(self, name: str) -> None:
-        """Atomically and durably point ``latest`` at ``name``: temp file, fsync, rename, fsync dir."""
+    def write_latest(self, name: str) -> None:  # noqa: D102
         ownership.confirm(f"pointing {layout.LATEST_NAME} at {name}")
         write_atomic(os.path.join(self.root, layout.LATEST_NAME), f"{name}\n".encode())
 
