@@ -144,22 +144,15 @@ class Checkpointer:
         step = broadcast_object(self.runtime, chosen)
         if step is None:
             return None
-        if self.saver is not None or is_sharded(self.manager, step):
-            # Each rank reads only the regions its own tensors cover, whatever layout wrote the step.
-            identity = self.manager.load(step, keys={layout.IDENTITY})[layout.IDENTITY]
-            check_identity(identity, step)
-            rest = load_resharded(self.manager, step, self.components.model, self.components.optimizer)
-            self._restore_rest(rest)
-            return Resumed(step, identity)
-        state = self.manager.load(step)
-        check_identity(state[layout.IDENTITY], step)
         c = self.components
-        load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])  # collective under FSDP2
-        self._restore_rest(state)
-        return Resumed(step, state[layout.IDENTITY])
-
-    def _restore_rest(self, state: Mapping[str, Any]) -> None:
-        c = self.components
+        sharded = self.saver is not None or is_sharded(self.manager, step)
+        state = self.manager.load(step, keys={layout.IDENTITY} if sharded else None)
+        identity = state[layout.IDENTITY]
+        check_identity(identity, step)
+        if sharded:  # each rank reads only the regions its own tensors cover, whatever layout wrote the step
+            state = load_resharded(self.manager, step, c.model, c.optimizer)
+        else:
+            load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])  # collective under FSDP2
         if c.scheduler is not None:
             c.scheduler.load_state_dict(state[layout.SCHEDULER])
         c.loader.load_state_dict(state[layout.SAMPLER])
@@ -169,6 +162,7 @@ class Checkpointer:
         # streams start fresh; noise that shapes the math is keyed by sample index, not by rank.
         if len(rng) == self.runtime.world_size:
             restore_rng(rng[self.runtime.rank], c.torch_generators)
+        return Resumed(step, identity)
 
     # ---- save ----
     def capture(self, sharded: bool = False) -> dict[str, Any] | None:
