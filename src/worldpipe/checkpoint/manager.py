@@ -179,9 +179,8 @@ class CheckpointManager(contextlib.AbstractContextManager):
         ``verify`` mode says).
         """
         manifest, problems = self._manifest(step)
-        if manifest is None:
-            return problems
-        problems = check_sizes(manifest, step, lambda p: self.store.size_of(step, p))
+        if manifest is not None:  # else problems say why
+            problems = check_sizes(manifest, step, lambda p: self.store.size_of(step, p))
         if not problems and (self._full_by_policy(step, manifest) if full is None else full):
             problems = collect_hashes(step, start_hashes(manifest, lambda p: self.store.sha256_of(step, p)))
             if not problems:

@@ -113,7 +113,7 @@ class Publication:
             self.store.write_latest(layout.step_dir_name(self.step))
             fault.inject("after_latest")
         except OSError as exc:
-            raise CheckpointWriteError(self.step, self.store.latest_location(), exc) from exc
+            raise CheckpointWriteError(self.step, f"{self.store.url}/{layout.LATEST_NAME}", exc) from exc
 
     def discard(self) -> None:
         """Remove what was written of the uncommitted step (the committing process, after a failure)."""

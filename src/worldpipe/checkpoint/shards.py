@@ -252,15 +252,13 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def read_region(entry: Mapping, offset: list[int], shape: list[int],
-                open_file: Callable[[str], Mapping[str, torch.Tensor]], out: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                open_file: Callable[[str], Mapping[str, torch.Tensor]]) -> torch.Tensor:
     """The region ``[offset, offset + shape)`` of the logical tensor ``entry`` describes, cut from its pieces.
 
     ``open_file(relpath)`` returns a shard file's ``{key: tensor}`` (ideally memory-mapped, so only the
     overlapping bytes are read). Raises ValueError when the pieces do not cover the region.
     """
-    if out is None:
-        out = torch.empty(shape, dtype=_dtype(entry["dtype"]))
+    out = torch.empty(shape, dtype=_dtype(entry["dtype"]))
     covered = 0
     for piece in entry["pieces"]:
         lo = [max(o, po) for o, po in zip(offset, piece["offset"], strict=True)]

@@ -100,10 +100,6 @@ class Store(Protocol):
         except (FileNotFoundError, UnicodeDecodeError):
             return None
 
-    def latest_location(self) -> str:
-        """Printable location of the ``latest`` pointer, for errors."""
-        return f"{self.url}/{layout.LATEST_NAME}"
-
     def step_writer(self, step: int, token: str | None = None) -> StepWriter:
         """A writer of ``step``: a new place to write it (``token`` None: the committing process, before
         :meth:`StepWriter.create`), or the place another process's writer names by its ``token``."""

@@ -79,10 +79,9 @@ class PosixStore(Store):
 
     def size_of(self, step: int, relpath: str) -> int | None:  # noqa: D102
         try:
-            st = os.stat(self.local_path(step, relpath))
+            return os.stat(self.local_path(step, relpath)).st_size
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return st.st_size
 
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:  # noqa: D102
         return torch.load(self.local_path(step, relpath), map_location=map_location, weights_only=True, mmap=mmap)
