@@ -15,8 +15,7 @@ from typing import Any
 
 from . import layout, shards
 from .state import from_portable, rng_view, to_portable, validate_state
-from .tensorfile import Segment, encode
-from .tensorfile import encode_with_fallback as _encode_with_fallback
+from .tensorfile import Segment, encode, encode_with_fallback
 
 
 @dataclass
@@ -45,13 +44,13 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     copy is still running can be encoded without reading it.
     """
     validate_state(state)
-    encode_with_fallback = _encode_with_fallback if fallback else encode
+    encoder = encode_with_fallback if fallback else encode
     files: list[PendingFile] = []
     contents: dict[str, Any] = {}
     for key in layout.TENSOR_KEYS:
         contents[key] = layout.TENSOR_FILES[key] if state.get(key) is not None else None
         if contents[key] is not None:
-            files.append(PendingFile(contents[key], encode_with_fallback(state[key], archive=key)))
+            files.append(PendingFile(contents[key], encoder(state[key], archive=key)))
     train_state = {layout.PROGRESS: dict(state.get(layout.PROGRESS) or {}),
                    layout.SAMPLER: dict(state.get(layout.SAMPLER) or {})}
     files.append(PendingFile(layout.TRAIN_STATE_FILE, [json_bytes(train_state)]))
@@ -61,7 +60,7 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     rng_files = []
     for rank, rng in enumerate(state.get(layout.RNG) or []):
         portable = to_portable(dict(rng))
-        files.append(PendingFile(layout.rng_file(rank), encode_with_fallback(portable, archive="rng")))
+        files.append(PendingFile(layout.rng_file(rank), encoder(portable, archive="rng")))
         files.append(PendingFile(layout.rng_view_file(rank), [json_bytes(rng_view(portable))]))
         rng_files.append(layout.rng_file(rank))
     contents[layout.RNG] = rng_files

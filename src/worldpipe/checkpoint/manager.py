@@ -146,17 +146,13 @@ class CheckpointManager(contextlib.AbstractContextManager):
         """
         try:
             fault.inject("before_retention")
-            self._apply_retention(step)
+            for old in select_deletions(self.store.step_names(), step, self.keep_last, self.keep_every,
+                                        lambda s: not self.verify(s, full=False)):
+                logger.info("retention: deleting %s", self.store.location(old))
+                self.store.delete_step(old)
             fault.inject("after_retention")
         except OSError as exc:
             logger.error("retention after saving step %d failed: %s", step, exc)
-
-    def _apply_retention(self, step: int) -> None:
-        doomed = select_deletions(self.store.step_names(), step, self.keep_last, self.keep_every,
-                                  lambda s: not self.verify(s, full=False))
-        for old in doomed:
-            logger.info("retention: deleting %s", self.store.location(old))
-            self.store.delete_step(old)
 
     # ----------------------------------------------------------------- reading
 

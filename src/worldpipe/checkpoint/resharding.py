@@ -142,32 +142,27 @@ def load_resharded(manager, step: int, model: nn.Module, optimizer: torch.optim.
     Returns the other parts of the state (scheduler, scaler, progress, sampler, rng, identity; model and
     optimizer None), as :meth:`CheckpointManager.load` would.
     """
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint import state_dict as dcp
 
     from worldpipe.parallel.wrap import unwrap  # imports torch's FSDP: a second of start-up
 
     source = open_step(manager, step)
     module = unwrap(model)
     saved_model = source.skeleton(layout.MODEL) or {}
-    target = get_model_state_dict(module)
+    target = dcp.get_model_state_dict(module)
     missing = sorted(set(target) - set(saved_model))
     if missing:
         raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}/{source.contents[layout.MODEL]}: "
                                             f"no tensor {missing[0]!r} (and {len(missing) - 1} more)"])
-    set_model_state_dict(module, {k: _fill(source, saved_model[k], t, f"model/{k}") for k, t in target.items()})
+    dcp.set_model_state_dict(module, {k: _fill(source, saved_model[k], t, f"model/{k}") for k, t in target.items()})
     if optimizer is not None:
         saved_optim = source.skeleton(layout.OPTIMIZER)
         if saved_optim is None:
             raise CheckpointCorruptError(step, [f"{layout.step_dir_name(step)}: holds no optimizer state"])
-        target_optim = get_optimizer_state_dict(module, optimizer)
+        target_optim = dcp.get_optimizer_state_dict(module, optimizer)
         if set(target) < set(saved_model):  # a pipeline stage: only its parameters' optimizer state
             saved_optim = shards.restrict_optimizer(saved_optim, target_optim)
-        set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
+        dcp.set_optimizer_state_dict(module, optimizer, _fill_tree(source, saved_optim, target_optim, ["optimizer"]))
     return source.other_keys()
 
 
