@@ -41,10 +41,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
-    return _local(t).untyped_storage().data_ptr()
-
-
 def step_mutated(optimizer: torch.optim.Optimizer,
                  min_bytes: int | None = None) -> Callable[[torch.Tensor], bool] | None:
     """Predicate: does ``tensor`` share storage with what ``optimizer.step()`` writes (params, their state)?
@@ -53,11 +49,11 @@ def step_mutated(optimizer: torch.optim.Optimizer,
     """
     tensors = [p for group in optimizer.param_groups for p in group["params"]]
     tensors += [v for per_param in optimizer.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
-    sizes = {_storage_ptr(t): _local(t).untyped_storage().nbytes() for t in tensors}
+    sizes = {s.data_ptr(): s.nbytes() for s in (_local(t).untyped_storage() for t in tensors)}
     sizes.pop(0, None)
     if sum(sizes.values()) < (DEFER_MIN_BYTES if min_bytes is None else min_bytes):
         return None
-    return lambda t: _storage_ptr(t) in sizes
+    return lambda t: _local(t).untyped_storage().data_ptr() in sizes
 
 
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -165,25 +165,20 @@ def _sharded_problems(manager, step: int, manifest: Mapping, expected: ExpectedS
         if any(type(i) is not int for i in seen) or sorted(seen) != list(range(count)):  # each tensor named once
             return [f"{name}/{shards.INDEX_FILE}: the state's {len(seen)} placeholders do not name each of its "
                     f"{count} tensors once"]
-        problems = _piece_problems(source, name)
+        # Every piece's key exists in its (weights-only loaded) shard file with the piece's shape and dtype.
+        for entry in source.index["tensors"]:
+            for piece in entry["pieces"]:
+                where = f"{name}/{piece['file']}"
+                held = source.load(piece["file"])
+                tensor = held.get(piece["key"]) if isinstance(held, Mapping) else None
+                if not isinstance(tensor, torch.Tensor):
+                    return [f"{where}: no tensor {piece['key']!r} (named by {shards.INDEX_FILE})"]
+                if list(tensor.shape) != piece["shape"] or dtype_name(tensor.dtype) != entry["dtype"]:
+                    return [f"{where}: tensor {piece['key']!r} is {list(tensor.shape)} {dtype_name(tensor.dtype)}"
+                            f", {shards.INDEX_FILE} says {piece['shape']} {entry['dtype']}"]
     except CheckpointCorruptError as exc:
         return exc.problems
-    return problems or structure_problems(found, manifest, step, expected=expected)
-
-
-def _piece_problems(source, name: str) -> list[str]:
-    """Every piece's key exists in its (weights-only loaded) shard file with the piece's shape and dtype."""
-    for entry in source.index["tensors"]:
-        for piece in entry["pieces"]:
-            where = f"{name}/{piece['file']}"
-            held = source.load(piece["file"])
-            tensor = held.get(piece["key"]) if isinstance(held, Mapping) else None
-            if not isinstance(tensor, torch.Tensor):
-                return [f"{where}: no tensor {piece['key']!r} (named by {shards.INDEX_FILE})"]
-            if list(tensor.shape) != piece["shape"] or dtype_name(tensor.dtype) != entry["dtype"]:
-                return [f"{where}: tensor {piece['key']!r} is {list(tensor.shape)} {dtype_name(tensor.dtype)}, "
-                        f"{shards.INDEX_FILE} says {piece['shape']} {entry['dtype']}"]
-    return []
+    return structure_problems(found, manifest, step, expected=expected)
 
 
 def newest_loadable(manager, expected: ExpectedShapes | None = None) -> tuple[int | None, dict | None]:
