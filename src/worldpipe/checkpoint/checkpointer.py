@@ -152,7 +152,7 @@ class Checkpointer:
         if sharded:  # each rank reads only the regions its own tensors cover, whatever layout wrote the step
             state = load_resharded(self.manager, step, c.model, c.optimizer)
         else:
-            load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])  # collective under FSDP2
+            load_full_state(c.model, c.optimizer, state[layout.MODEL], state[layout.OPTIMIZER])  # FSDP2: collective
         if c.scheduler is not None:
             c.scheduler.load_state_dict(state[layout.SCHEDULER])
         c.loader.load_state_dict(state[layout.SAMPLER])
