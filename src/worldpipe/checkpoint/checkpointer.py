@@ -96,12 +96,6 @@ class Resumed:
     identity: dict[str, Any]
 
 
-def model_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
-    """``{name: logical shape}`` of a live model's state, as a checkpoint of it stores them (a DTensor's shape is
-    its global one)."""
-    return {name: list(tensor.shape) for name, tensor in unwrap(model).state_dict().items()}
-
-
 class Checkpointer:
     """Saves and restores the training state of one run; collective calls run on every rank."""
 
@@ -135,9 +129,10 @@ class Checkpointer:
         skipped); every rank loads that step.
         ``check_identity(identity, step)`` may refuse it by raising.
         """
-        # Every rank names its tensors' logical shapes (no communication); rank 0 then picks the newest step that
-        # loads into them (a sharded step's shards are opened and checked, never assembled in one process).
-        expected = model_shapes(self.components.model)
+        # Every rank names its tensors' logical shapes (a DTensor's is its global one; no communication); rank 0
+        # then picks the newest step that loads into them (a sharded step's shards are opened and checked, never
+        # assembled in one process).
+        expected = {name: list(t.shape) for name, t in unwrap(self.components.model).state_dict().items()}
         if self.components.stages:  # each rank names its stage's tensors: the checkpoint holds all of them
             expected = shards.join_shapes(self.runtime, expected)
         chosen = self.manager.latest_loadable(expected, keep=self.saver is None) if self.runtime.is_main else None

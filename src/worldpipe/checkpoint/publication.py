@@ -115,10 +115,6 @@ class Publication:
         except OSError as exc:
             raise CheckpointWriteError(self.step, f"{self.store.url}/{layout.LATEST_NAME}", exc) from exc
 
-    def discard(self) -> None:
-        """Remove what was written of the uncommitted step (the committing process, after a failure)."""
-        self.writer.discard()
-
 
 def publish(store: Store, step: int, files: list[PendingFile], contents: Mapping, identity: Mapping,
             tensors: list[dict] | None = None) -> None:
@@ -127,6 +123,6 @@ def publish(store: Store, step: int, files: list[PendingFile], contents: Mapping
     try:
         records = publication.write(files)
     except BaseException:
-        publication.discard()
+        publication.writer.discard()
         raise
     publication.commit(records, contents, identity, tensors)

@@ -165,7 +165,7 @@ def _commit(publication: Publication, local: shards.LocalShards, gathered: list,
         records = [r for r, _, _ in gathered if r is not None] + rank0_records
         records += publication.write([PendingFile(shards.INDEX_FILE, [json_bytes(index)])])
     except Exception as exc:
-        publication.discard()
+        publication.writer.discard()
         if isinstance(exc, CheckpointWriteError):
             return exc
         return CheckpointWriteError(step, publication.writer.path(), exc)

@@ -355,11 +355,8 @@ def _owned(outline: Any, mine: Any, outlines: list[Any], path: tuple, rank: int)
 
 def _param_groups(groups_by_rank: list[list[Mapping]]) -> list[dict]:
     """Each group with the parameter names of every stage, in rank order (= stage order for dp coordinate 0)."""
-    joined = []
-    for index, group in enumerate(groups_by_rank[0]):
-        names = dict.fromkeys(n for groups in groups_by_rank for n in groups[index]["params"])
-        joined.append({**group, "params": list(names)})
-    return joined
+    return [{**group, "params": list(dict.fromkeys(n for groups in groups_by_rank for n in groups[i]["params"]))}
+            for i, group in enumerate(groups_by_rank[0])]
 
 
 def join_stages(runtime: Runtime, model_state: Mapping, optim_state: Mapping) -> tuple[dict, dict]:
@@ -374,10 +371,7 @@ def join_stages(runtime: Runtime, model_state: Mapping, optim_state: Mapping) ->
 
 def join_shapes(runtime: Runtime, shapes: Mapping[str, list[int]]) -> dict[str, list[int]]:
     """Every rank's ``{name: shape}`` of its stage joined: the whole model's (collective)."""
-    joined: dict[str, list[int]] = {}
-    for part in gather_objects(runtime, dict(shapes)):
-        joined.update(part)
-    return joined
+    return {name: shape for part in gather_objects(runtime, dict(shapes)) for name, shape in part.items()}
 
 
 def restrict_optimizer(saved: Mapping, target: Mapping) -> dict:

@@ -24,7 +24,8 @@ _role = threading.local()
 
 
 def enter_background() -> None:
-    """Make the calling thread a background thread: lowest CPU priority, and :func:`in_background` is True.
+    """Make the calling thread a background thread: lowest CPU priority, and :func:`shared_pool` hands it the
+    background-priority executors.
 
     Only on Linux, where a priority set on a thread id is that thread's alone (elsewhere it would lower the
     whole process, the training thread included).
@@ -33,11 +34,6 @@ def enter_background() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):  # a sandbox refusing setpriority costs speed, never correctness
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-
-
-def in_background() -> bool:
-    """True on a thread that :func:`enter_background` made a background thread."""
-    return getattr(_role, "background", False)
 
 
 @functools.cache
@@ -54,7 +50,7 @@ def shared_pool(name: str, max_workers: int) -> ThreadPoolExecutor:
     milliseconds per save. A forked child (a DataLoader worker, a test's subprocess) inherits the executors but
     none of their threads, so it must start its own: every executor is forgotten after a fork.
     """
-    background = in_background()
+    background = getattr(_role, "background", False)  # set by enter_background
     return _executor(f"{name}-bg" if background else name, max_workers, background)
 
 
