@@ -93,9 +93,8 @@ class CheckpointManager(contextlib.AbstractContextManager):
         Sync: returns once the checkpoint is durable and ``latest`` names it. Async: returns after copying the
         state; publication runs in the background, one at a time and in order (this call first waits for the
         previous one). A failure of the previous background save is raised here (and this save not started).
-        Async with ``optimizer``: the tensors ``optimizer.step()`` writes (parameters, optimizer state) are
-        copied on a background thread too; the optimizer's next ``step()`` waits for that copy (a step
-        pre-hook, or call ``writer.before_optimizer_step()``), so the copy overlaps the next forward and backward.
+        Async with ``optimizer``: what ``optimizer.step()`` writes is copied in the background, overlapping the next
+        forward and backward (:meth:`.AsyncWriter.snapshot`).
         ``wait``: publish on this thread as a sync save does, async or not (a final save that is waited for
         anyway must not wait for a background-priority writer that the machine's other work starves).
         """

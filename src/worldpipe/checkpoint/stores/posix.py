@@ -100,9 +100,8 @@ class PosixStore(Store):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
-                raise CheckpointWriteError(
-                    step, os.path.join(self.root, layout.LOCK_NAME),
-                    "another process is publishing into this checkpoint directory") from exc
+                raise CheckpointWriteError(step, os.path.join(self.root, layout.LOCK_NAME),
+                                           "another process is publishing into this checkpoint directory") from exc
             yield
         finally:
             os.close(fd)  # releases the lock
