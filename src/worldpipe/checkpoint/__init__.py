@@ -1,13 +1,8 @@
 """worldpipe.checkpoint: state capture/restore, atomic durable publication, stores, verification.
 
-Public API (imported lazily, so that reading the layout names in :mod:`.layout` costs nothing)::
-
-    CheckpointManager(root, keep_last=2, keep_every=None, async_save=False, verify="first")
-    snapshot_state(state) / capture_rng(...) / restore_rng(...)
-    state_digest(state) / checkpoint_digest(root, step=None)
-    CheckpointWriteError / CheckpointCorruptError / CheckpointNotFoundError
-
-The training-time owner of the state contract is :class:`worldpipe.checkpoint.checkpointer.Checkpointer`.
+The public API (``__all__``: the manager, state snapshots and RNG capture, digests, errors) is imported lazily, so
+that reading the layout names in :mod:`.layout` costs nothing. The training-time owner of the state contract is
+:class:`worldpipe.checkpoint.checkpointer.Checkpointer`.
 """
 
 from __future__ import annotations

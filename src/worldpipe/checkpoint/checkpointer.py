@@ -125,13 +125,11 @@ class Checkpointer:
     def resume(self, check_identity: Callable[[dict, int], None]) -> Resumed | None:
         """Restore every component from the newest loadable checkpoint (None when there is none).
 
-        Rank 0 chooses the newest step that loads into this model (:mod:`.loadable`; it reports each step
-        skipped); every rank loads that step.
+        Every rank names its tensors' logical shapes (a DTensor's is its global one; no communication); rank 0
+        chooses the newest step that loads into them (:mod:`.loadable`: a sharded step's shards are opened and
+        checked, never assembled in one process; each step skipped is reported); every rank loads that step.
         ``check_identity(identity, step)`` may refuse it by raising.
         """
-        # Every rank names its tensors' logical shapes (a DTensor's is its global one; no communication); rank 0
-        # then picks the newest step that loads into them (a sharded step's shards are opened and checked, never
-        # assembled in one process).
         expected = {name: list(t.shape) for name, t in unwrap(self.components.model).state_dict().items()}
         if self.components.stages:  # each rank names its stage's tensors: the checkpoint holds all of them
             expected = shards.join_shapes(self.runtime, expected)
