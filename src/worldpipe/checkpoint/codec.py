@@ -57,13 +57,11 @@ def encode_state(state: Mapping, fallback: bool = True) -> tuple[list[PendingFil
     contents["train_state"] = layout.TRAIN_STATE_FILE
     files.append(PendingFile(layout.IDENTITY_FILE, [json_bytes(state.get(layout.IDENTITY) or {})]))
     contents[layout.IDENTITY] = layout.IDENTITY_FILE
-    rng_files = []
     for rank, rng in enumerate(state.get(layout.RNG) or []):
         portable = to_portable(dict(rng))
         files.append(PendingFile(layout.rng_file(rank), encoder(portable, archive="rng")))
         files.append(PendingFile(layout.rng_view_file(rank), [json_bytes(rng_view(portable))]))
-        rng_files.append(layout.rng_file(rank))
-    contents[layout.RNG] = rng_files
+    contents[layout.RNG] = [layout.rng_file(rank) for rank in range(len(state.get(layout.RNG) or []))]
     return files, contents
 
 
