@@ -193,10 +193,7 @@ class CheckpointManager(contextlib.AbstractContextManager):
             _fully_verified.add((self.root, step, manifest["manifest_sha256"]))
 
     def list(self) -> list[CheckpointInfo]:
-        """Published steps, oldest first, with size-level verification (sha256: :meth:`verify`).
-
-        Hidden partial/deleting directories are never listed; object-store steps without a manifest neither.
-        """
+        """The steps readers see (:meth:`.Store.step_names`), oldest first, size-verified (sha256: :meth:`verify`)."""
         latest = self.store.read_latest()
         infos = []
         for step in sorted(self.store.step_names()):
