@@ -46,9 +46,9 @@ class StepFiles:
     def load(self, relpath: str, on_cpu: bool = True) -> Any:
         """A tensor file (``weights_only``) on CPU or ``map_location``, memory-mapped on POSIX stores (``mmap``)."""
         if relpath not in self._opened:
-            where = "cpu" if on_cpu else self.map_location
+            device = "cpu" if on_cpu else self.map_location
             try:
-                self._opened[relpath] = self.manager.store.load_torch(self.step, relpath, where, mmap=self.mmap)
+                self._opened[relpath] = self.manager.store.load_torch(self.step, relpath, device, mmap=self.mmap)
             except Exception as exc:  # a damaged file that passed a size-only check
                 raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
         return self._opened[relpath]
