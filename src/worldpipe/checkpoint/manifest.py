@@ -125,8 +125,7 @@ def illegal_path(path: object) -> bool:
     """
     if not isinstance(path, str) or not path or "\\" in path or "\0" in path:
         return True
-    norm = posixpath.normpath(path)
-    return norm != path or path.startswith(("/", "../")) or path in (".", "..") or "/../" in path
+    return posixpath.normpath(path) != path or path.startswith(("/", "../")) or path in (".", "..") or "/../" in path
 
 
 def _file_problems(files: object, where: str) -> list[str]:

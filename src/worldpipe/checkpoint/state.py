@@ -54,8 +54,7 @@ def validate_state(state: Mapping) -> None:
     for key in layout.OPTIONAL_KEYS:
         if state.get(key) is not None and not isinstance(state[key], Mapping):
             raise ValueError(f"state[{key!r}] must be a dict or None")
-    progress = state.get(layout.PROGRESS) or {}
-    for name, value in progress.items():
+    for name, value in (state.get(layout.PROGRESS) or {}).items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"state['progress'][{name!r}] must be an int, got {value!r}")
     for key in (layout.PROGRESS, layout.SAMPLER, layout.IDENTITY):

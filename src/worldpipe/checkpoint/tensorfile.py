@@ -100,8 +100,7 @@ class _Pickler(pickle.Pickler):
                 raise UnsupportedObject("storage size is not a multiple of the element size")
             ref = _StorageRef(("storage", getattr(torch, _STORAGE_TYPE_NAMES[tensor.dtype]), str(len(self.storages)),
                                "cpu", nbytes // itemsize))
-            raw = torch.empty(0, dtype=torch.uint8).set_(storage)
-            entry = (ref, tensor.dtype, raw)
+            entry = (ref, tensor.dtype, torch.empty(0, dtype=torch.uint8).set_(storage))
             self.storages[ident] = entry
         elif entry[1] != tensor.dtype:
             raise UnsupportedObject("one storage viewed with two dtypes")
