@@ -94,12 +94,11 @@ def structure_problems(found: list[Entry], manifest: Mapping, step: int, keys: s
     """``found`` against the manifest's ``tensors`` table (restricted to ``keys``) and the ``expected`` model
     (``{name: shape}``); the first few mismatches of each are named."""
     name = layout.step_dir_name(step)
-    contents = manifest.get("contents") or {}
 
     def where(entry: Entry | None, path: tuple) -> str:
         if entry is not None and entry.indexed:
             return f"{name}/{shards.INDEX_FILE}"
-        stored = contents.get(path[0])
+        stored = (manifest.get("contents") or {}).get(path[0])
         return f"{name}/{stored}" if isinstance(stored, str) else name
 
     problems, have = [], {e.path: e for e in found}
