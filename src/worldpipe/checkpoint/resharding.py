@@ -10,6 +10,7 @@ ranks in another: fsdp 4→2, 2→1, 1→4, fsdp↔ddp.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,7 +57,8 @@ class StepFiles:
     def read_json(self, relpath: str) -> Any:
         """A JSON file of the step."""
         try:
-            return self.manager.store.read_json(self.step, relpath)
+            with self.manager.store.open_file(self.step, relpath) as f:
+                return json.load(f)
         except (OSError, ValueError) as exc:
             raise CheckpointCorruptError(self.step, [f"{self._where(relpath)}: cannot load ({load_error_line(exc)})"]) from exc
 

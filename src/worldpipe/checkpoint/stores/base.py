@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, BinaryIO, Protocol
@@ -86,11 +85,6 @@ class Store(Protocol):
     def load_torch(self, step: int, relpath: str, map_location: Any, mmap: bool = False) -> Any:
         """``torch.load(..., weights_only=True)`` of a file of ``step``; ``mmap``: memory-mapped where the store
         holds local files (a reader then touches only the bytes it uses), read whole elsewhere."""
-
-    def read_json(self, step: int, relpath: str) -> Any:
-        """Parsed JSON file of ``step``."""
-        with self.open_file(step, relpath) as f:
-            return json.load(f)
 
     def read_latest(self) -> int | None:
         """Step named by the ``latest`` pointer, None when absent or unreadable."""
