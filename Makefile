@@ -36,10 +36,9 @@ figures: install
 	$(BIN)/worldpipe figures
 
 # --no-skips: a tier that cannot run here (no SLURM cluster, no strace, ...) fails the target instead of skipping.
-# Three xdist workers on two cores: most slow tests wait (on servers, schedulers, fsync, a peer's checkpoint,
-# a Snakemake job's start-up) more than they compute, so two workers leave a core idle about half the time;
-# tests/conftest.py groups them so each module's fixtures, the SLURM cluster and the docs pipelines are built once.
-TEST_WORKERS ?= 3
+# Two xdist workers, one per core (docs/testing.md says why not three); tests/conftest.py groups the tests so each
+# module's fixtures, the SLURM cluster and the docs pipelines are built once.
+TEST_WORKERS ?= 2
 test: install system-deps
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ruff check src tests benchmarks workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
