@@ -1,7 +1,8 @@
 """Config-addressed runs through real Snakemake, torchrun and MLflow, on a throwaway copy of the project.
 
-Two smoke experiments that differ only in that `smoke_wd` spells `trainer.weight_decay` out in its overlay:
-an edit of that key in conf/trainer/default.yaml changes the resolved config of `smoke` alone.
+Two smoke experiments that differ in that `smoke_wd` spells `trainer.weight_decay` out in its overlay (an edit of
+that key in conf/trainer/default.yaml changes the resolved config of `smoke` alone) and trains on a dataset of its
+own (`pendulum_wd`: the smoke dataset's settings with another seed).
 """
 
 from __future__ import annotations
@@ -32,10 +33,19 @@ def smoke_config(repo: Path, experiments: list[str], overrides: list[str] | None
     return config
 
 
-def add_overlay(project: Project, name: str, old: str = "", new: str = "") -> None:
-    """conf/experiment/<name>.yaml: the smoke overlay under another name, with `old` replaced by `new`."""
-    smoke = (project.src / "conf/experiment/smoke.yaml").read_text()
-    text = smoke.replace("experiment_name: smoke", f"experiment_name: {name}").replace(old, new, 1)
+def smoke_wd_config(repo: Path, overrides: list[str] | None = None) -> dict:
+    """The module's pipeline config: `smoke` and `smoke_wd`, the latter on its own dataset."""
+    config = smoke_config(repo, ["smoke", "smoke_wd"], overrides)
+    config["datasets"]["pendulum_wd"] = dict(config["datasets"]["pendulum"], seed=1)
+    return config
+
+
+def add_overlay(project: Project, name: str, *edits: tuple[str, str]) -> None:
+    """conf/experiment/<name>.yaml: the smoke overlay under another name, with each (old, new) edit made."""
+    text = (project.src / "conf/experiment/smoke.yaml").read_text()
+    for old, new in (("experiment_name: smoke", f"experiment_name: {name}"), *edits):
+        assert old in text, old
+        text = text.replace(old, new, 1)
     (project.src / f"conf/experiment/{name}.yaml").write_text(text)
 
 
@@ -54,11 +64,28 @@ def done_record(project: Project, run) -> dict:
 @pytest.fixture(scope="module")
 def project(repo, env_with_venv, tmp_path_factory) -> Project:
     project = Project(repo, tmp_path_factory.mktemp("identity"), env_with_venv)
-    add_overlay(project, "smoke_wd", "trainer:\n", "trainer:\n  weight_decay: 0.0\n")
-    project.write_config(smoke_config(repo, ["smoke", "smoke_wd"]))
+    add_overlay(project, "smoke_wd", ("trainer:\n", "trainer:\n  weight_decay: 0.0\n"),
+                ("data:\n", "data:\n  name: pendulum_wd\n"))
+    project.write_config(smoke_wd_config(repo))
     proc = project.snakemake()
     assert proc.returncode == 0, proc.stderr[-5000:]
     return project
+
+
+def test_each_experiment_trains_on_its_own_dataset(project):
+    datasets, runs = project.plan()
+    seen = {}
+    for name, run in runs.items():
+        record = done_record(project, run)
+        step_dir = project.work / run.dir / "checkpoints" / f"step-{record['final_step']:06d}"
+        identity = json.loads((step_dir / "identity.json").read_text())
+        manifest = json.loads((project.work / run.dataset.dir / "manifest.json").read_text())
+        assert identity["dataset_hash"] == manifest["dataset_hash"]
+        assert identity["config"]["data"]["name"] == run.dataset.name
+        seen[name] = (run.dataset.name, identity["dataset_hash"])
+    assert seen["smoke"][0] == "pendulum" and seen["smoke_wd"][0] == "pendulum_wd"
+    assert seen["smoke"][1] != seen["smoke_wd"][1]
+    assert datasets["pendulum"].dir != datasets["pendulum_wd"].dir
 
 
 def test_trainer_edit_trains_exactly_the_affected_experiment_into_a_new_run(project):
@@ -99,7 +126,7 @@ def test_trainer_edit_trains_exactly_the_affected_experiment_into_a_new_run(proj
 
 def test_safe_key_changes_neither_hash_nor_dag(project, repo):
     _, before = project.plan()
-    project.write_config(smoke_config(repo, ["smoke", "smoke_wd"], ["trainer.log_every=7"]))
+    project.write_config(smoke_wd_config(repo, ["trainer.log_every=7"]))
     try:
         _, after = project.plan()
         assert {name: run.run_hash for name, run in after.items()} == \
@@ -107,13 +134,13 @@ def test_safe_key_changes_neither_hash_nor_dag(project, repo):
         dry = project.snakemake("--dry-run")
         assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
     finally:
-        project.write_config(smoke_config(repo, ["smoke", "smoke_wd"]))
+        project.write_config(smoke_wd_config(repo))
 
 
 def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directory(project, repo):
     _, before = project.plan()
     old = {name: files_of(project.work / run.dir) for name, run in before.items()}
-    project.write_config(smoke_config(repo, ["smoke", "smoke_wd"], ["trainer.lr=0.002"]))
+    project.write_config(smoke_wd_config(repo, ["trainer.lr=0.002"]))
     _, after = project.plan()
     dry = project.snakemake("--dry-run")
     jobs = {job for job in planned_jobs(dry.stdout + dry.stderr) if job[1]}
@@ -155,29 +182,3 @@ def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directo
     assert sorted(p.name for p in experiment_dir.iterdir()) == dirs_at_kill  # resumed, no new directory
     for name, run in before.items():
         assert files_of(project.work / run.dir) == old[name]
-
-
-def test_each_experiment_trains_on_its_own_dataset(repo, env_with_venv, tmp_path):
-    project = Project(repo, tmp_path, env_with_venv)
-    add_overlay(project, "smoke_cartpole", "# @package _global_\n",
-                "# @package _global_\ndefaults:\n  - override /data: cartpole\n")
-    config = smoke_config(repo, ["smoke", "smoke_cartpole"])
-    # A random policy drops the pole within a few steps: too short for the smoke windows.
-    config["datasets"]["cartpole"] = dict(config["datasets"]["pendulum"], env_id="CartPole-v1")
-    project.write_config(config)
-    datasets, runs = project.plan()
-    targets = [f"{run.dir}/train_done.json" for run in runs.values()]
-    proc = project.snakemake(*targets)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    seen = {}
-    for name, run in runs.items():
-        record = done_record(project, run)
-        step_dir = project.work / run.dir / "checkpoints" / f"step-{record['final_step']:06d}"
-        identity = json.loads((step_dir / "identity.json").read_text())
-        manifest = json.loads((project.work / run.dataset.dir / "manifest.json").read_text())
-        assert identity["dataset_hash"] == manifest["dataset_hash"]
-        assert identity["config"]["data"]["name"] == run.dataset.name
-        seen[name] = (run.dataset.name, identity["dataset_hash"])
-    assert seen["smoke"][0] == "pendulum" and seen["smoke_cartpole"][0] == "cartpole"
-    assert seen["smoke"][1] != seen["smoke_cartpole"][1]
-    assert datasets["pendulum"].dir != datasets["cartpole"].dir
