@@ -23,20 +23,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 RUN_RULES = {"train_model", "evaluate_model", "evaluate_control", "plot_loss_curve"}
 
 
-def smoke_config(repo: Path, experiments: list[str], overrides: list[str] | None = None) -> dict:
+def smoke_config(repo: Path, overrides: list[str] | None = None) -> dict:
+    """The module's pipeline config: the smoke pipeline training `smoke` and `smoke_wd`, the latter on its own
+    dataset."""
     config = yaml.safe_load((repo / "conf/pipeline/smoke.yaml").read_text())
-    config["experiments"] = experiments
+    config["experiments"] = ["smoke", "smoke_wd"]
+    config["datasets"]["pendulum_wd"] = dict(config["datasets"]["pendulum"], seed=1)
     config["train"]["overrides"] = overrides or []
     # The closed loop is planned and rerun as a run's rule, in its shortest form (no `worldpipe serve`: the
     # smoke pipeline's tests cover that path).
     config["control"] |= {"episodes": 1, "http_episodes": 0}
-    return config
-
-
-def smoke_wd_config(repo: Path, overrides: list[str] | None = None) -> dict:
-    """The module's pipeline config: `smoke` and `smoke_wd`, the latter on its own dataset."""
-    config = smoke_config(repo, ["smoke", "smoke_wd"], overrides)
-    config["datasets"]["pendulum_wd"] = dict(config["datasets"]["pendulum"], seed=1)
     return config
 
 
@@ -66,7 +62,7 @@ def project(repo, env_with_venv, tmp_path_factory) -> Project:
     project = Project(repo, tmp_path_factory.mktemp("identity"), env_with_venv)
     add_overlay(project, "smoke_wd", ("trainer:\n", "trainer:\n  weight_decay: 0.0\n"),
                 ("data:\n", "data:\n  name: pendulum_wd\n"))
-    project.write_config(smoke_wd_config(repo))
+    project.write_config(smoke_config(repo))
     proc = project.snakemake()
     assert proc.returncode == 0, proc.stderr[-5000:]
     return project
@@ -126,7 +122,7 @@ def test_trainer_edit_trains_exactly_the_affected_experiment_into_a_new_run(proj
 
 def test_safe_key_changes_neither_hash_nor_dag(project, repo):
     _, before = project.plan()
-    project.write_config(smoke_wd_config(repo, ["trainer.log_every=7"]))
+    project.write_config(smoke_config(repo, ["trainer.log_every=7"]))
     try:
         _, after = project.plan()
         assert {name: run.run_hash for name, run in after.items()} == \
@@ -134,13 +130,13 @@ def test_safe_key_changes_neither_hash_nor_dag(project, repo):
         dry = project.snakemake("--dry-run")
         assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
     finally:
-        project.write_config(smoke_wd_config(repo))
+        project.write_config(smoke_config(repo))
 
 
 def test_override_change_trains_new_runs_and_a_killed_one_resumes_in_its_directory(project, repo):
     _, before = project.plan()
     old = {name: files_of(project.work / run.dir) for name, run in before.items()}
-    project.write_config(smoke_wd_config(repo, ["trainer.lr=0.002"]))
+    project.write_config(smoke_config(repo, ["trainer.lr=0.002"]))
     _, after = project.plan()
     dry = project.snakemake("--dry-run")
     jobs = {job for job in planned_jobs(dry.stdout + dry.stderr) if job[1]}
