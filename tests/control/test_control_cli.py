@@ -96,3 +96,33 @@ def test_a_record_that_does_not_match_what_reruns_is_named(evaluated):
     assert differences[0].startswith("checkpoint digest: recorded ffffffffffffffff")
     assert any(line.startswith("planner episode 1: actions differ") for line in differences)
     assert "ceiling: returns differ" in differences
+
+
+def test_references_played_once_give_the_same_record(evaluated):
+    """The model-free contenders from `control references` (the pipeline's shared job) make the record the full
+    evaluation makes, episode for episode; references of another run seed are refused in one line."""
+    root, env, checkpoints = evaluated["root"], evaluated["env"], evaluated["checkpoints"]
+    settings = ["--env-id", "Pendulum-v1", "--behaviour-policy", "noisy_controller", *TINY]
+    for seed in (0, 1):
+        made = _worldpipe(["control", "references", *settings, "--run-seed", str(seed), "--out",
+                           str(root / f"references-{seed}.json")], env, root)
+        assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-3000:]
+    references = json.loads((root / "references-0.json").read_text())
+    assert set(references["contenders"]) == {"random", "behaviour", "ceiling"}
+    proc = _worldpipe(["control", "evaluate", "--checkpoints", checkpoints, *settings, "--references",
+                       str(root / "references-0.json"), "--out", str(root / "with-references.json"), "--no-tracking"],
+                      env, root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with_references, full = json.loads((root / "with-references.json").read_text()), evaluated["record"]
+    for name, contender in full["contenders"].items():
+        taken = with_references["contenders"][name]
+        assert (taken["returns"], taken["actions_sha256"]) == (contender["returns"], contender["actions_sha256"]), name
+        assert taken["score"] == contender["score"], name
+    # the smoke run trains with seed 0: references for seed 1 are another run's
+    refused = _worldpipe(["control", "evaluate", "--checkpoints", checkpoints, *settings, "--references",
+                          str(root / "references-1.json"), "--out", str(root / "refused.json"), "--no-tracking"],
+                         env, root)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
+    assert "references-1.json" in lines[0] and "run seed 1" in lines[0] and "seed is 0" in lines[0], lines[0]
+    assert not (root / "refused.json").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -88,6 +89,22 @@ def test_each_loop_counts_its_real_steps_and_times_each_round_by_part(scratch):
         assert second["loop_wall_clock_s"] == pytest.approx(
             first["loop_wall_clock_s"] + second["wall_clock_s"]["collection"] + second["wall_clock_s"]["training"])
         assert second["lineage"]["episodes"] == {"copied": 2, "collected": 1}
+
+
+def test_the_rounds_share_one_evaluation_of_the_model_free_contenders(scratch):
+    """Random actions, the behaviour policy and the ceiling do not use a round's model: the loop's rounds take them
+    from one `evaluate_references` job (its seed's) instead of playing them again each round."""
+    (references,) = (scratch.work / "results/control/references").glob("*/seed-0.json")
+    played = json.loads(references.read_text())["contenders"]
+    records = [record for record in (scratch.work / "results/runs/scratch_smoke").glob("*/control/*/control.json")
+               if not record.parents[2].is_symlink()]  # not through `latest`
+    assert len(records) == 2  # loop 0's two rounds
+    for record in map(json.loads, map(Path.read_text, records)):
+        assert record["run_seed"] == 0
+        for name in ("random", "behaviour", "ceiling"):
+            contender = record["contenders"][name]
+            assert (contender["returns"], contender["actions_sha256"]) == (
+                played[name]["returns"], played[name]["actions_sha256"]), name
 
 
 def test_a_round_starts_from_the_previous_rounds_weights(scratch):

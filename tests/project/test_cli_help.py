@@ -14,14 +14,14 @@ from worldpipe.cli import build_cli, main
 BENCHMARKS = ["bench activations", "bench checkpoint", "bench comm", "bench compile", "bench loader", "bench loop",
               "bench numerics", "bench pipeline", "bench plan", "bench rollout", "bench startup", "bench step"]
 COMMANDS = ["bench", *BENCHMARKS, "ckpt", "ckpt digest", "ckpt list", "ckpt verify", "compare",
-            "control", "control evaluate", "control rerun", "control yardstick", "data", "data info", "data init",
+            "control", "control evaluate", "control references", "control rerun", "control yardstick", "data", "data info", "data init",
             "data seal", "data verify", "data write", "evaluate", "figures", "plan", "rerun", "resume", "rollout", "rounds",
             "rounds summarize", "rounds time-to-quality", "runs",
             "runs begin", "runs end", "runs list", "runs status", "serve", "sweep", "sweep link", "sweep open",
             "sweep points", "sweep summarize", "tracking", "tracking server", "tracking status", "tracking sync"]
 # The commands with defaulted options (numbers, names): their help shows each default.
 # Every benchmark has defaulted options: `worldpipe bench NAME --help` shows each default.
-DEFAULTED = {"control evaluate", "control yardstick", "evaluate", "figures", "plan", "rerun", "rounds summarize",
+DEFAULTED = {"control evaluate", "control references", "control yardstick", "evaluate", "figures", "plan", "rerun", "rounds summarize",
              "runs status", "serve", "tracking server", *BENCHMARKS}
 
 

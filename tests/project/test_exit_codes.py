@@ -30,6 +30,8 @@ REFUSALS: dict[str, tuple[list[str], list[str]]] = {
     "control evaluate": (["{tmp}/none", "--out", "{tmp}/o.json"], ["{tmp}/none", "no such directory"]),
     "control yardstick": (["--env-id", "Bogus-v9", "--out", "{tmp}/o.json"],
                           ["--env-id Bogus-v9", "true simulator"]),
+    "control references": (["--env-id", "Bogus-v9", "--behaviour-policy", "random", "--run-seed", "0", "--out",
+                            "{tmp}/o.json"], ["--env-id Bogus-v9", "no such Gymnasium environment"]),
     "control rerun": (["{tmp}/none.json", "{tmp}"], ["{tmp}/none.json", "not a readable control evaluation record"]),
     "data init": (["--spec", "{{bad", "--store", "{tmp}/s"], ["--spec", "not a dataset spec"]),
     "data write": (["--spec", "{{}}", "--store", "{tmp}/s", "--shards", "0:1"], ["--spec", "not a dataset spec"]),

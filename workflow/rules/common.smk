@@ -78,6 +78,7 @@ wildcard_constraints:
     run_hash=HASH_PATTERN,
     eval_hash=HASH_PATTERN,
     control_hash=HASH_PATTERN,
+    run_seed=r"\d+",
     experiment="|".join(re.escape(name) for name in sorted({experiment for experiment, _ in RUNS_BY_HASH})),
 
 
@@ -130,12 +131,8 @@ def run_file(rule_output, run):
     )
 
 
-def control_options(wildcards):
-    """`worldpipe control evaluate`'s options for a run's current closed-loop evaluation, quoted for the shell."""
-    run = run_of(wildcards)
-    if run.control_hash is None or paths.short(run.control_hash) != wildcards.control_hash:
-        raise WorkflowError(f"control/{wildcards.control_hash} of {run.dir} is not its current closed-loop evaluation")
-    settings = control_settings(config, run.dataset)
+def _setting_options(settings):
+    """The closed-loop settings as options of `worldpipe control evaluate` and `control references`."""
     options = [
         f"--{key.replace('_', '-')}={settings[key]}"
         for key in ("env_id", "behaviour_policy", "max_steps", "episodes", "seed", "context", "planner", "http_episodes")
@@ -143,6 +140,34 @@ def control_options(wildcards):
     ]
     options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
     options += [f"--ceiling-set={override}" for override in settings.get("ceiling_overrides", [])]
+    return options
+
+
+def control_options(wildcards):
+    """`worldpipe control evaluate`'s options for a run's current closed-loop evaluation, quoted for the shell."""
+    run = run_of(wildcards)
+    if run.control_hash is None or paths.short(run.control_hash) != wildcards.control_hash:
+        raise WorkflowError(f"control/{wildcards.control_hash} of {run.dir} is not its current closed-loop evaluation")
+    return " ".join(shlex.quote(option) for option in _setting_options(control_settings(config, run.dataset)))
+
+
+def references_file(rule_output, run):
+    """The model-free contenders' file a run's closed-loop evaluation takes (its control settings and seed)."""
+    return rule_output.format(control_hash=paths.short(run.control_hash), run_seed=run.seed)
+
+
+def references_options(wildcards):
+    """`worldpipe control references`' options for one closed-loop setting and run seed, quoted for the shell:
+    the settings of any planned run with that control hash, the env as its training data's spec makes it."""
+    run = next((r for r in RUNS_BY_HASH.values() if r.control_hash and paths.short(r.control_hash) == wildcards.control_hash),
+               None)
+    if run is None:
+        raise WorkflowError(f"control/references/{wildcards.control_hash} is no current closed-loop evaluation's")
+    spec = run.dataset.spec
+    options = _setting_options(control_settings(config, run.dataset))
+    options += [f"--action-repeat={int(spec.get('action_repeat', 1))}", f"--run-seed={wildcards.run_seed}"]
+    if spec.get("observation_keys"):
+        options.append(f"--observation-keys={','.join(spec['observation_keys'])}")
     return " ".join(shlex.quote(option) for option in options)
 
 

@@ -3,10 +3,31 @@
 # setting, so a changed setting adds one beside the earlier. After evaluate_model: the logged model it annotates.
 
 
+# The contenders that do not use the run's model (random actions, the behaviour policy, the planner with the true
+# simulator) once per closed-loop setting and run seed: every run with both takes them (a loop's rounds, experiments
+# on the same data), so the ceiling's true-simulator episodes run once, not once per run.
+rule evaluate_references:
+    output:
+        record=f"{RESULTS}/control/references/{{control_hash}}/seed-{{run_seed}}.json",
+    params:
+        options=references_options,
+    conda:
+        "../envs/worldpipe.yaml"
+    resources:
+        **rule_resources("evaluate_references"),
+    log:
+        f"{LOGS}/evaluate_references/{{control_hash}}-seed-{{run_seed}}.log",
+    benchmark:
+        f"{RULE_BENCHMARKS}/evaluate_references/{{control_hash}}-seed-{{run_seed}}.tsv"
+    shell:
+        "worldpipe control references {params.options} --out {output.record} > {log} 2>&1"
+
+
 rule evaluate_control:
     input:
         done=rules.train_model.output.done,
         evaluated=lambda wildcards: run_file(rules.evaluate_model.output.metrics, run_of(wildcards)),
+        references=lambda wildcards: references_file(rules.evaluate_references.output.record, run_of(wildcards)),
     output:
         record=f"{RUNS}/{{experiment}}/{{run_hash}}/{paths.CONTROL_DIR}/{{control_hash}}/control.json",
         returns=report(
@@ -41,7 +62,7 @@ rule evaluate_control:
     benchmark:
         f"{RULE_BENCHMARKS}/evaluate_control/{{experiment}}-{{run_hash}}-{{control_hash}}.tsv"
     shell:
-        "worldpipe control evaluate --checkpoints {params.checkpoints} {params.options}"
+        "worldpipe control evaluate --checkpoints {params.checkpoints} {params.options} --references {input.references}"
         " --out {output.record} --plot {output.returns} --loop-plot {output.loop} --pictures {output.pictures}"
         " > {log} 2>&1"
 

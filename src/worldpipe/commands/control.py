@@ -32,26 +32,30 @@ def register(cli: click.Group) -> None:
                                         "data records)"),
         click.Option(["--behaviour-policy"], help="policy that collected the training data (default: the one its "
                                                   "training data records)"),
-        click.Option(["--max-steps"], type=int, default=200, show_default=True, help="steps per episode"),
-        click.Option(["--episodes"], type=int, default=20, show_default=True, help="held-out seeds"),
-        click.Option(["--seed"], type=int, default=5000, show_default=True,
-                     help="root of the held-out episode seeds (no dataset's seed)"),
-        click.Option(["--context"], type=int, default=8, show_default=True, help="observed steps the model filters"),
-        click.Option(["--planner"], default="mppi", show_default=True, help="conf/planner/<name>.yaml"),
-        click.Option(["--set", "planner_overrides"], multiple=True, metavar="KEY=VALUE",
-                     help="planner setting (repeatable), e.g. --set horizon=20"),
-        click.Option(["--ceiling-set", "ceiling_overrides"], multiple=True, metavar="KEY=VALUE",
-                     help="the ceiling's planner setting over the planner's (repeatable): its budget, measured by "
-                          "`worldpipe control yardstick`, e.g. --ceiling-set samples=512"),
-        click.Option(["--http-episodes"], type=int, default=0, show_default=True,
-                     help="episodes the planner also plays with the model behind `worldpipe serve` (over HTTP): "
-                          "a latency probe of the loop, not a score"),
+        *_settings_options(),
+        click.Option(["--references"], type=click.Path(exists=True, dir_okay=False),
+                     help="JSON of `worldpipe control references` with these settings and the run's seed: its "
+                          "random, behaviour and ceiling episodes are taken, not played again"),
         click.Option(["--out"], required=True, help="metrics JSON to write"),
         click.Option(["--plot"], help="returns bar chart (PNG) to write"),
         click.Option(["--loop-plot"], help="control-loop split (PNG) to write"),
         click.Option(["--pictures"], help="folder for a pixel model's episode GIF (true beside imagined frames)"),
         click.Option(["--tracking-uri"], help="MLflow to log to (default: the run's recorded URI)"),
         click.Option(["--no-tracking"], is_flag=True, help="do not log to MLflow"),
+    ]))
+    control.add_command(command("references", _references, "The contenders that do not use a model (random "
+                                "actions, the behaviour policy, the planner with the true simulator) on the held-out "
+                                "seeds of runs with seed RUN_SEED: one JSON that `control evaluate --references` "
+                                "takes for every run with the same settings and seed.", [
+        click.Option(["--env-id"], required=True, help="Gymnasium env"),
+        click.Option(["--behaviour-policy"], required=True, help="policy that collected the training data"),
+        click.Option(["--action-repeat"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="control steps each action is held for (the training data's spec)"),
+        click.Option(["--observation-keys"], help="comma-separated order a dict observation is flattened in (the "
+                                                  "training data's spec)"),
+        click.Option(["--run-seed"], type=int, required=True, help="the evaluated runs' `seed`"),
+        *_settings_options(),
+        click.Option(["--out"], required=True, help="references JSON to write"),
     ]))
     control.add_command(command("rerun", _rerun, "Repeat a recorded closed-loop evaluation from its metrics JSON "
                                 "and compare bit for bit (exit 1 on any difference).\n\nRECORD: the metrics JSON of "
@@ -79,20 +83,71 @@ def register(cli: click.Group) -> None:
     cli.add_command(control)
 
 
+def _settings_options() -> list[click.Option]:
+    """The closed-loop settings `control evaluate` and `control references` share (one home for both)."""
+    return [
+        click.Option(["--max-steps"], type=int, default=200, show_default=True, help="steps per episode"),
+        click.Option(["--episodes"], type=int, default=20, show_default=True, help="held-out seeds"),
+        click.Option(["--seed"], type=int, default=5000, show_default=True,
+                     help="root of the held-out episode seeds (no dataset's seed)"),
+        click.Option(["--context"], type=int, default=8, show_default=True, help="observed steps the model filters"),
+        click.Option(["--planner"], default="mppi", show_default=True, help="conf/planner/<name>.yaml"),
+        click.Option(["--set", "planner_overrides"], multiple=True, metavar="KEY=VALUE",
+                     help="planner setting (repeatable), e.g. --set horizon=20"),
+        click.Option(["--ceiling-set", "ceiling_overrides"], multiple=True, metavar="KEY=VALUE",
+                     help="the ceiling's planner setting over the planner's (repeatable): its budget, measured by "
+                          "`worldpipe control yardstick`, e.g. --ceiling-set samples=512"),
+        click.Option(["--http-episodes"], type=int, default=0, show_default=True,
+                     help="episodes the planner also plays with the model behind `worldpipe serve` (over HTTP): "
+                          "a latency probe of the loop, not a score"),
+    ]
+
+
+def _planners(args) -> tuple[dict, dict]:
+    """The planner's config and the ceiling's (the same planner at its own budget; empty where none is set)."""
+    from worldpipe.config.paths import conf_dir
+    from worldpipe.config.planner import planner_config
+
+    planner = planner_config(args.planner, list(args.planner_overrides), conf_dir())
+    ceiling = (planner_config(args.planner, [*args.planner_overrides, *args.ceiling_overrides], conf_dir())
+               if args.ceiling_overrides else {})
+    return planner, ceiling
+
+
+def _references(args) -> int:
+    from worldpipe.control.checks import check_counts, check_env
+    from worldpipe.control.evaluation import ControlSettings, evaluate_references
+
+    check_counts(args.max_steps, args.episodes, args.context, args.http_episodes)
+    check_env(args.env_id, args.behaviour_policy, {})  # no model here: the env, its true simulator and the policy
+    planner, ceiling = _planners(args)
+    keys = [key for key in (args.observation_keys or "").split(",") if key] or None
+    settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
+                               args.context, planner, args.http_episodes, ceiling, args.action_repeat, keys)
+    references = evaluate_references(settings, args.run_seed)
+    write_text_atomic(Path(args.out), json.dumps(references, indent=1))
+    for name, contender in references["contenders"].items():
+        print(f"{name:>10}: {len(contender['returns'])} episodes, mean return "
+              f"{sum(contender['returns']) / len(contender['returns']):.1f}")
+    return 0
+
+
 def _evaluate(args) -> int:
     where = locate(args)
     pin_recorded_numerics(where)  # the evaluated run's code paths, before torch computes
-    from worldpipe.config.paths import conf_dir
-    from worldpipe.config.planner import planner_config
-    from worldpipe.control.checks import check_counts, check_env, recorded_env, settled_env
-    from worldpipe.control.evaluation import ControlSettings, evaluate_control
+    from worldpipe.control.checks import (
+        ControlSettingsError,
+        check_counts,
+        check_env,
+        recorded_env,
+        settled_env,
+    )
+    from worldpipe.control.dynamics import ControlError
+    from worldpipe.control.evaluation import ControlSettings, check_references, evaluate_control
 
     # Refused before any episode runs, cheapest first (each one line naming the option, exit 2).
     check_counts(args.max_steps, args.episodes, args.context, args.http_episodes)
-    planner = planner_config(args.planner, list(args.planner_overrides), conf_dir())
-    # The ceiling: the same planner and settings at its own budget (empty where none is set: the planner's).
-    ceiling = (planner_config(args.planner, [*args.planner_overrides, *args.ceiling_overrides], conf_dir())
-               if args.ceiling_overrides else {})
+    planner, ceiling = _planners(args)
     identity = recorded_identity(where)
     recorded = recorded_env(identity)
     env_id, policy = settled_env(args.env_id, args.behaviour_policy, recorded)
@@ -104,7 +159,14 @@ def _evaluate(args) -> int:
     gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
     if args.pictures:
         Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model
-    result = evaluate_control(where.root, settings, step=where.step, gif=gif)
+    references = None
+    if args.references:
+        try:
+            references = json.loads(Path(args.references).read_text())
+            check_references(references, settings, int((identity.get("config") or {}).get("seed", 0)))
+        except (ValueError, AttributeError, ControlError) as err:
+            raise ControlSettingsError(f"--references {args.references}: {err}") from None
+    result = evaluate_control(where.root, settings, step=where.step, gif=gif, references=references)
     _write(result, args.out, args.plot, args.loop_plot)
     _print_summary(result)
     if args.no_tracking:

@@ -47,6 +47,10 @@ from worldpipe.measure.energy import EnergyMeter
 from worldpipe.rollout.streams import StreamId
 
 CONTENDERS = ("random", "behaviour", "planner", "ceiling")
+# The contenders that do not act with the run's model: their episodes depend on the settings and the run's seed
+# only, so the runs that share both (a loop's rounds; experiments on the same data and seed) share one evaluation of
+# them (:func:`evaluate_references`). The ceiling's true-simulator rollouts are most of an evaluation's time.
+MODEL_FREE = ("random", "behaviour", "ceiling")
 # The planner with the model behind `worldpipe serve` (settings.http_episodes): a latency probe, not a contender.
 HTTP_CONTENDER = "planner_http"
 HTTP_PROBE = "http_probe"
@@ -259,11 +263,39 @@ def long_lived_heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def evaluate_references(settings: ControlSettings, run_seed: int) -> dict[str, Any]:
+    """The model-free contenders (:data:`MODEL_FREE`) on the held-out seeds of a run with seed ``run_seed``: what
+    :func:`evaluate_control` takes as ``references`` for every run with these settings and that seed."""
+    if settings.episodes < 1 or settings.max_steps < 1:
+        raise ControlError("control episodes and max_steps must be >= 1")
+    torch.set_num_threads(1)  # as in evaluate_control: the same bits
+    with long_lived_heap_frozen():
+        contenders = {name: run_contender(name, settings, None, run_seed) for name in MODEL_FREE}
+    for contender in contenders.values():
+        del contender["pictured"]  # only the planner's episodes are pictured
+    return {"settings": settings_record(settings), "run_seed": run_seed, "contenders": contenders}
+
+
+def check_references(references: dict[str, Any], settings: ControlSettings, run_seed: int) -> None:
+    """The references were made with these settings and this run seed, else ControlError naming what differs."""
+    made = references.get("settings") or {}
+    wanted = settings_record(settings)
+    differing = sorted(key for key in made.keys() | wanted.keys() if made.get(key) != wanted.get(key))
+    if differing:
+        raise ControlError(f"the references were evaluated with other settings ({', '.join(differing)}: "
+                           f"{[made.get(k) for k in differing]} there, {[wanted.get(k) for k in differing]} here)")
+    if references.get("run_seed") != run_seed:
+        raise ControlError(f"the references were evaluated for run seed {references.get('run_seed')}, the run's "
+                           f"seed is {run_seed}")
+
+
 def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | None = None,
-                     gif: str | None = None) -> dict[str, Any]:
+                     gif: str | None = None, references: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every contender on the held-out seeds; the result :func:`rerun_control` can repeat.
 
     ``gif``: where a pixel model's first planned episode goes as a GIF (true frames beside imagined ones).
+    ``references``: the model-free contenders' episodes from :func:`evaluate_references` with the same settings and
+    the run's seed (checked; ControlError otherwise), played here only where not given.
     """
     if settings.episodes < 1 or settings.max_steps < 1:
         raise ControlError("control episodes and max_steps must be >= 1")
@@ -272,8 +304,12 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     model.eval()
     digest = state_digest(CheckpointManager(checkpoints).load(identity["step"]))
     run_seed = int(identity["config"].get("seed", 0))
+    if references is not None:
+        check_references(references, settings, run_seed)
+    given = {} if references is None else references["contenders"]
     with long_lived_heap_frozen():
-        contenders = {name: run_contender(name, settings, model, run_seed, pixel_size_of(model))
+        contenders = {name: given[name] if name in given else
+                      run_contender(name, settings, model, run_seed, pixel_size_of(model))
                       for name in CONTENDERS}
         if settings.http_episodes > 0:
             with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here

@@ -60,6 +60,7 @@ class Run:
     # The closed-loop evaluation's settings (one control/<control-hash>/ each); None: no closed loop for this run
     # (the pipeline config has no `control:`, or the env's actions are discrete).
     control_hash: str | None = None
+    seed: int = 0  # the run's `seed`: with the control settings, what its model-free contenders' episodes depend on
 
     @property
     def dir(self) -> str:
@@ -162,7 +163,8 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     cfg_hash = config_hash(cfg)
     evaluation = canonical_hash({"heldout_spec_hash": heldout.spec_hash, **config["evaluate"]})
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
-               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1], control_hash(config, dataset, conf))
+               evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1], control_hash(config, dataset, conf),
+               int(cfg.seed))
 
 
 def control_settings(config: Mapping[str, Any], dataset: Dataset) -> dict[str, Any] | None:
