@@ -31,6 +31,7 @@ ANCHORS: dict[str, list[dict[str, Any]]] = {
     ],
     "dm_control/cartpole-swingup-v0": [
         {"agent": "DreamerV3 (pixels)", "return": 615.0, "steps": 100_000, "source": "DreamerV3 paper, from pixels"},
+        {"agent": "DreamerV3 (pixels)", "return": 845.0, "steps": 500_000, "source": "DreamerV3 paper, from pixels"},
     ],
     "dm_control/pendulum-swingup-v0": [
         {"agent": "TD-MPC2 (state)", "return": 724.0, "steps": 100_000, "source": "TD-MPC2 published results"},
