@@ -243,6 +243,6 @@ def test_hydra_refusals_are_one_line_naming_the_key_and_the_fix(overrides, line)
 def test_an_unknown_experiment_lists_the_available_ones_in_one_short_line():
     with pytest.raises(ConfigError) as refused:
         checked_config(["experiment=nope"])
-    text = str(refused.value)
-    assert text.startswith("config group 'experiment': no option 'nope'; available: ") and "smoke" in text
-    assert "\n" not in text and "search path" not in text and len(text) < 300
+    # the option names and nothing else (Hydra's own message is several lines with the search path)
+    experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    assert str(refused.value) == f"config group 'experiment': no option 'nope'; available: {', '.join(experiments)}"
