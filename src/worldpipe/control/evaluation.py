@@ -263,12 +263,17 @@ def long_lived_heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _prepare(settings: ControlSettings) -> None:
+    """Refuse empty settings; one thread, so that a decision's bits do not depend on how many cores there are."""
+    if settings.episodes < 1 or settings.max_steps < 1:
+        raise ControlError("control episodes and max_steps must be >= 1")
+    torch.set_num_threads(1)
+
+
 def evaluate_references(settings: ControlSettings, run_seed: int) -> dict[str, Any]:
     """The model-free contenders (:data:`MODEL_FREE`) on the held-out seeds of a run with seed ``run_seed``: what
     :func:`evaluate_control` takes as ``references`` for every run with these settings and that seed."""
-    if settings.episodes < 1 or settings.max_steps < 1:
-        raise ControlError("control episodes and max_steps must be >= 1")
-    torch.set_num_threads(1)  # as in evaluate_control: the same bits
+    _prepare(settings)
     with long_lived_heap_frozen():
         contenders = {name: run_contender(name, settings, None, run_seed) for name in MODEL_FREE}
     for contender in contenders.values():
@@ -297,9 +302,7 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     ``references``: the model-free contenders' episodes from :func:`evaluate_references` with the same settings and
     the run's seed (checked; ControlError otherwise), played here only where not given.
     """
-    if settings.episodes < 1 or settings.max_steps < 1:
-        raise ControlError("control episodes and max_steps must be >= 1")
-    torch.set_num_threads(1)  # one decision's bits must not depend on how many cores the machine has
+    _prepare(settings)
     model, identity = load_model(checkpoints, step)
     model.eval()
     digest = state_digest(CheckpointManager(checkpoints).load(identity["step"]))
