@@ -130,8 +130,9 @@ def test_control_null_plans_no_closed_loop(repo, tmp_path, env_with_venv):
     without = snakemake(repo, tmp_path / "without", env_with_venv, [], "-n", control=None)
     assert with_loop.returncode == 0 and without.returncode == 0, with_loop.stderr[-3000:] + without.stderr[-3000:]
     rules = lambda proc: {rule for rule, _ in planned_jobs(proc.stdout + proc.stderr)}  # noqa: E731
-    assert {"evaluate_control", "plot_control_overview"} <= rules(with_loop)
-    assert rules(without) == rules(with_loop) - {"evaluate_control", "plot_control_overview"}
+    closed_loop = {"evaluate_control", "evaluate_references", "plot_control_overview"}
+    assert closed_loop <= rules(with_loop)
+    assert rules(without) == rules(with_loop) - closed_loop
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ def test_a_budget_that_cannot_work_is_one_line(rounds, needle):
 
 @pytest.mark.slow  # composes a Hydra config per round of every loop (seconds each)
 def test_loops_warm_start_from_the_previous_round_and_differ_only_in_their_seeds():
-    config = scratch_config(loop_seeds=[0, 3], budget_steps=1200)
+    config = scratch_config(loop_seeds=[0, 3], budget_steps=1200, episodes=2)
     known, _ = plan(config, CONF)
     loops = plan_loops(config, known, CONF)
     assert [len(found) for found in loops] == [3, 3]  # 400 random steps, then two rounds of 400

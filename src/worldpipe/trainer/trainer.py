@@ -345,11 +345,19 @@ class Trainer:
 
     def fit(self) -> dict:
         """setup → resume → loop → finish; returns the completion record."""
-        self.setup()
-        self.resume()
         try:
-            digest, preempted = self.loop()
-            return self.finish(digest, preempted)
-        except Exception:
-            self.records.failed()
-            raise
+            self.setup()
+            self.resume()
+            try:
+                digest, preempted = self.loop()
+                return self.finish(digest, preempted)
+            except Exception:
+                self.records.failed()
+                raise
+        finally:
+            # The loader's prefetch thread is a daemon: left running past a failure in setup or the loop, it can be
+            # inside torch's C++ when the interpreter ends, which then aborts (SIGABRT) instead of exiting with the
+            # error's status. Closing is idempotent: a loop that ended has closed it already.
+            loader = getattr(self, "loader", None)
+            if loader is not None:
+                loader.close()
