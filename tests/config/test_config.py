@@ -4,13 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from worldpipe.config.compose import compose_config
+from worldpipe.config.compose import compose_config, with_values
 from worldpipe.config.identity import (
     ConfigError,
     config_diff,
     config_hash,
     flatten,
     identity_config,
+    to_container,
 )
 from worldpipe.config.paths import CONF_DIR
 from worldpipe.launch.launcher import torchrun_command
@@ -149,3 +150,18 @@ def test_planner_is_a_group_like_the_others_outside_the_run_identity():
     assert config_hash(cem) == config_hash(plain)  # training does not read it
     with pytest.raises(ConfigError, match=r"^config group 'planner': no option 'bogus'; available: cem, mppi$"):
         compose_config(["experiment=smoke", "planner=bogus"])
+
+
+def test_values_set_on_a_composed_config_equal_composing_with_them():
+    # A loop's rounds differ from its round 0 only in values: set on a copy, the config is the one Hydra composes.
+    base = ["experiment=pendulum_scratch", "parallel.nproc_per_node=1"]
+    values = ["data.name=pendulum_random-round3", "seed=3", "+init_from=pendulum_scratch/00ab12", "trainer.lr=3e-4"]
+    composed_base = compose_config(base)
+    derived = with_values(composed_base, values)
+    assert to_container(derived) == to_container(compose_config([*base, *values]))
+    assert config_hash(derived) == config_hash(compose_config([*base, *values])) != config_hash(composed_base)
+    assert "init_from" not in composed_base  # a copy: the base is unchanged
+    with pytest.raises(ValueError, match="not a plain value"):
+        with_values(composed_base, ["model=gru"])
+    with pytest.raises(ConfigError, match="config key 'trainer.lr_typo': not a key of the trainer group"):
+        with_values(composed_base, ["trainer.lr_typo=0.1"])

@@ -46,7 +46,6 @@ def test_a_budget_that_cannot_work_is_one_line(rounds, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.slow  # composes a Hydra config per round of every loop (seconds each)
 def test_loops_warm_start_from_the_previous_round_and_differ_only_in_their_seeds():
     config = scratch_config(loop_seeds=[0, 3], budget_steps=1200, episodes=2)
     known, _ = plan(config, CONF)
@@ -69,7 +68,6 @@ def test_loops_warm_start_from_the_previous_round_and_differ_only_in_their_seeds
     assert rounds_id(first) != rounds_id(other) and loops_id(loops).startswith("loops-")
 
 
-@pytest.mark.slow  # composes a Hydra config per round (seconds each)
 def test_the_warm_start_is_part_of_every_later_rounds_identity():
     warm = plan_loops(scratch_config(loop_seeds=[0], budget_steps=800), plan(scratch_config(), CONF)[0], CONF)[0]
     config = scratch_config(loop_seeds=[0], budget_steps=800, warm_start=False)

@@ -20,13 +20,13 @@ import yaml
 from omegaconf import DictConfig
 
 from worldpipe.config import paths
-from worldpipe.config.compose import compose_config, value_override
+from worldpipe.config.compose import compose_config, value_override, with_values
 from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.config.tracking_uri import tracking_uri_problem
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec, spec_hash
-from worldpipe.launch.preflight import check_window, checked_config
+from worldpipe.launch.preflight import check_window, checked_config, validate
 
 HELDOUT_SUFFIX = "-heldout"
 
@@ -131,24 +131,29 @@ def training_settings(config: Mapping[str, Any], tracking_uri: str) -> list[str]
 
 def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dataset],
              conf: Path | None = None, extra: Sequence[str] = (), key: str = "experiments",
-             heldout: str | None = None) -> Run:
+             heldout: str | None = None, base: DictConfig | None = None) -> Run:
     """Compose one experiment's config and address its run; PipelineError names what does not fit.
 
     ``extra``: further identity overrides (a collection round's ``data.name``). ``key``: the pipeline config's key
     that names the experiment, as refusals name it (``experiments``, ``rounds.experiment``). ``heldout``: the
     dataset whose held-out sibling evaluates the run (default: its own, or its collection's round 0's).
+    ``base``: the experiment's config as :func:`compose_run` composed it; ``extra`` must then be plain values,
+    set on a copy of it instead of composing again (a loop's rounds).
     """
     overrides = [*identity_overrides(config, experiment), *extra]
+    conf = conf or paths.conf_dir()
     try:
         # Validated (types, ranges, layout against world size) with the settings too, so a bad value stops the
         # pipeline while the Snakefile is parsed, before any data stage runs; the settings cannot change the hash.
         # A pass is remembered: later parses with the same config and code skip importing torch for it.
-        cfg = checked_config([*overrides, *training_settings(config, "")], conf or paths.conf_dir(),
-                             remember_pass=True)
+        everything = [*overrides, *training_settings(config, "")]
+        if base is None:
+            cfg = checked_config(everything, conf, remember_pass=True)
+        else:
+            cfg = with_values(base, extra, conf)
+            validate(cfg, everything, conf, remember_pass=True)
     except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
-        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        raise PipelineError(f"{key}: experiment {experiment!r} does not compose with overrides "
-                            f"{list(config['train'].get('overrides', []))}: {message}") from None
+        raise _not_composed(config, experiment, key, err) from None
     name = str(cfg.data.name)
     if name not in known or name.endswith(HELDOUT_SUFFIX):
         raise PipelineError(f"{key}: {experiment!r} trains on data.name={name!r}, which is not under "
@@ -165,6 +170,24 @@ def plan_run(config: Mapping[str, Any], experiment: str, known: Mapping[str, Dat
     return Run(experiment, tuple(overrides), cfg_hash, dataset, heldout, run_hash(cfg_hash, dataset.spec_hash),
                evaluation, str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1], control_hash(config, dataset, conf),
                int(cfg.seed))
+
+
+def _not_composed(config: Mapping[str, Any], experiment: str, key: str, err: Exception) -> PipelineError:
+    message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return PipelineError(f"{key}: experiment {experiment!r} does not compose with overrides "
+                         f"{list(config['train'].get('overrides', []))}: {message}")
+
+
+def compose_run(config: Mapping[str, Any], experiment: str, conf: Path | None = None,
+                key: str = "experiments") -> DictConfig:
+    """The experiment's checked config under the pipeline's overrides, composed once for :func:`plan_run`'s
+    ``base`` (the runs that differ from it only in values); PipelineError as :func:`plan_run` words it."""
+    overrides = identity_overrides(config, experiment)
+    try:
+        return checked_config([*overrides, *training_settings(config, "")], conf or paths.conf_dir(),
+                              remember_pass=True)
+    except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types; all are config errors
+        raise _not_composed(config, experiment, key, err) from None
 
 
 def control_settings(config: Mapping[str, Any], dataset: Dataset) -> dict[str, Any] | None:

@@ -39,11 +39,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
 from worldpipe.config import paths
 from worldpipe.config.planner import PlannerConfigError, planner_config
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec, spec_hash
-from worldpipe.pipeline.plan import HELDOUT_SUFFIX, Dataset, PipelineError, Run, plan_run
+from worldpipe.pipeline.plan import HELDOUT_SUFFIX, Dataset, PipelineError, Run, compose_run, plan_run
 
 TRAIN_ON = ("union", "latest")
 # Round k of loop s collects from seed rounds.seed + k + LOOP_SEED_STRIDE * s: loops never share a round's seeds.
@@ -127,9 +129,11 @@ def plan_rounds(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path
     if not config.get("control"):
         raise PipelineError("rounds: needs the pipeline config's `control:` section (the closed-loop evaluation "
                             "that scores every round's model on the same held-out seeds)")
-    first = Round(0, plan_run(config, experiment, known, conf, key="rounds.experiment"))
+    # Composed once: every round's config is this one with other values (data.name, seed, init_from).
+    base_cfg = compose_run(config, experiment, conf, key="rounds.experiment")
+    first = Round(0, plan_run(config, experiment, known, conf, key="rounds.experiment", base=base_cfg))
     if loop_seed:
-        first = Round(0, _loop_run(config, experiment, known, conf, first.dataset, loop_seed))
+        first = Round(0, _loop_run(config, experiment, known, conf, first.dataset, loop_seed, base_cfg))
     base = first.dataset
     if base.spec["env_id"] not in CONTINUOUS_ACTION_ENVS or base.spec.get("pixels"):
         raise PipelineError(f"rounds: experiment {experiment!r} trains on {base.name} ({base.spec['env_id']}"
@@ -151,13 +155,14 @@ def plan_rounds(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path
         known[dataset.name] = dataset
         warm = (f"+init_from={experiment}/{found[-1].run.run_hash}",) if rounds.get("warm_start") else ()
         run = plan_run(config, experiment, known, conf, extra=(f"data.name={dataset.name}", *loop, *warm),
-                       key="rounds.experiment", heldout=first.run.heldout.name.removesuffix(HELDOUT_SUFFIX))
+                       key="rounds.experiment", heldout=first.run.heldout.name.removesuffix(HELDOUT_SUFFIX),
+                       base=base_cfg)
         found.append(Round(found[-1].index + 1, run))
     return found
 
 
 def _loop_run(config: Mapping[str, Any], experiment: str, known: dict[str, Dataset], conf: Path, base: Dataset,
-              loop_seed: int) -> Run:
+              loop_seed: int, base_cfg: DictConfig) -> Run:
     """Round 0 of loop ``loop_seed`` > 0: the experiment on ``<base>-loop<s>`` (seed + s), trained with seed=s."""
     if base.spec.get("collector"):
         raise PipelineError(f"rounds.loop_seeds: round 0's dataset {base.name} is itself collected; loops start "
@@ -167,7 +172,7 @@ def _loop_run(config: Mapping[str, Any], experiment: str, known: dict[str, Datas
     dataset = Dataset(spec["name"], spec, spec_hash(spec))
     known[dataset.name] = dataset
     return plan_run(config, experiment, known, conf, extra=(f"data.name={dataset.name}", f"seed={loop_seed}"),
-                    key="rounds.experiment", heldout=base.name)
+                    key="rounds.experiment", heldout=base.name, base=base_cfg)
 
 
 def plan_loops(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path | None = None) -> list[list[Round]]:
