@@ -48,8 +48,9 @@ def scratch(repo, tmp_path_factory, env_with_venv):
     config["evaluate"] = {"context": 4, "horizon": 8}
     config["control"].update(episodes=2, max_steps=20, context=4, planner_overrides=["samples=16", "horizon=5"],
                              ceiling_overrides=["samples=16"])
+    # With the novelty bonus, so that its path runs end to end too (and, in the slow tier, reruns to the bit).
     config["rounds"].update(experiment="scratch_smoke", budget_steps=60, episodes=1, context=4, loop_seeds=[0],
-                            planner_overrides=["samples=16", "horizon=5"])
+                            planner_overrides=["samples=16", "horizon=5"], novelty_bonus=0.5, novelty_reference=32)
     project.write_config(config)
     done = project.snakemake(timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]

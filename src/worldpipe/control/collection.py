@@ -38,6 +38,7 @@ from worldpipe.config import paths
 from worldpipe.control.dynamics import ControlError, LearnedDynamics
 from worldpipe.control.episodes import PlannerAgent, run_episode
 from worldpipe.control.evaluation import action_box, build_planner
+from worldpipe.control.exploration import NoveltySeeking, reference_observations
 from worldpipe.core.atomic import fsync_and_close, fsync_dir, write_atomic
 from worldpipe.core.hashing import canonical_json
 from worldpipe.data.episodes import Episode, episode_seeds
@@ -145,9 +146,12 @@ class Collector:
         self.run_seed = int(identity["config"].get("seed", 0))
         self.box = action_box(spec.env_id)
         self.parent: TrajectoryStore | None = None
-        if spec.copied_episodes:
+        novelty = self.collector.get("novelty")
+        if spec.copied_episodes or novelty:
             manifest = load_manifest(str(Path(parent_dir(spec)) / paths.MANIFEST_NAME))
             self.parent = TrajectoryStore.open(str(Path(parent_dir(spec)) / paths.STORE_NAME), manifest)
+        # The data the collecting run trained on, which the novelty bonus measures imagined observations against.
+        self.reference = reference_observations(self.parent, novelty["reference"]) if novelty else None
 
     def episodes(self, shard_index: int) -> Iterable[Episode]:
         """The episodes of one shard, in index order: copied from the parent, then collected."""
@@ -165,8 +169,10 @@ class Collector:
         """Episode ``index`` played by the planner with the model (deterministic)."""
         reset_seed, rng = episode_seeds(self.spec.seed, index)
         stream = StreamId(self.run_seed, f"{STREAM_PREFIX}/{self.spec.name}/{self.spec.seed}/{index}")
-        planner = PlannerAgent(build_planner(self.collector["planner"], *self.box),
-                               LearnedDynamics(self.model, self.collector["context"]), stream)
+        dynamics = LearnedDynamics(self.model, self.collector["context"])
+        if self.reference is not None:
+            dynamics = NoveltySeeking(dynamics, self.reference, self.collector["novelty"]["weight"])
+        planner = PlannerAgent(build_planner(self.collector["planner"], *self.box), dynamics, stream)
         agent = ExploringAgent(planner, float(self.collector["exploration_std"]), *self.box)
         with torch.no_grad():
             result = run_episode(self.spec.env_id, self.spec.max_steps, reset_seed, rng, agent,

@@ -169,6 +169,10 @@ COLLECTOR_KEYS: dict[str, type | tuple[type, ...]] = {
     "context": int,           # observed steps the model filters before each decision
     "exploration_std": (int, float),  # Gaussian noise on each action, as a fraction of the action box's half-width
 }
+# Present only where used, so that every spec without it keeps its hash.
+OPTIONAL_COLLECTOR_KEYS: dict[str, type] = {
+    "novelty": dict,  # {weight, reference}: a bonus for imagined observations far from the collecting run's data
+}
 
 
 def check_collector(collector: Any, spec: DatasetSpec) -> dict:
@@ -176,12 +180,17 @@ def check_collector(collector: Any, spec: DatasetSpec) -> dict:
     if not isinstance(collector, Mapping):
         raise ValueError(f"dataset spec key 'collector' must be a mapping, got {collector!r}")
     keys = sorted(str(k) for k in collector)
-    if keys != sorted(COLLECTOR_KEYS):
-        raise ValueError(f"dataset spec key 'collector' must have the keys {sorted(COLLECTOR_KEYS)}, got {keys}")
-    for key, kind in COLLECTOR_KEYS.items():
+    if sorted(set(keys) - set(OPTIONAL_COLLECTOR_KEYS)) != sorted(COLLECTOR_KEYS):
+        raise ValueError(f"dataset spec key 'collector' must have the keys {sorted(COLLECTOR_KEYS)} (and may have "
+                         f"{sorted(OPTIONAL_COLLECTOR_KEYS)}), got {keys}")
+    for key, kind in (COLLECTOR_KEYS | OPTIONAL_COLLECTOR_KEYS).items():
+        if key not in collector:  # an optional key left out (the required ones are all there)
+            continue
         value = collector[key]
         if isinstance(value, bool) or not isinstance(value, kind):
             raise ValueError(f"dataset spec key 'collector.{key}' has the wrong type: {value!r}")
+    if "novelty" in collector:
+        check_novelty(collector["novelty"])
     if collector["round"] < 1 or collector["context"] < 1 or collector["exploration_std"] < 0:
         raise ValueError("dataset spec key 'collector': round and context must be >= 1, exploration_std >= 0")
     if not 0 <= collector["copied_episodes"] < spec.episodes:
@@ -190,6 +199,15 @@ def check_collector(collector: Any, spec: DatasetSpec) -> dict:
     if spec.pixels:
         raise ValueError("dataset spec key 'collector': collection rounds act on state observations (pixels: false)")
     return json.loads(json.dumps(dict(collector), sort_keys=True))
+
+
+def check_novelty(novelty: Mapping[str, Any]) -> None:
+    """A collector's ``novelty`` block: ``weight`` > 0 (a number) and ``reference`` >= 1 observations (ValueError)."""
+    weight, reference = novelty.get("weight"), novelty.get("reference")
+    if (sorted(novelty) != ["reference", "weight"] or isinstance(weight, bool) or not isinstance(weight, int | float)
+            or weight <= 0 or isinstance(reference, bool) or not isinstance(reference, int) or reference < 1):
+        raise ValueError("dataset spec key 'collector.novelty' must be {weight: a number > 0, reference: an integer "
+                         f">= 1}}, got {dict(novelty)!r}")
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:

@@ -8,6 +8,8 @@ A pipeline config declares::
       episodes: 64                # episodes each collection round adds
       seed: 7000                  # round k's episodes are seeded from seed + k
       exploration_std: 0.3        # Gaussian noise on each action, a fraction of the action box's half-width
+      novelty_bonus: 0.0          # > 0: the planner also seeks imagined observations far from the data so far
+      novelty_reference: 2048     # how many of those observations the bonus measures distance to
       context: 8                  # observed steps the model filters before each decision
       planner: mppi               # conf/planner/<name>.yaml, with planner_overrides
       train_on: union             # union: round k trains on rounds 0..k; latest: on round k's episodes only
@@ -51,6 +53,7 @@ TRAIN_ON = ("union", "latest")
 # Round k of loop s collects from seed rounds.seed + k + LOOP_SEED_STRIDE * s: loops never share a round's seeds.
 LOOP_SEED_STRIDE = 1000
 LOOP_SUFFIX = "-loop"
+NOVELTY_REFERENCE = 2048  # observations the novelty bonus measures distance to, unless novelty_reference says
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,9 @@ def collected_spec(rounds: Mapping[str, Any], previous: Round, base: Dataset, pl
         "copied_episodes": copied, "planner": planner, "context": rounds["context"],
         "exploration_std": float(rounds["exploration_std"]),
     }
+    if rounds.get("novelty_bonus", 0) > 0:  # absent otherwise: a loop without it keeps its datasets' hashes
+        collector["novelty"] = {"weight": float(rounds["novelty_bonus"]),
+                                "reference": int(rounds.get("novelty_reference", NOVELTY_REFERENCE))}
     spec = {**base.spec, "name": round_dataset_name(base.name, index), "episodes": copied + rounds["episodes"],
             "seed": rounds["seed"] + index + LOOP_SEED_STRIDE * loop_seed, "collector": collector}
     return DatasetSpec.from_dict(spec).to_dict()
