@@ -23,7 +23,7 @@ def rounds_config(**changes) -> dict:
 
 
 KEYS = ("required: experiment, episodes, seed, context, planner; optional: count, budget_steps, warm_start, "
-        "loop_seeds, exploration_std, planner_overrides, train_on")
+        "loop_seeds, exploration_std, novelty_bonus, novelty_reference, planner_overrides, train_on")
 
 
 @pytest.mark.parametrize(("changes", "line"), [

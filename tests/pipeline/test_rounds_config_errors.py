@@ -16,7 +16,8 @@ CASES = {
     "negative count": ({"count": -1}, "error: pipeline config: rounds.count: -1 is out of range (valid: >= 0)"),
     "missing key": ({"seed": None}, "error: pipeline config: rounds: missing key 'seed' (required: experiment, "
                                     "episodes, seed, context, planner; optional: count, budget_steps, warm_start, "
-                                    "loop_seeds, exploration_std, planner_overrides, train_on)"),
+                                    "loop_seeds, exploration_std, novelty_bonus, novelty_reference, planner_overrides, "
+                                    "train_on)"),
     "unknown experiment": ({"experiment": "nosuch"}, "error: pipeline config: rounds.experiment: experiment "
                                                      "'nosuch' does not compose"),
 }
