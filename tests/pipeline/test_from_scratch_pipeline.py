@@ -10,10 +10,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from pipeline_project import Project
+from worldpipe.data.store import TrajectoryStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -90,6 +92,13 @@ def test_each_loop_counts_its_real_steps_and_times_each_round_by_part(scratch):
         assert second["loop_wall_clock_s"] == pytest.approx(
             first["loop_wall_clock_s"] + second["wall_clock_s"]["collection"] + second["wall_clock_s"]["training"])
         assert second["lineage"]["episodes"] == {"copied": 2, "collected": 1}
+        # What each round's episodes earned in the real env: round 0's two random ones, then the planner's one.
+        assert [len(row["collected_returns"]) for row in summary["rounds"]] == [2, 1]
+        (manifest,) = [path for path in (scratch.work / "results/data").glob("*-round1/*/manifest.json")
+                       if json.loads(path.read_text())["dataset_hash"] == second["dataset_hash"]]
+        arrays = TrajectoryStore.open(str(manifest.with_name("store.zarr"))).read_episodes(2, 3)
+        played = float(arrays["reward"][0, :arrays["length"][0]].sum(dtype=np.float64))
+        assert second["collected_returns"] == [pytest.approx(played, abs=1e-6)] and played < 0  # Pendulum-v1's costs
 
 
 def test_the_rounds_share_one_evaluation_of_the_model_free_contenders(scratch):

@@ -1,7 +1,8 @@
 """How the collect-train loop went, round by round: the planner's return with each round's model (mean, 95% CI) and
 its held-out prediction error, beside the scripted policy and random on the same held-out seeds; the real env steps
-collected so far, and the wall-clock each round took by part (collection, training, evaluation: the Snakemake
-benchmarks of its jobs, summed).
+collected so far, the returns of the episodes each round added to the data (what its exploration found, in the
+real env), and the wall-clock each round took by part (collection, training, evaluation: the Snakemake benchmarks of
+its jobs, summed).
 
 A loop from scratch has random actions as its round 0's policy: its "behaviour" contender is random itself, so the
 summary says so (``behaviour_is_random``) and the table and figure show random once. Its scores are on the ceiling's
@@ -15,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from worldpipe.config import paths
 from worldpipe.core.figures import save_figure
 from worldpipe.data.manifest import load_manifest
+from worldpipe.data.store import TrajectoryStore
 
 PARTS = ("collection", "training", "evaluation")
 
@@ -58,12 +61,13 @@ def summarize_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
         steps = manifest["steps"] * repeat
         collected = steps - (previous_steps if copied else 0)  # union: the parent's steps come first
         env_steps, previous_steps = env_steps + collected, steps
+        added = _added_returns(entry["manifest"], manifest, copied)
         rows.append({
             "run_hash": Path(entry["run_dir"]).name, "control_hash": Path(entry["control"]).parent.name,
             "env_steps": env_steps, "collected_steps": collected, "wall_clock_s": wall_clock(entry.get("benchmarks")),
             "round": entry["round"], "run_dir": entry["run_dir"], "mlflow_run_id": control.get("mlflow_run_id"),
             "checkpoint_digest": control["checkpoint_digest"], "dataset_hash": manifest["dataset_hash"],
-            "episodes": manifest["episodes"], "lineage": manifest.get("lineage"),
+            "episodes": manifest["episodes"], "lineage": manifest.get("lineage"), "collected_returns": added,
             "return_mean": planner["mean"], "return_ci95": planner["ci95"], "score": control["score"],
             "heldout_one_step_ratio": metrics["one_step_ratio"], "heldout_ratio": metrics["ratio"][-1],
             "heldout_model_mse": metrics["model_mse"][-1], "horizon": metrics["horizon"],
@@ -83,21 +87,31 @@ def summarize_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
             **fixed}
 
 
+def _added_returns(manifest_path: str, manifest: dict[str, Any], copied: int) -> list[float]:
+    """Returns (summed rewards) of a round's dataset's episodes after the ``copied`` ones: those it collected."""
+    store = TrajectoryStore.open(str(Path(manifest_path).with_name(paths.STORE_NAME)), manifest)
+    arrays = store.read_episodes(copied, store.num_episodes)
+    return [round(float(arrays["reward"][i, :n].sum(dtype=np.float64)), 6) for i, n in enumerate(arrays["length"])]
+
+
 def table(summary: dict[str, Any]) -> str:
     """The summary as a Markdown table (the closing notes and `worldpipe rounds summarize` print it)."""
-    lines = ["| round | episodes | env steps | planner return (mean, 95% CI) | score | held-out error ratio (h=H) |"
-             " wall-clock s (collect / train / evaluate) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| round | episodes | env steps | collected return (mean) | planner return (mean, 95% CI) | score "
+             "| held-out error ratio (h=H) | wall-clock s (collect / train / evaluate) |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in summary["rounds"]:
         low, high = row["return_ci95"]
         score = "n/a" if row["score"] is None else f"{row['score']:.2f}"
         clock = row.get("wall_clock_s") or {}
         times = " / ".join("-" if clock.get(p) is None else f"{clock[p]:.0f}" for p in PARTS)
-        lines.append(f"| {row['round']} | {row['episodes']} | {row.get('env_steps', '')} | {row['return_mean']:.1f} "
+        added = row.get("collected_returns")
+        found = f"{np.mean(added):.1f}" if added else ""
+        lines.append(f"| {row['round']} | {row['episodes']} | {row.get('env_steps', '')} | {found} | {row['return_mean']:.1f} "
                      f"[{low:.1f}, {high:.1f}] | {score} | {row['heldout_ratio']:.3f} (h={row['horizon']}) | {times} |")
     shown = ("random", "ceiling") if summary.get("behaviour_is_random") else ("behaviour", "random", "ceiling")
     for name in shown:
         low, high = summary[name]["ci95"]
-        lines.append(f"| {name} | | | {summary[name]['mean']:.1f} [{low:.1f}, {high:.1f}] | | | |")
+        lines.append(f"| {name} | | | | {summary[name]['mean']:.1f} [{low:.1f}, {high:.1f}] | | | |")
     return "\n".join(lines)
 
 
