@@ -71,3 +71,27 @@ def test_a_model_trained_on_it_plans_in_the_real_env_beside_random_and_the_mujoc
         returns = record["contenders"][name]["returns"]
         assert len(returns) == 2 and all(0.0 <= r <= 6 * 8 for r in returns), (name, returns)
     assert record["yardstick"]["best_known"]["return"] == 845.0
+
+
+def test_the_yardstick_plays_the_env_the_closed_loop_plays(repo, env_with_venv, tmp_path):
+    """With the training data's action repeat and observation keys (which the rule passes on), the budget curve's
+    first level is the closed loop's ceiling, episode for episode (the same streams at run seed 0)."""
+    dry = _run(["snakemake", "-s", str(repo / "Snakefile"), "--directory", str(tmp_path / "wd"), "--cores", "1",
+                "--configfile", str(repo / "conf/pipeline/dmc_cartpole.yaml"), "-n", "-p", "control_yardstick"],
+               tmp_path, env_with_venv)
+    (command,) = {line.removeprefix("Shell command: ") for line in (dry.stdout + dry.stderr).splitlines()
+                  if line.startswith("Shell command: worldpipe control yardstick")}
+    assert "--env-id dm_control/cartpole-swingup-v0" in command and "--episodes=5" in command
+    assert "--action-repeat=8 --observation-keys=position,velocity" in command, command
+    same = ["--env-id", "dm_control/cartpole-swingup-v0", "--max-steps", "3", "--episodes", "2", "--set", "samples=4",
+            "--set", "iterations=1", "--set", "horizon=2", "--action-repeat", "8", "--observation-keys",
+            "position,velocity"]
+    _run(["worldpipe", "control", "yardstick", *same, "--levels", "2", "--out", str(tmp_path / "curve.json")],
+         tmp_path, env_with_venv)
+    _run(["worldpipe", "control", "references", *same, "--behaviour-policy", "random", "--run-seed", "0", "--out",
+          str(tmp_path / "references.json")], tmp_path, env_with_venv)
+    curve = json.loads((tmp_path / "curve.json").read_text())
+    played = json.loads((tmp_path / "references.json").read_text())["contenders"]
+    assert curve["env_options"] == {"action_repeat": 8, "observation_keys": ["position", "velocity"]}
+    assert curve["levels"][0]["returns"] == played["ceiling"]["returns"]
+    assert curve["random"]["mean"] == pytest.approx(np.mean(played["random"]["returns"]))

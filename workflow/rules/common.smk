@@ -172,23 +172,30 @@ def references_options(wildcards):
 
 
 def yardstick_settings():
-    """Per env the closed loop evaluates, the control settings its ceiling's budget curve is measured with."""
+    """Per env the closed loop evaluates, the control settings its ceiling's budget curve is measured with and the
+    training data's spec that makes the env (action repeat, observation key order)."""
     envs = {}
-    for run in RUNS_PLANNED.values():
+    for run in RUNS_BY_HASH.values():  # the experiments' runs first, then the rounds'
         settings = control_settings(config, run.dataset) if run.control_hash else None
         if settings:
-            envs.setdefault(settings["env_id"], settings)
+            envs.setdefault(settings["env_id"], (settings, run.dataset.spec))
     return envs
 
 
 def yardstick_options(wildcards):
-    """`worldpipe control yardstick`'s options for one env: the closed loop's seeds, episodes and planner."""
-    settings = yardstick_settings().get(wildcards.env_id)
-    if settings is None:
+    """`worldpipe control yardstick`'s options for one env: the closed loop's seeds, episodes and planner, and the
+    env as the training data makes it."""
+    found = yardstick_settings().get(wildcards.env_id)
+    if found is None:
         raise WorkflowError(f"control yardstick {wildcards.env_id}: no run's closed loop evaluates that env "
                             f"(envs: {', '.join(sorted(yardstick_settings())) or 'none'})")
+    settings, spec = found
     options = [f"--{key.replace('_', '-')}={settings[key]}" for key in ("max_steps", "episodes", "seed", "planner")]
     options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
+    if int(spec.get("action_repeat", 1)) != 1:  # only where not the default: a Gymnasium env's curve keeps its command
+        options.append(f"--action-repeat={int(spec['action_repeat'])}")
+    if spec.get("observation_keys"):
+        options.append(f"--observation-keys={','.join(spec['observation_keys'])}")
     return " ".join(shlex.quote(option) for option in options)
 
 

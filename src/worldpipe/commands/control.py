@@ -49,10 +49,7 @@ def register(cli: click.Group) -> None:
                                 "takes for every run with the same settings and seed.", [
         click.Option(["--env-id"], required=True, help="Gymnasium env"),
         click.Option(["--behaviour-policy"], required=True, help="policy that collected the training data"),
-        click.Option(["--action-repeat"], type=click.IntRange(min=1), default=1, show_default=True,
-                     help="control steps each action is held for (the training data's spec)"),
-        click.Option(["--observation-keys"], help="comma-separated order a dict observation is flattened in (the "
-                                                  "training data's spec)"),
+        *_env_options(),
         click.Option(["--run-seed"], type=int, required=True, help="the evaluated runs' `seed`"),
         *_settings_options(),
         click.Option(["--out"], required=True, help="references JSON to write"),
@@ -77,10 +74,25 @@ def register(cli: click.Group) -> None:
                      help="planner setting (repeatable): the curve's first level"),
         click.Option(["--levels"], type=click.IntRange(2, 8), default=5, show_default=True,
                      help="budget levels, each doubling samples and iterations"),
+        *_env_options(),
         click.Option(["--out"], required=True, help="curve JSON to write"),
         click.Option(["--plot"], help="curve PNG to write"),
     ]))
     cli.add_command(control)
+
+
+def _env_options() -> list[click.Option]:
+    """How the env is made beyond its id, as the training data's spec makes it (`control references`, `yardstick`)."""
+    return [
+        click.Option(["--action-repeat"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="control steps each action is held for (the training data's spec)"),
+        click.Option(["--observation-keys"], help="comma-separated order a dict observation is flattened in (the "
+                                                  "training data's spec)"),
+    ]
+
+
+def _observation_keys(args) -> list[str] | None:
+    return [key for key in (args.observation_keys or "").split(",") if key] or None
 
 
 def _settings_options() -> list[click.Option]:
@@ -121,9 +133,9 @@ def _references(args) -> int:
     check_counts(args.max_steps, args.episodes, args.context, args.http_episodes)
     check_env(args.env_id, args.behaviour_policy, {})  # no model here: the env, its true simulator and the policy
     planner, ceiling = _planners(args)
-    keys = [key for key in (args.observation_keys or "").split(",") if key] or None
     settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
-                               args.context, planner, args.http_episodes, ceiling, args.action_repeat, keys)
+                               args.context, planner, args.http_episodes, ceiling, args.action_repeat,
+                               _observation_keys(args))
     references = evaluate_references(settings, args.run_seed)
     write_text_atomic(Path(args.out), json.dumps(references, indent=1))
     for name, contender in references["contenders"].items():
@@ -255,7 +267,9 @@ def _yardstick(args) -> int:
         print(f"{point['samples']:>6} samples x {point['iterations']:>3} iterations: return {point['mean']:8.1f}  "
               f"95% CI [{low:.1f}, {high:.1f}]{more}", flush=True)
 
-    curve = budget_curve(args.env_id, planner, args.episodes, args.max_steps, args.seed, args.levels, progress)
+    env_options = {"action_repeat": args.action_repeat, "observation_keys": _observation_keys(args)}
+    curve = budget_curve(args.env_id, planner, args.episodes, args.max_steps, args.seed, args.levels, progress,
+                         env_options)
     write_text_atomic(Path(args.out), json.dumps(curve, indent=1))
     if args.plot:
         plot_budget_curve(curve, args.plot)

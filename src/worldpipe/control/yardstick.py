@@ -57,27 +57,31 @@ def choose_level(returns: list[list[float]], random: float, material: float = MA
 
 
 def ceiling_returns(env_id: str, planner: dict[str, Any], box: tuple[float, float], episodes: int, max_steps: int,
-                    seed: int, run_seed: int = CURVE_RUN_SEED) -> list[float]:
+                    seed: int, run_seed: int = CURVE_RUN_SEED, env_options: dict | None = None) -> list[float]:
     """Returns of the planner with the true simulator on the held-out seeds, drawing the ceiling's streams."""
     returns = []
     for i in range(episodes):
         reset_seed, rng = episode_seeds(seed, i)
-        agent = PlannerAgent(build_planner(planner, *box), true_simulator(env_id),
+        agent = PlannerAgent(build_planner(planner, *box), true_simulator(env_id, env_options),
                              StreamId(run_seed, f"{STREAM_PREFIX}/ceiling/{seed}/{i}"))
-        returns.append(run_episode(env_id, max_steps, reset_seed, rng, agent).episode_return)
+        returns.append(run_episode(env_id, max_steps, reset_seed, rng, agent, env_options=env_options).episode_return)
     return returns
 
 
 def budget_curve(env_id: str, planner: dict[str, Any], episodes: int, max_steps: int, seed: int,
-                 levels: int, progress=None) -> dict[str, Any]:
+                 levels: int, progress=None, env_options: dict | None = None) -> dict[str, Any]:
     """The ceiling's return (mean, 95% CI) at each budget level, the paired gain of each doubling, and the level
-    chosen as the ceiling with its planner overrides; random's return on the same seeds for the scale."""
+    chosen as the ceiling with its planner overrides; random's return on the same seeds for the scale.
+
+    ``env_options``: how the env is made beyond its id (DeepMind Control's action repeat and observation key order,
+    as the closed loop's training data makes it); recorded in the curve where they are not the defaults."""
 
     torch.set_num_threads(1)  # as the evaluation: its bits must not depend on the machine's cores
     box = action_box(env_id)
     points, all_returns = [], []
     for budget in budget_levels(int(planner["samples"]), int(planner["iterations"]), levels):
-        returns = ceiling_returns(env_id, {**planner, **budget}, box, episodes, max_steps, seed)
+        returns = ceiling_returns(env_id, {**planner, **budget}, box, episodes, max_steps, seed,
+                                  env_options=env_options)
         point = {**budget, "compute": budget["samples"] * budget["iterations"], **summarize(returns),
                  "returns": returns}
         if all_returns:
@@ -86,11 +90,13 @@ def budget_curve(env_id: str, planner: dict[str, Any], episodes: int, max_steps:
         all_returns.append(returns)
         if progress is not None:
             progress(point)
-    random = [run_episode(env_id, max_steps, *episode_seeds(seed, i),
-                          PolicyAgent(get_policy(env_id, "random"))).episode_return for i in range(episodes)]
+    random = [run_episode(env_id, max_steps, *episode_seeds(seed, i), PolicyAgent(get_policy(env_id, "random")),
+                          env_options=env_options).episode_return for i in range(episodes)]
     chosen = choose_level(all_returns, float(np.mean(random)))
+    made = {key: value for key, value in (env_options or {}).items() if value not in (None, 1)}
     return {
         "env_id": env_id, "episodes": episodes, "max_steps": max_steps, "seed": seed, "run_seed": CURVE_RUN_SEED,
+        **({"env_options": env_options} if made else {}),
         "planner": planner, "levels": points, "chosen_level": chosen,
         "ceiling_overrides": [f"{key}={points[chosen][key]}" for key in ("samples", "iterations")],
         "criterion": ("the first level no later level beats: no paired 95% CI of the per-episode gain above "
