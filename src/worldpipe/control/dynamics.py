@@ -57,8 +57,12 @@ class LearnedDynamics:
     @torch.no_grad()
     def imagine(self, actions: torch.Tensor) -> torch.Tensor:
         """Predicted rewards [N,H] of action sequences [N,H,A] from the observed state."""
-        _, rewards = imagine_sequences(self.model, self.state, actions)
-        return rewards
+        return self.imagine_observations(actions)[1]
+
+    @torch.no_grad()
+    def imagine_observations(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted observations [N,H,O] (raw units) and rewards [N,H] of action sequences [N,H,A]."""
+        return imagine_sequences(self.model, self.state, actions)
 
 
 class ServedDynamics:

@@ -21,7 +21,6 @@ import torch
 
 from worldpipe.control.dynamics import LearnedDynamics
 from worldpipe.data.store import TrajectoryStore
-from worldpipe.rollout.engine import imagine_sequences
 
 
 def reference_observations(store: TrajectoryStore, count: int) -> torch.Tensor:
@@ -48,7 +47,7 @@ class NoveltySeeking:
     @torch.no_grad()
     def imagine(self, actions: torch.Tensor) -> torch.Tensor:
         """Imagined rewards plus the novelty bonus [N,H] of action sequences [N,H,A]."""
-        observations, rewards = imagine_sequences(self.dynamics.model, self.dynamics.state, actions)
+        observations, rewards = self.dynamics.imagine_observations(actions)
         scaled = (observations / self.scale).reshape(-1, observations.shape[-1])
         # Without the matrix-product shortcut: exact distances (a point of the reference is 0 away, not 1e-7).
         nearest = torch.cdist(scaled, self.reference, compute_mode="donot_use_mm_for_euclid_dist").min(dim=1).values
