@@ -16,8 +16,9 @@ from crashfs.model import crash_states, write_image
 from crashfs.mount import CrashMount
 from crashfs.replay import checkpoint_acks, sweep
 from forked_ranks import train_on_ranks
-from smoke_runs import run_train, train_cmd
+from smoke_runs import STEPS, run_train, train_cmd
 from worldpipe.checkpoint import CheckpointManager, checkpoint_digest
+from worldpipe.config.paths import COMPLETION_RECORD
 
 pytestmark = [pytest.mark.crash, pytest.mark.integration, pytest.mark.slow]
 
@@ -76,10 +77,17 @@ def test_a_live_power_cut_mid_run_remounts_and_resumes_to_the_uninterrupted_dige
         killed = run_train(mount.path / "run", smoke_dataset, env_with_venv)
         cut = mount.was_cut
     if cut:
-        assert killed.returncode != 0, f"seed {seed}: the run went on past the power cut"
         lines = [line for line in killed.stderr.splitlines() if "Traceback" in line]
         assert not lines or "Input/output error" in killed.stderr, killed.stderr[-2000:]
     with CrashMount(workdir) as mount:  # the next boot: the disk holds what was durable at the cut
+        if cut and killed.returncode == 0:
+            # Exit 0 promises a finished run: only a cut after its last persistence point may end that way, and
+            # then the disk holds its last checkpoint and its completion record.
+            run = mount.path / "run"
+            assert CheckpointManager(run / "checkpoints", verify="sha256").latest_loadable() == STEPS, (
+                f"seed {seed}: the run exited 0 past the power cut at point {cut_after} without its last step durable")
+            assert (run / COMPLETION_RECORD).exists(), (
+                f"seed {seed}: the run exited 0 past the power cut at point {cut_after} without its completion record")
         resumed = run_train(mount.path / "run", smoke_dataset, env_with_venv)
         assert resumed.returncode == 0, f"seed {seed}, cut after point {cut_after}: {resumed.stderr[-3000:]}"
         assert checkpoint_digest(mount.path / "run" / "checkpoints") == reference, (

@@ -72,3 +72,15 @@ def test_multirun_trains_each_job_into_its_own_run_dir(env_with_venv, tmp_path, 
     assert lrs == [1e-3, 3e-3]
     for job in (0, 1):
         assert (sweep / str(job) / "train_done.json").is_file()
+
+
+def test_closing_line_says_when_the_completion_record_cannot_be_read(tmp_path):
+    from omegaconf import OmegaConf
+
+    from worldpipe.commands.train import closing_line
+
+    cfg = OmegaConf.create({"run_dir": str(tmp_path), "tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}"}})
+    assert closing_line(cfg) == f"run directory: {tmp_path}; MLflow run: none (tracking off)"
+    (tmp_path / "train_done.json").mkdir()  # unreadable, as a disk that lost power answers EIO
+    line = closing_line(cfg)
+    assert line.startswith(f"run directory: {tmp_path}; MLflow run: unknown (train_done.json unreadable: ")

@@ -198,8 +198,10 @@ def closing_line(cfg) -> str:
     run_dir = Path(str(cfg.run_dir))
     try:
         record = json.loads((run_dir / paths.COMPLETION_RECORD).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         record = {}
+    except (OSError, ValueError) as err:  # the run finished; only its name for the MLflow run is lost
+        return f"run directory: {run_dir}; MLflow run: unknown ({paths.COMPLETION_RECORD} unreadable: {err})"
     run_id = record.get("mlflow_run_id")
     link = _run_link(cfg, run_id, record) if run_id else "none (tracking off)"
     return f"run directory: {run_dir}; MLflow run: {link}"
