@@ -140,6 +140,8 @@ def _setting_options(settings):
     ]
     options += [f"--set={override}" for override in settings.get("planner_overrides", [])]
     options += [f"--ceiling-set={override}" for override in settings.get("ceiling_overrides", [])]
+    if settings.get("value") is not None:
+        options.append(f"--value={json.dumps(settings['value'], sort_keys=True)}")
     return options
 
 

@@ -112,7 +112,23 @@ def _settings_options() -> list[click.Option]:
         click.Option(["--http-episodes"], type=int, default=0, show_default=True,
                      help="episodes the planner also plays with the model behind `worldpipe serve` (over HTTP): "
                           "a latency probe of the loop, not a score"),
+        click.Option(["--value"], metavar="JSON",
+                     help="the planner's terminal value, fitted through the run's model on its training data: value "
+                          "settings as a JSON object, e.g. '{\"iterations\": 6}' (the rest default)"),
     ]
+
+
+def _value(args) -> dict | None:
+    """``--value`` with every setting written out; one line naming the option where it is not a settings object."""
+    from worldpipe.config.value import value_settings
+    from worldpipe.control.checks import ControlSettingsError
+
+    if args.value is None:
+        return None
+    try:
+        return value_settings(json.loads(args.value), "--value")
+    except ValueError as err:  # json.JSONDecodeError is one
+        raise ControlSettingsError(f"--value {args.value!r}: {err}") from None
 
 
 def _planners(args) -> tuple[dict, dict]:
@@ -135,7 +151,7 @@ def _references(args) -> int:
     planner, ceiling = _planners(args)
     settings = ControlSettings(args.env_id, args.behaviour_policy, args.max_steps, args.episodes, args.seed,
                                args.context, planner, args.http_episodes, ceiling, args.action_repeat,
-                               _observation_keys(args))
+                               _observation_keys(args), _value(args))
     references = evaluate_references(settings, args.run_seed)
     write_text_atomic(Path(args.out), json.dumps(references, indent=1))
     for name, contender in references["contenders"].items():
@@ -167,7 +183,7 @@ def _evaluate(args) -> int:
     # The env as the training data's spec made it (action repeat, observation key order), where it is recorded.
     options = (recorded.env_options or {}) if env_id == recorded.env_id else {}
     settings = ControlSettings(env_id, policy, args.max_steps, args.episodes, args.seed, args.context, planner,
-                               args.http_episodes, ceiling, **options)
+                               args.http_episodes, ceiling, **options, value=_value(args))
     gif = None if not args.pictures else str(Path(args.pictures) / "planner-episode-0.gif")
     if args.pictures:
         Path(args.pictures).mkdir(parents=True, exist_ok=True)  # the rule's folder, empty for a state model

@@ -39,6 +39,7 @@ from worldpipe.control.dynamics import ControlError, LearnedDynamics
 from worldpipe.control.episodes import PlannerAgent, run_episode
 from worldpipe.control.evaluation import action_box, build_planner
 from worldpipe.control.exploration import NoveltySeeking, reference_observations
+from worldpipe.control.value import fitted_value
 from worldpipe.core.atomic import fsync_and_close, fsync_dir, write_atomic
 from worldpipe.core.hashing import canonical_json
 from worldpipe.data.episodes import Episode, episode_seeds
@@ -152,6 +153,10 @@ class Collector:
             self.parent = TrajectoryStore.open(str(Path(parent_dir(spec)) / paths.STORE_NAME), manifest)
         # The data the collecting run trained on, which the novelty bonus measures imagined observations against.
         self.reference = reference_observations(self.parent, novelty["reference"]) if novelty else None
+        # The terminal value the collecting planner adds past its horizon, fitted once for every episode.
+        value, planner = self.collector.get("value"), build_planner(self.collector["planner"], *self.box)
+        self.value = (fitted_value(self.model, identity["config"], value, planner, self.collector["context"],
+                                   self.box) if value else None)
 
     def episodes(self, shard_index: int) -> Iterable[Episode]:
         """The episodes of one shard, in index order: copied from the parent, then collected."""
@@ -169,10 +174,11 @@ class Collector:
         """Episode ``index`` played by the planner with the model (deterministic)."""
         reset_seed, rng = episode_seeds(self.spec.seed, index)
         stream = StreamId(self.run_seed, f"{STREAM_PREFIX}/{self.spec.name}/{self.spec.seed}/{index}")
-        dynamics = LearnedDynamics(self.model, self.collector["context"])
+        planner = build_planner(self.collector["planner"], *self.box)
+        dynamics = LearnedDynamics(self.model, self.collector["context"], self.value, planner.discount)
         if self.reference is not None:
             dynamics = NoveltySeeking(dynamics, self.reference, self.collector["novelty"]["weight"])
-        planner = PlannerAgent(build_planner(self.collector["planner"], *self.box), dynamics, stream)
+        planner = PlannerAgent(planner, dynamics, stream)
         agent = ExploringAgent(planner, float(self.collector["exploration_std"]), *self.box)
         with torch.no_grad():
             result = run_episode(self.spec.env_id, self.spec.max_steps, reset_seed, rng, agent,

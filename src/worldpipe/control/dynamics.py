@@ -35,12 +35,16 @@ class ControlError(UserError):
 
 
 class LearnedDynamics:
-    """A trained world model as the planner's simulator."""
+    """A trained world model as the planner's simulator; with a terminal ``value`` (:mod:`worldpipe.control.value`),
+    each sequence's last imagined reward also carries ``discount`` times the value of the observation it ends in,
+    so a planner's discounted sum is its return over the horizon plus the discounted value beyond."""
 
-    def __init__(self, model: WorldModel, context: int) -> None:
+    def __init__(self, model: WorldModel, context: int, value: torch.nn.Module | None = None,
+                 discount: float = 1.0) -> None:
         if context < 1:
             raise ControlError(f"control context must be >= 1 step, got {context}")
         self.model, self.context = model, int(context)
+        self.value, self.discount = value, float(discount)
         self.state: RolloutState | None = None
 
     @torch.no_grad()
@@ -62,7 +66,11 @@ class LearnedDynamics:
     @torch.no_grad()
     def imagine_observations(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted observations [N,H,O] (raw units) and rewards [N,H] of action sequences [N,H,A]."""
-        return imagine_sequences(self.model, self.state, actions)
+        observations, rewards = imagine_sequences(self.model, self.state, actions)
+        if self.value is not None:
+            rewards = torch.cat([rewards[:, :-1], rewards[:, -1:] + self.discount * self.value(observations[:, -1:])],
+                                dim=1)
+        return observations, rewards
 
 
 class ServedDynamics:

@@ -24,6 +24,7 @@ compares bit for bit.
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,7 @@ from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_epi
 from worldpipe.control.planners import Planner
 from worldpipe.control.report import write_episode_gif
 from worldpipe.control.served import served_model
+from worldpipe.control.value import TerminalValue, fitted_value
 from worldpipe.data.environments import make_bare_env
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
@@ -78,6 +80,9 @@ class ControlSettings:
     # action_repeat control steps; the dict observation flattened in observation_keys order).
     action_repeat: int = 1
     observation_keys: list | None = None
+    # The planner's terminal value, fitted through the run's model on its training data (every ValueSettings
+    # field; None: the planner sees its horizon only). The ceiling plans without one.
+    value: dict[str, Any] | None = None
 
     @property
     def env_options(self) -> dict[str, Any]:
@@ -192,29 +197,31 @@ def loop_split(timings: list[dict[str, list[float]]], period_s: float | None) ->
     return out
 
 
-def _dynamics(name: str, settings: ControlSettings, model, url: str | None):
+def _dynamics(name: str, settings: ControlSettings, model, url: str | None, planner: Planner,
+              value: TerminalValue | None):
     if name == "planner":
-        return LearnedDynamics(model, settings.context)
+        return LearnedDynamics(model, settings.context, value, planner.discount)
     if name == HTTP_CONTENDER:
         return ServedDynamics(url, settings.context, model.act_dim)
     return true_simulator(settings.env_id, settings.env_options)
 
 
 def _agent(name: str, settings: ControlSettings, model, box: tuple[float, float], run_seed: int, episode: int,
-           url: str | None = None):
+           url: str | None = None, value: TerminalValue | None = None):
     if name in ("random", "behaviour"):
         policy = "random" if name == "random" else settings.behaviour_policy
         return PolicyAgent(get_policy(settings.env_id, policy))
     # Over HTTP the planner draws what it draws in-process: the same stream, so the same actions if the bits agree.
     stream_name = "planner" if name == HTTP_CONTENDER else name
     stream = StreamId(run_seed, f"{STREAM_PREFIX}/{stream_name}/{settings.seed}/{episode}")
-    planner = (settings.ceiling or settings.planner) if name == "ceiling" else settings.planner
-    return PlannerAgent(build_planner(planner, *box), _dynamics(name, settings, model, url), stream)
+    planner = build_planner((settings.ceiling or settings.planner) if name == "ceiling" else settings.planner, *box)
+    return PlannerAgent(planner, _dynamics(name, settings, model, url, planner, value), stream)
 
 
 def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pixel_size: int | None = None,
-                  url: str | None = None) -> dict[str, Any]:
-    """Every held-out episode of one contender: returns, action hashes, timings and energy."""
+                  url: str | None = None, value: TerminalValue | None = None) -> dict[str, Any]:
+    """Every held-out episode of one contender: returns, action hashes, timings and energy (``value``: the
+    planner's terminal value with the run's model)."""
     box = action_box(settings.env_id)
     meter = EnergyMeter()
     meter.start()
@@ -222,7 +229,7 @@ def run_contender(name: str, settings: ControlSettings, model, run_seed: int, pi
     count = settings.http_episodes if name == HTTP_CONTENDER else settings.episodes
     for i in range(count):
         reset_seed, rng = episode_seeds(settings.seed, i)
-        agent = _agent(name, settings, model, box, run_seed, i, url)
+        agent = _agent(name, settings, model, box, run_seed, i, url, value)
         sees_pixels = pixel_size if name in ("planner", HTTP_CONTENDER) else None
         if name == "planner" and pixel_size is not None and i == 0:
             agent.record_imagined = True  # the episode the GIF shows
@@ -267,6 +274,9 @@ def _prepare(settings: ControlSettings) -> None:
     """Refuse empty settings; one thread, so that a decision's bits do not depend on how many cores there are."""
     if settings.episodes < 1 or settings.max_steps < 1:
         raise ControlError("control episodes and max_steps must be >= 1")
+    if settings.value is not None and settings.http_episodes > 0:
+        raise ControlError("control http_episodes with a planner value: a served model has no value to plan with "
+                           "(http_episodes: 0)")
     torch.set_num_threads(1)
 
 
@@ -310,15 +320,24 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     if references is not None:
         check_references(references, settings, run_seed)
     given = {} if references is None else references["contenders"]
+    value, value_s = None, None
+    if settings.value is not None:
+        started = time.perf_counter()
+        value = fitted_value(model, identity["config"], settings.value,
+                             build_planner(settings.planner, *action_box(settings.env_id)), settings.context,
+                             action_box(settings.env_id))
+        value_s = time.perf_counter() - started
     with long_lived_heap_frozen():
         contenders = {name: given[name] if name in given else
-                      run_contender(name, settings, model, run_seed, pixel_size_of(model))
+                      run_contender(name, settings, model, run_seed, pixel_size_of(model), value=value)
                       for name in CONTENDERS}
         if settings.http_episodes > 0:
             with served_model(Location(checkpoints, identity["step"]).path) as url:  # the step evaluated here
                 contenders[HTTP_CONTENDER] = run_contender(HTTP_CONTENDER, settings, model, run_seed,
                                                            pixel_size_of(model), url)
     result = control_result(settings, identity, digest, run_seed, contenders)
+    if value_s is not None:
+        result["value_fit_s"] = value_s  # part of the evaluation's wall-clock, not of any decision
     if gif is not None and write_episode_gif(contenders["planner"]["pictured"], pixel_size_of(model), gif):
         result["pictures"] = [gif]
     return result
@@ -382,7 +401,7 @@ def settings_record(settings: ControlSettings) -> dict[str, Any]:
     """The settings as recorded: the env options only where they are not the defaults (a flat-observation env's
     record reads as it did before they existed)."""
     record = asdict(settings)
-    for key, default in (("action_repeat", 1), ("observation_keys", None)):
+    for key, default in (("action_repeat", 1), ("observation_keys", None), ("value", None)):
         if record[key] == default:
             del record[key]
     return record

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worldpipe.config.value import value_settings
 from worldpipe.core.hashing import canonical_hash
 
 # DeepMind Control suite tasks from state (shimmy's dm_control/<domain>-<task>-v0), with their action widths.
@@ -172,6 +173,7 @@ COLLECTOR_KEYS: dict[str, type | tuple[type, ...]] = {
 # Present only where used, so that every spec without it keeps its hash.
 OPTIONAL_COLLECTOR_KEYS: dict[str, type] = {
     "novelty": dict,  # {weight, reference}: a bonus for imagined observations far from the collecting run's data
+    "value": dict,    # every ValueSettings field: the collecting planner's terminal value, fitted through the model
 }
 
 
@@ -191,6 +193,10 @@ def check_collector(collector: Any, spec: DatasetSpec) -> dict:
             raise ValueError(f"dataset spec key 'collector.{key}' has the wrong type: {value!r}")
     if "novelty" in collector:
         check_novelty(collector["novelty"])
+    if "value" in collector and value_settings(collector["value"], "dataset spec key 'collector.value'") != dict(
+            collector["value"]):
+        raise ValueError("dataset spec key 'collector.value' must list every value setting (as the pipeline writes "
+                         f"it), got {dict(collector['value'])!r}")
     if collector["round"] < 1 or collector["context"] < 1 or collector["exploration_std"] < 0:
         raise ValueError("dataset spec key 'collector': round and context must be >= 1, exploration_std >= 0")
     if not 0 <= collector["copied_episodes"] < spec.episodes:

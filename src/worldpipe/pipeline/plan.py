@@ -23,6 +23,7 @@ from worldpipe.config import paths
 from worldpipe.config.compose import compose_config, value_override, with_values
 from worldpipe.config.identity import config_hash, is_resume_safe
 from worldpipe.config.tracking_uri import tracking_uri_problem
+from worldpipe.config.value import value_settings
 from worldpipe.core.errors import UsageError
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec, spec_hash
@@ -196,8 +197,25 @@ def control_settings(config: Mapping[str, Any], dataset: Dataset) -> dict[str, A
     control = config.get("control")
     if not control or dataset.spec["env_id"] not in CONTINUOUS_ACTION_ENVS:
         return None
-    return {"env_id": dataset.spec["env_id"], "behaviour_policy": dataset.spec["policy"],
-            "max_steps": dataset.spec["max_steps"], **control}
+    settings = {"env_id": dataset.spec["env_id"], "behaviour_policy": dataset.spec["policy"],
+                "max_steps": dataset.spec["max_steps"], **control}
+    value = planner_value(config)
+    if value is not None:  # absent otherwise: an evaluation without one keeps its control hash
+        settings["value"] = value
+    return settings
+
+
+def planner_value(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pipeline config's ``value:`` (the terminal value every planner with a learned model adds past its
+    horizon: collection rounds and closed-loop evaluation) with every setting written out; None without one.
+    PipelineError naming the setting that is wrong."""
+    block = config.get("value")
+    if block is None:
+        return None
+    try:
+        return value_settings(block, "value")
+    except ValueError as err:
+        raise PipelineError(str(err)) from None
 
 
 def control_hash(config: Mapping[str, Any], dataset: Dataset, conf: Path | None = None) -> str | None:

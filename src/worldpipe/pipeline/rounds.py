@@ -47,7 +47,15 @@ from worldpipe.config import paths
 from worldpipe.config.planner import PlannerConfigError, planner_config
 from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.spec import CONTINUOUS_ACTION_ENVS, DatasetSpec, spec_hash
-from worldpipe.pipeline.plan import HELDOUT_SUFFIX, Dataset, PipelineError, Run, compose_run, plan_run
+from worldpipe.pipeline.plan import (
+    HELDOUT_SUFFIX,
+    Dataset,
+    PipelineError,
+    Run,
+    compose_run,
+    plan_run,
+    planner_value,
+)
 
 TRAIN_ON = ("union", "latest")
 # Round k of loop s collects from seed rounds.seed + k + LOOP_SEED_STRIDE * s: loops never share a round's seeds.
@@ -74,7 +82,7 @@ def round_dataset_name(base: str, index: int) -> str:
 
 
 def collected_spec(rounds: Mapping[str, Any], previous: Round, base: Dataset, planner: dict[str, Any],
-                   loop_seed: int = 0) -> dict:
+                   loop_seed: int = 0, value: dict[str, Any] | None = None) -> dict:
     """The spec of the dataset round ``previous.index + 1`` collects with ``previous``'s model."""
     index = previous.index + 1
     parent = previous.dataset
@@ -88,6 +96,8 @@ def collected_spec(rounds: Mapping[str, Any], previous: Round, base: Dataset, pl
     if rounds.get("novelty_bonus", 0) > 0:  # absent otherwise: a loop without it keeps its datasets' hashes
         collector["novelty"] = {"weight": float(rounds["novelty_bonus"]),
                                 "reference": int(rounds.get("novelty_reference", NOVELTY_REFERENCE))}
+    if value is not None:  # the pipeline's `value:`, every setting written out (planner_value)
+        collector["value"] = value
     spec = {**base.spec, "name": round_dataset_name(base.name, index), "episodes": copied + rounds["episodes"],
             "seed": rounds["seed"] + index + LOOP_SEED_STRIDE * loop_seed, "collector": collector}
     return DatasetSpec.from_dict(spec).to_dict()
@@ -154,7 +164,7 @@ def plan_rounds(config: Mapping[str, Any], known: dict[str, Dataset], conf: Path
     loop = (f"seed={loop_seed}",) if loop_seed else ()
     for _ in range(round_count(rounds, base)):
         try:
-            spec = collected_spec(rounds, found[-1], base, planner, loop_seed)
+            spec = collected_spec(rounds, found[-1], base, planner, loop_seed, planner_value(config))
         except ValueError as err:
             raise PipelineError(f"rounds: {err}") from None
         dataset = Dataset(spec["name"], spec, spec_hash(spec))

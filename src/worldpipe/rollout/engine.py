@@ -176,8 +176,8 @@ def run_jobs(jobs: list[RolloutJob]) -> list[JobResult]:
 
 @torch.no_grad()
 def imagine_sequences(model, start: RolloutState, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Imagine N action sequences [N,H,A] from one state (a batch of one) with means: observations [N,H,O] (raw
-    units) and rewards [N,H].
+    """Imagine N action sequences [N,H,A] from one state (a batch of one), or from N states (one per sequence),
+    with means: observations [N,H,O] (raw units) and rewards [N,H].
 
     What a planner asks for every candidate of one decision: the start state is shared by all N rows, so it is
     expanded (not copied) and the N sequences advance together, one batched model call per imagined step.
