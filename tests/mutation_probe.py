@@ -148,6 +148,9 @@ MUTANTS = (
     Mutant("planner_ignores_model", "the planner scores candidates by the imagined rewards",
            "returns = (rewards * discounts).sum(dim=1)", "returns = torch.zeros(rewards.shape[0])",
            ("tests/control/test_control_planners.py",)),
+    Mutant("value_without_bootstrap", "each backup of the planner's value looks one horizon further ahead",
+           "backed_up = backed_up + discount**horizon * value(imagined[:, -1])", "backed_up = backed_up + 0.0",
+           ("tests/control/test_value.py",)),
 )
 
 

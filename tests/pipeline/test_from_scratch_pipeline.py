@@ -39,6 +39,8 @@ checkpoint:
   every: 10
 """
 
+VALUE = {"iterations": 2, "candidates": 4, "fit_steps": 50, "hidden": 16}
+
 
 @pytest.fixture(scope="module")
 def scratch(repo, tmp_path_factory, env_with_venv):
@@ -53,6 +55,7 @@ def scratch(repo, tmp_path_factory, env_with_venv):
     # With the novelty bonus, so that its path runs end to end too (and, in the slow tier, reruns to the bit).
     config["rounds"].update(experiment="scratch_smoke", budget_steps=60, episodes=1, context=4, loop_seeds=[0],
                             planner_overrides=["samples=16", "horizon=5"], novelty_bonus=0.5, novelty_reference=32)
+    config["value"] = VALUE  # and with a terminal value, for collection and the closed loop alike
     project.write_config(config)
     done = project.snakemake(timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -115,6 +118,19 @@ def test_the_rounds_share_one_evaluation_of_the_model_free_contenders(scratch):
             contender = record["contenders"][name]
             assert (contender["returns"], contender["actions_sha256"]) == (
                 played[name]["returns"], played[name]["actions_sha256"]), name
+
+
+def test_collection_and_the_closed_loop_plan_with_the_configs_value_written_out_in_full(scratch):
+    from worldpipe.config.value import value_settings
+
+    full = value_settings(VALUE, "value")
+    (manifest,) = (scratch.work / "results/data").glob("*-round1/*/manifest.json")
+    assert json.loads(manifest.read_text())["spec"]["collector"]["value"] == full
+    records = [json.loads(record.read_text())
+               for record in (scratch.work / "results/runs/scratch_smoke").glob("*/control/*/control.json")]
+    assert records and all(r["settings"]["value"] == full and r["value_fit_s"] > 0 for r in records)
+    (references,) = (scratch.work / "results/control/references").glob("*/seed-0.json")
+    assert json.loads(references.read_text())["settings"]["value"] == full  # the same settings, checked
 
 
 def test_a_round_starts_from_the_previous_rounds_weights(scratch):

@@ -105,10 +105,10 @@ def fit_value(model: WorldModel, windows: tuple[torch.Tensor, torch.Tensor], set
                 sequences = low + (high - low) * torch.rand(count * candidates, horizon, model.act_dim,
                                                             generator=generator)
                 imagined, rewards = imagine_sequences(model, states, sequences)
-                returns = (rewards * discounts).sum(dim=1)
+                backed_up = (rewards * discounts).sum(dim=1)
                 if backup > 0:  # the first backup starts from V = 0: the best imagined horizon alone
-                    returns = returns + discount**horizon * value(imagined[:, -1])
-                targets.append(returns.view(count, candidates).max(dim=1).values)
+                    backed_up = backed_up + discount**horizon * value(imagined[:, -1])
+                targets.append(backed_up.view(count, candidates).max(dim=1).values)
         target = torch.cat(targets)
         optimizer = torch.optim.Adam(value.parameters(), lr=float(settings["learning_rate"]))
         for _ in range(int(settings["fit_steps"])):
