@@ -14,10 +14,13 @@ from worldpipe.checkpoint.layout import latest_identity
 from worldpipe.config import paths
 from worldpipe.core import numerics
 
-# A committed figure drawn on another numerics environment than this machine's is held to the fresh run's numbers
-# within this relative tolerance (training's float differences across CPUs, not a stale figure: the RSSM fix that
-# left the committed one stale moved its one-step ratio by a factor of 15); on the same environment, to the bit.
-FIGURE_RTOL_ACROSS_ENVIRONMENTS = 0.25
+# A committed figure drawn on another numerics environment than this machine's is held to the fresh run's one-step
+# ratio within 25% (a stale figure moved it by a factor of 15: the RSSM fix that left the committed one stale), and
+# its longer horizons, which compound training's float differences across CPUs, within a factor of 3 (up to 2.7
+# between the figure's AMD AVX2 run and an Intel AVX-512 VM's, 2026-12-07, while the one-step ratios agreed within
+# 2%); on the same environment, to the bit.
+ONE_STEP_RTOL_ACROSS_ENVIRONMENTS = 0.25
+HORIZON_FACTOR_ACROSS_ENVIRONMENTS = 3.0
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,11 +62,15 @@ def _the_headline_figure_shows_this_run(repo, tmp_path, metrics):
     assert entry["run_hash"] == run_dir.name, f"the figure names run {entry['run_hash']}, the config trains {run_dir.name}"
     here = latest_identity(paths.checkpoints_dir(str(run_dir))).get(numerics.IDENTITY_KEY)
     differs = numerics.differences(entry["numerics"], here)
-    rtol = FIGURE_RTOL_ACROSS_ENVIRONMENTS if differs else 0.0
     fresh = [metrics["one_step_ratio"], *metrics["ratio"]]
     committed = [values["one_step_ratio"], *values["ratio"]]
-    assert len(fresh) == len(committed) and all(
-        math.isclose(a, b, rel_tol=rtol, abs_tol=0.0) for a, b in zip(fresh, committed, strict=True)), (
+    if differs:
+        agree = math.isclose(fresh[0], committed[0], rel_tol=ONE_STEP_RTOL_ACROSS_ENVIRONMENTS) and len(fresh) == len(
+            committed) and all(max(a, b) <= HORIZON_FACTOR_ACROSS_ENVIRONMENTS * min(a, b) for a, b in
+                               zip(fresh[1:], committed[1:], strict=True))
+    else:
+        agree = fresh == committed
+    assert agree, (
         f"the committed figure's numbers {committed} are not this run's {fresh} (numerics: "
         f"{'; '.join(differs) or 'the same environment'}): run `make pipeline` and `{drawn['command']}`")
 
