@@ -322,10 +322,9 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     given = {} if references is None else references["contenders"]
     value, value_s = None, None
     if settings.value is not None:
-        started = time.perf_counter()
-        value = fitted_value(model, identity["config"], settings.value,
-                             build_planner(settings.planner, *action_box(settings.env_id)), settings.context,
-                             action_box(settings.env_id))
+        started, box = time.perf_counter(), action_box(settings.env_id)
+        value = fitted_value(model, identity["config"], settings.value, build_planner(settings.planner, *box),
+                             settings.context, box)
         value_s = time.perf_counter() - started
     with long_lived_heap_frozen():
         contenders = {name: given[name] if name in given else
