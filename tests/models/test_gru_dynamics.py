@@ -1,8 +1,9 @@
 """The deterministic GRU dynamics model, reached only through the world-model interface."""
 
+import pytest
 import torch
 
-from worldpipe.models import build_model
+from worldpipe.models import build_model, check_model_config
 
 CFG = {"_target_": "worldpipe.models.gru.GRUDynamics", "embed": 8, "deter": 8, "hidden": 16}
 
@@ -22,9 +23,10 @@ def test_needs_no_noise_and_returns_its_loss_terms():
     assert set(sums) == set(model.loss_terms) and model.loss_terms[0] == "total"
 
 
-def test_masked_and_future_steps_do_not_contribute():
+@pytest.mark.parametrize("rollout_steps", [1, 3])
+def test_masked_and_future_steps_do_not_contribute(rollout_steps):
     torch.manual_seed(0)
-    model = build_model(CFG, 3, 1)
+    model = build_model({**CFG, "rollout_steps": rollout_steps}, 3, 1)
     obs, action, reward, mask = _batch()
     mask[:, 4:] = 0
     base = model(obs, action, reward, mask, None)
@@ -36,9 +38,10 @@ def test_masked_and_future_steps_do_not_contribute():
         torch.testing.assert_close(base[key], changed[key])
 
 
-def test_loss_is_a_sum_over_sequences():
+@pytest.mark.parametrize("rollout_steps", [1, 3])
+def test_loss_is_a_sum_over_sequences(rollout_steps):
     torch.manual_seed(0)
-    model = build_model(CFG, 3, 1)
+    model = build_model({**CFG, "rollout_steps": rollout_steps}, 3, 1)
     obs, action, reward, mask = _batch(b=4)
     whole = model(obs, action, reward, mask, None)["total"]
     parts = [model(obs[s], action[s], reward[s], mask[s], None)["total"] for s in (slice(0, 1), slice(1, 4))]
@@ -107,3 +110,40 @@ def test_sequence_gru_matches_stepping_the_cell_with_gradients():
     total.backward()
     for name, grad in fused.items():
         torch.testing.assert_close(grad, dict(model.named_parameters())[name].grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def _open_loop_loss_by_hand(model, obs, action, reward, mask, depths):
+    """Each depth's errors from stepping the rollout interface: start t reads o_0..o_t teacher-forced, then
+    predicts o_{t+1..t+depths} on its own predictions and the data's actions; the per-term sums averaged over
+    depths."""
+    length = obs.shape[1]
+    recon = reward_sum = 0.0
+    for t in range(length - 1):
+        state = model.observe_context(obs[:, :t + 1], action[:, :t + 1])
+        for depth in range(min(depths, length - 1 - t)):
+            predicted, predicted_reward, state = model.imagine_step(state, action[:, t + depth])
+            valid = mask[:, t + depth + 1]
+            recon = recon + (0.5 * (predicted - obs[:, t + depth + 1]).pow(2).sum(-1) * valid).sum()
+            reward_sum = reward_sum + (0.5 * (predicted_reward - reward[:, t + depth]).pow(2) * valid).sum()
+    return recon / depths, reward_sum / depths
+
+
+@pytest.mark.parametrize("rollout_steps", [1, 2, 4])
+def test_rollout_steps_train_on_the_models_own_predictions(rollout_steps):
+    # Depth j of the loss is what the planner's rollout predicts j steps past the data: the same numbers as
+    # stepping observe_context/imagine_step by hand (float64), averaged over the depths.
+    torch.manual_seed(0)
+    model = build_model({**CFG, "rollout_steps": rollout_steps, "reward_scale": 0.5}, 3, 1).double()
+    obs, action, reward, mask = (x.double() for x in _batch(b=3, t=7))
+    mask[1, 5:] = 0
+    sums = model(obs, action, reward, mask, None)
+    recon, reward_sum = _open_loop_loss_by_hand(model, obs, action, reward, mask, rollout_steps)
+    torch.testing.assert_close(sums["recon"], recon, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(sums["reward"], reward_sum, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(sums["total"], recon + 0.5 * reward_sum, rtol=1e-10, atol=1e-12)
+
+
+def test_rollout_steps_must_be_a_positive_integer():
+    problems = check_model_config({**CFG, "rollout_steps": 0})
+    assert problems and problems[0][0] == "model.rollout_steps", problems
+    assert check_model_config({**CFG, "rollout_steps": 5}) == []
