@@ -39,7 +39,7 @@ checkpoint:
   every: 10
 """
 
-VALUE = {"iterations": 2, "candidates": 4, "fit_steps": 50, "hidden": 16}
+VALUE = {"method": "actor_critic", "states": 64, "fit_steps": 20, "batch": 16, "hidden": 16}
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +129,9 @@ def test_collection_and_the_closed_loop_plan_with_the_configs_value_written_out_
     records = [json.loads(record.read_text())
                for record in (scratch.work / "results/runs/scratch_smoke").glob("*/control/*/control.json")]
     assert records and all(r["settings"]["value"] == full and r["value_fit_s"] > 0 for r in records)
+    # Round 0's model plans round 1's collection and its own closed loop with one value, fitted once.
+    runs = [run for run in (scratch.work / "results/runs/scratch_smoke").iterdir() if not run.is_symlink()]
+    assert sorted(len(list((run / "value").glob("value-*.pt"))) for run in runs) == [1, 1], runs
     (references,) = (scratch.work / "results/control/references").glob("*/seed-0.json")
     assert json.loads(references.read_text())["settings"]["value"] == full  # the same settings, checked
 

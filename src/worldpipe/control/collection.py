@@ -39,7 +39,7 @@ from worldpipe.control.dynamics import ControlError, LearnedDynamics
 from worldpipe.control.episodes import PlannerAgent, run_episode
 from worldpipe.control.evaluation import action_box, build_planner
 from worldpipe.control.exploration import NoveltySeeking, reference_observations
-from worldpipe.control.value import fitted_value
+from worldpipe.control.value import VALUE_DIR, ValueShare, fitted_value
 from worldpipe.core.atomic import fsync_and_close, fsync_dir, write_atomic
 from worldpipe.core.hashing import canonical_json
 from worldpipe.data.episodes import Episode, episode_seeds
@@ -155,8 +155,9 @@ class Collector:
         self.reference = reference_observations(self.parent, novelty["reference"]) if novelty else None
         # The terminal value the collecting planner adds past its horizon, fitted once for every episode.
         value, planner = self.collector.get("value"), build_planner(self.collector["planner"], *self.box)
+        share = ValueShare(str(Path(checkpoints).parent / VALUE_DIR), digest)
         self.value = (fitted_value(self.model, identity["config"], value, planner, self.collector["context"],
-                                   self.box) if value else None)
+                                   self.box, share) if value else None)
 
     def episodes(self, shard_index: int) -> Iterable[Episode]:
         """The episodes of one shard, in index order: copied from the parent, then collected."""

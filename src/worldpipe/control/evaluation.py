@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ from worldpipe.control.episodes import PARTS, PlannerAgent, PolicyAgent, run_epi
 from worldpipe.control.planners import Planner
 from worldpipe.control.report import write_episode_gif
 from worldpipe.control.served import served_model
-from worldpipe.control.value import TerminalValue, fitted_value
+from worldpipe.control.value import VALUE_DIR, TerminalValue, ValueShare, fitted_value
 from worldpipe.data.environments import make_bare_env
 from worldpipe.data.episodes import episode_seeds
 from worldpipe.data.policies import get_policy
@@ -323,8 +324,9 @@ def evaluate_control(checkpoints: str, settings: ControlSettings, step: int | No
     value, value_s = None, None
     if settings.value is not None:
         started, box = time.perf_counter(), action_box(settings.env_id)
+        share = ValueShare(str(Path(checkpoints).parent / VALUE_DIR), digest) if Path(checkpoints).is_dir() else None
         value = fitted_value(model, identity["config"], settings.value, build_planner(settings.planner, *box),
-                             settings.context, box)
+                             settings.context, box, share)
         value_s = time.perf_counter() - started
     with long_lived_heap_frozen():
         contenders = {name: given[name] if name in given else
