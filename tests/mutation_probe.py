@@ -151,6 +151,10 @@ MUTANTS = (
     Mutant("value_without_bootstrap", "each backup of the planner's value looks one horizon further ahead",
            "backed_up = backed_up + discount**horizon * value(imagined[:, -1])", "backed_up = backed_up + 0.0",
            ("tests/control/test_value.py",)),
+    Mutant("actor_without_model_gradients", "the value's actor learns through the model's gradients",
+           "model.imagine_step(state, (actor(current) + noise).clamp(low, high))",
+           "model.imagine_step(state, (actor(current) + noise).clamp(low, high).detach())",
+           ("tests/control/test_value.py",)),
 )
 
 
