@@ -11,22 +11,23 @@ The value is fitted by fitted value iteration through the model on states of its
 training job: each backup imagines ``candidates`` random action sequences of the planner's horizon from every
 state, takes the best one's discounted imagined rewards plus the discounted value (so far) of where it ends, and
 regresses the value network onto those targets. Each backup looks one horizon further ahead; after ``iterations``
-backups the value sees ``iterations`` horizons past the planner's own. With method ``actor_critic`` the value is instead the critic of an actor trained in imagination (Dreamer's
-shape, with a deterministic actor): from states of the training data the actor imagines the planner's horizon,
-TD(lambda) returns bootstrapped from a slow copy of the critic are the critic's targets, and the actor climbs the
-same returns through the model's gradients. Random sequences rarely keep a pole upright, so shooting's value is
-that of flailing; a learned actor balances and pumps energy in imagination, and its critic says so. Everything is
-seeded from the run's seed and runs on one thread, so the value, and every decision planned with it, is a function
-of the checkpoint, the training data and the settings.
+backups the value sees ``iterations`` horizons past the planner's own.
+
+With method ``actor_critic`` the value is instead the critic of an actor trained in imagination (Dreamer's shape,
+with a deterministic actor): from states of the training data the actor imagines the planner's horizon, TD(lambda)
+returns bootstrapped from a slow copy of the critic are the critic's targets, and the actor climbs the same returns
+through the model's gradients. Random sequences rarely keep a pole upright, so shooting's value is that of
+flailing; a learned actor balances and pumps energy in imagination, and its critic says so.
+
+Everything is seeded from the run's seed and runs on one thread, so the value, and every decision planned with it,
+is a function of the checkpoint, the training data and the settings.
 """
 
 from __future__ import annotations
 
 import copy
 import fcntl
-import hashlib
 import io
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 from worldpipe.control.dynamics import ControlError
 from worldpipe.control.planners import Planner
 from worldpipe.core.atomic import write_atomic
+from worldpipe.core.hashing import canonical_hash
 from worldpipe.data.manifest import load_manifest
 from worldpipe.data.store import TrajectoryStore
 from worldpipe.models import WorldModel
@@ -233,25 +235,27 @@ def fitted_value(model: WorldModel, config: dict[str, Any], settings: dict[str, 
     """
     store = open_training_data(config)
     seed = int(config.get("seed", 0))
-    if share is None:
+
+    def fit() -> TerminalValue:
         return fit_value(model, training_windows(store, int(settings["states"]), context), settings, planner.horizon,
                          planner.discount, action_box, seed)
-    inputs = {"checkpoint_digest": share.checkpoint_digest, "dataset_hash": store.manifest["dataset_hash"],
-              "settings": settings, "horizon": planner.horizon, "discount": planner.discount, "context": context,
-              "action_box": list(action_box), "seed": seed}
-    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+    if share is None:
+        return fit()
+    key = canonical_hash({"checkpoint_digest": share.checkpoint_digest, "dataset_hash": store.manifest["dataset_hash"],
+                          "settings": settings, "horizon": planner.horizon, "discount": planner.discount,
+                          "context": context, "action_box": list(action_box), "seed": seed})[:16]
     path = Path(share.directory) / f"value-{key}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     # One fit per key: a second job waits for the first one's fit instead of repeating it, then loads its file.
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         fcntl.flock(directory, fcntl.LOCK_EX)
-        value = TerminalValue(model, int(settings["hidden"]))
         if path.is_file():
+            value = TerminalValue(model, int(settings["hidden"]))
             value.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             return value.eval().requires_grad_(False)
-        value = fit_value(model, training_windows(store, int(settings["states"]), context), settings,
-                          planner.horizon, planner.discount, action_box, seed)
+        value = fit()
         buffer = io.BytesIO()
         torch.save(value.state_dict(), buffer)
         write_atomic(path, buffer.getvalue())
