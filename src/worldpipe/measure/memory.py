@@ -24,17 +24,6 @@ def process_rss_bytes() -> int | None:
         return None
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes of the given tensors (each storage counted once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
-
-
 class LiveTensorPeak(TorchDispatchMode):
     """Peak bytes of tensors created inside the ``with`` block and still alive, counted per storage."""
 
